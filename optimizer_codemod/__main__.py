@@ -1,0 +1,3 @@
+from optimizer_codemod.cli import main
+
+main(prog_name="optcodemod")

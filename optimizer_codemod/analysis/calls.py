@@ -1,0 +1,151 @@
+"""Reading and editing call arguments without disturbing the author's layout."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Optional, Sequence
+
+import libcst as cst
+
+_NO_VALUE = object()
+
+
+def keyword(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def positional(call: cst.Call) -> Sequence[cst.Arg]:
+    return [a for a in call.args if a.keyword is None and not a.star]
+
+
+def argument(call: cst.Call, name: str, position: int) -> Optional[cst.Arg]:
+    """The argument bound to parameter `name` (given by keyword or at `position`)."""
+    found = keyword(call, name)
+    if found is not None:
+        return found
+    args = positional(call)
+    if has_star_args(call):
+        return None
+    return args[position] if position < len(args) else None
+
+
+def has_double_star(call: cst.Call) -> bool:
+    return any(arg.star == "**" for arg in call.args)
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(arg.star == "*" for arg in call.args)
+
+
+def literal(node: Optional[cst.BaseExpression], default: Any = _NO_VALUE) -> Any:
+    """The Python value of a literal expression (numbers, strings, True/False/None, tuples)."""
+    if node is None:
+        return default
+    try:
+        return ast.literal_eval(cst.Module(body=[]).code_for_node(node).strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return default
+
+
+def is_literal(node: Optional[cst.BaseExpression], value: Any) -> bool:
+    found = literal(node)
+    return found is not _NO_VALUE and type(found) is type(value) and found == value
+
+
+def code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _strip_comment(whitespace: cst.BaseParenthesizableWhitespace):
+    if isinstance(whitespace, cst.ParenthesizedWhitespace) and whitespace.first_line.comment:
+        return whitespace.with_changes(
+            first_line=whitespace.first_line.with_changes(
+                comment=None, whitespace=cst.SimpleWhitespace("")
+            )
+        )
+    return whitespace
+
+
+def _with_last_line(whitespace: cst.BaseParenthesizableWhitespace, last_line: str):
+    if isinstance(whitespace, cst.ParenthesizedWhitespace):
+        return whitespace.with_changes(last_line=cst.SimpleWhitespace(last_line))
+    return cst.SimpleWhitespace(" ")
+
+
+def _indent_before(call: cst.Call, index: int) -> Optional[str]:
+    """The indentation in front of argument `index` when it starts a line."""
+    if index == 0:
+        before = call.whitespace_before_args
+    else:
+        comma = call.args[index - 1].comma
+        before = comma.whitespace_after if isinstance(comma, cst.Comma) else None
+    if isinstance(before, cst.ParenthesizedWhitespace):
+        return before.last_line.value
+    return None
+
+
+def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """`call` with `name=value` appended, keeping one-argument-per-line layouts and comments.
+
+    Callers make sure no `**kwargs` could already carry `name`.
+    """
+    new_arg = cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+        ),
+    )
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new_arg])
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument goes last
+        indent = _indent_before(call, len(args) - 1)
+        trailing = last.comma.whitespace_after
+        args[-1] = last.with_changes(
+            comma=last.comma.with_changes(
+                whitespace_after=(
+                    _with_last_line(trailing, indent)
+                    if indent is not None
+                    else cst.SimpleWhitespace(" ")
+                )
+            )
+        )
+        new_arg = new_arg.with_changes(
+            comma=cst.Comma(
+                whitespace_before=last.comma.whitespace_before,
+                whitespace_after=_strip_comment(trailing),
+            )
+        )
+    else:
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, new_arg])
+
+
+def without_argument(call: cst.Call, arg: cst.Arg) -> cst.Call:
+    """`call` without `arg`, keeping the separators of the remaining arguments."""
+    args = list(call.args)
+    index = next(i for i, a in enumerate(args) if a is arg)
+    del args[index]
+    if args and index == len(args):  # removed the last one: the new last keeps its comma style
+        previous_last = args[-1]
+        args[-1] = previous_last.with_changes(comma=arg.comma)
+    return call.with_changes(args=args)
+
+
+def method_name(call: cst.Call) -> Optional[str]:
+    """`step` for `optimizer.step(...)`."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
+def receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """`optimizer` for `optimizer.step(...)`."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.value
+    return None

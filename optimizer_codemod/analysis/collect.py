@@ -1,0 +1,316 @@
+"""One traversal that records what the rules ask about: calls, assignments, loops, reads.
+
+Everything is recorded with its context (enclosing statement, loops, function, class) and a
+visit order, so later questions ("is this read between zero_grad and the next backward?")
+need no parent map and no second walk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple, Union
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import method_name
+from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+
+LoopNode = Union[cst.For, cst.While]
+FunctionNode = cst.FunctionDef
+
+
+@dataclass
+class Loop:
+    node: LoopNode
+    parent: Optional["Loop"]
+    function: Optional[FunctionNode]
+    targets: Tuple[str, ...]  # names bound by a for-target (flattened)
+    iter: Optional[cst.BaseExpression]
+    start: int = 0  # visit order of the first and last node inside the body
+    end: int = 0
+
+    def encloses(self, order: int) -> bool:
+        return self.start <= order <= self.end
+
+    @property
+    def ancestors(self) -> Tuple["Loop", ...]:
+        chain = []
+        loop = self.parent
+        while loop is not None:
+            chain.append(loop)
+            loop = loop.parent
+        return tuple(chain)
+
+
+@dataclass
+class Site:
+    """Where a node sits: its statement, loops (innermost last), function, class, order."""
+
+    statement: Optional[cst.BaseStatement]
+    loops: Tuple[Loop, ...]
+    function: Optional[FunctionNode]
+    class_name: Optional[str]
+    order: int
+
+    @property
+    def loop(self) -> Optional[Loop]:
+        return self.loops[-1] if self.loops else None
+
+
+@dataclass
+class CallSite:
+    node: cst.Call
+    qualname: Optional[str]
+    method: Optional[str]
+    receiver: Optional[str]  # dotted text of the receiver of a method call
+    site: Site
+
+
+@dataclass
+class Assignment:
+    target: str  # dotted text: "x", "self.loader"
+    value: cst.BaseExpression  # the value bound to this target (element-wise when possible)
+    unpacked: bool  # target received one element of `value` (x, y = batch)
+    site: Site
+    statement_node: cst.CSTNode  # the Assign/AnnAssign/AugAssign small statement
+    augmented: bool = False
+
+
+@dataclass
+class AttributeRead:
+    node: cst.Attribute
+    site: Site
+
+
+@dataclass
+class ClassInfo:
+    node: cst.ClassDef
+    bases: Tuple[Optional[str], ...]  # qualified names of the bases when known
+
+
+@dataclass
+class Comprehension:
+    targets: Tuple[str, ...]
+    iter: cst.BaseExpression
+    site: Site
+
+
+@dataclass
+class Records:
+    imports: ImportTable = field(default_factory=ImportTable)
+    calls: List[CallSite] = field(default_factory=list)
+    assignments: List[Assignment] = field(default_factory=list)
+    loops: List[Loop] = field(default_factory=list)
+    grad_reads: List[AttributeRead] = field(default_factory=list)
+    classes: Dict[str, ClassInfo] = field(default_factory=dict)
+    functions: Dict[str, FunctionNode] = field(default_factory=dict)
+    comprehensions: List[Comprehension] = field(default_factory=list)
+    with_items: List[Tuple[cst.WithItem, Site]] = field(default_factory=list)
+    has_main_guard: bool = False
+
+
+def target_names(node: cst.BaseExpression) -> Tuple[str, ...]:
+    """Every dotted name bound by an assignment or for target."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        names: List[str] = []
+        for element in node.elements:
+            names.extend(target_names(element.value))
+        return tuple(names)
+    if isinstance(node, cst.StarredElement):
+        return target_names(node.value)
+    name = dotted_name(node)
+    return (name,) if name else ()
+
+
+def _is_main_guard(node: cst.If) -> bool:
+    test = node.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    sides = {cst.Module(body=[]).code_for_node(test.left).strip()}
+    sides.add(cst.Module(body=[]).code_for_node(test.comparisons[0].comparator).strip())
+    return "__name__" in sides and bool(sides & {"'__main__'", '"__main__"'})
+
+
+class Collector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records = Records()
+        self._order = 0
+        self._statements: List[cst.BaseStatement] = []
+        self._loops: List[Loop] = []
+        self._functions: List[FunctionNode] = []
+        self._classes: List[str] = []
+        self._stores: Set[cst.CSTNode] = set()
+        self._pending_calls: List[cst.Call] = []
+
+    # Context ---------------------------------------------------------------------------
+    def _site(self) -> Site:
+        self._order += 1
+        return Site(
+            statement=self._statements[-1] if self._statements else None,
+            loops=tuple(self._loops),
+            function=self._functions[-1] if self._functions else None,
+            class_name=self._classes[-1] if self._classes else None,
+            order=self._order,
+        )
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseStatement):
+            self._statements.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, cst.BaseStatement):
+            self._statements.pop()
+
+    # Scopes ----------------------------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.records.functions.setdefault(node.name.value, node)
+        self.records.imports.add_other_binding(node.name.value)
+        self._functions.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.records.imports.add_other_binding(node.name.value)
+        bases = tuple(
+            self.records.imports.qualified_name(b.value) or dotted_name(b.value) for b in node.bases
+        )
+        self.records.classes[node.name.value] = ClassInfo(node, bases)
+        self._classes.append(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._classes.pop()
+
+    def visit_If(self, node: cst.If) -> None:
+        if not self._statements[:-1] and _is_main_guard(node):
+            self.records.has_main_guard = True
+
+    # Loops -----------------------------------------------------------------------------
+    def _enter_loop(self, node: LoopNode, targets: Tuple[str, ...], iterable) -> None:
+        loop = Loop(
+            node=node,
+            parent=self._loops[-1] if self._loops else None,
+            function=self._functions[-1] if self._functions else None,
+            targets=targets,
+            iter=iterable,
+            start=self._order + 1,
+        )
+        self.records.loops.append(loop)
+        self._loops.append(loop)
+
+    def _leave_loop(self) -> None:
+        self._loops.pop().end = self._order
+
+    def visit_For(self, node: cst.For) -> None:
+        for name in target_names(node.target):
+            self.records.imports.add_other_binding(name)
+
+    def visit_For_body(self, node: cst.For) -> None:
+        self._enter_loop(node, target_names(node.target), node.iter)
+
+    def leave_For_body(self, node: cst.For) -> None:
+        self._leave_loop()
+
+    def visit_While_body(self, node: cst.While) -> None:
+        self._enter_loop(node, (), None)
+
+    def leave_While_body(self, node: cst.While) -> None:
+        self._leave_loop()
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.records.comprehensions.append(
+            Comprehension(target_names(node.target), node.iter, self._site())
+        )
+
+    # Imports and bindings --------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> None:
+        self.records.imports.add_import(node, top_level=not self._functions and not self._classes)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.records.imports.add_import_from(
+            node, top_level=not self._functions and not self._classes
+        )
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        site = self._site()
+        for target in node.targets:
+            self._record_assignment(target.target, node.value, node, site)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._record_assignment(node.target, node.value, node, self._site())
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        site = self._site()
+        self._stores.add(node.target)
+        name = dotted_name(node.target)
+        if name:
+            self.records.assignments.append(
+                Assignment(name, node.value, False, site, node, augmented=True)
+            )
+
+    def _record_assignment(self, target, value, statement, site: Site) -> None:
+        self._stores.add(target)
+        if isinstance(target, (cst.Tuple, cst.List)):
+            elements = [e.value for e in target.elements]
+            values = None
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(elements):
+                if not any(isinstance(e, cst.StarredElement) for e in value.elements):
+                    values = [e.value for e in value.elements]
+            for index, element in enumerate(elements):
+                if isinstance(element, cst.StarredElement):
+                    element = element.value
+                if values is not None:
+                    self._record_assignment(element, values[index], statement, site)
+                else:
+                    for name in target_names(element):
+                        self._bind(name)
+                        self.records.assignments.append(
+                            Assignment(name, value, True, site, statement)
+                        )
+                    self._stores.add(element)
+            return
+        name = dotted_name(target)
+        if name:
+            self._bind(name)
+            self.records.assignments.append(Assignment(name, value, False, site, statement))
+
+    def _bind(self, name: str) -> None:
+        if "." not in name:
+            self.records.imports.add_other_binding(name)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        self.records.with_items.append((node, self._site()))
+        if node.asname is not None:
+            for name in target_names(node.asname.name):
+                self._bind(name)
+
+    # Calls and reads -------------------------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+        self.records.calls.append(
+            CallSite(
+                node=node,
+                qualname=None,  # resolved in collect(), once every import is known
+                method=method_name(node),
+                receiver=dotted_name(receiver) if receiver is not None else None,
+                site=self._site(),
+            )
+        )
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "grad" and node not in self._stores:
+            self.records.grad_reads.append(AttributeRead(node, self._site()))
+
+
+def collect(module: cst.Module) -> Records:
+    collector = Collector()
+    module.visit(collector)
+    # Qualified names depend on every import, including ones below first use; resolve again.
+    imports = collector.records.imports
+    for call in collector.records.calls:
+        call.qualname = imports.qualified_name(call.node.func)
+    return collector.records

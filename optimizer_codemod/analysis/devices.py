@@ -1,0 +1,128 @@
+"""Where tensors live: device expressions, dtype arguments, values placed on an accelerator."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Iterable, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from optimizer_codemod.analysis.calls import keyword, literal, positional
+from optimizer_codemod.analysis.imports import dotted_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+MAX_DEPTH = 4
+
+DTYPES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "float32 float float64 double float16 half bfloat16 uint8 int8 int16 short int32 int "
+        "int64 long bool complex64 cfloat complex128 cdouble float8_e4m3fn float8_e5m2"
+    ).split()
+)
+ACCELERATOR_PREFIXES = ("cuda", "mps", "xpu", "hpu", "npu", "xla", "meta")
+
+
+class DeviceKind(enum.Enum):
+    CPU = "cpu"
+    ACCELERATOR = "accelerator"
+    UNKNOWN = "unknown"  # decided at run time, or not known to the analysis
+
+
+def _combine(kinds: Iterable[DeviceKind]) -> DeviceKind:
+    kinds = set(kinds)
+    return kinds.pop() if len(kinds) == 1 else DeviceKind.UNKNOWN
+
+
+def is_dtype(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    return facts.imports.qualified_name(node) in DTYPES
+
+
+def device_kind(
+    facts: "ScriptFacts", node: Optional[cst.BaseExpression], depth: int = 0
+) -> DeviceKind:
+    if node is None or depth > MAX_DEPTH:
+        return DeviceKind.UNKNOWN
+    value = literal(node, None)
+    if isinstance(value, str):
+        if value.split(":")[0] == "cpu":
+            return DeviceKind.CPU
+        if value.startswith(ACCELERATOR_PREFIXES):
+            return DeviceKind.ACCELERATOR
+        return DeviceKind.UNKNOWN
+    if isinstance(node, cst.Call) and facts.imports.qualified_name(node.func) == "torch.device":
+        args = positional(node)
+        first = args[0].value if args else (keyword(node, "type") or keyword(node, "device"))
+        if isinstance(first, cst.Arg):
+            first = first.value
+        return device_kind(facts, first, depth + 1)
+    if isinstance(node, cst.IfExp):
+        return _combine(
+            [device_kind(facts, node.body, depth + 1), device_kind(facts, node.orelse, depth + 1)]
+        )
+    name = dotted_name(node)
+    if name is not None:
+        values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+        if values:
+            return _combine(device_kind(facts, v, depth + 1) for v in values)
+    return DeviceKind.UNKNOWN
+
+
+def copy_target(facts: "ScriptFacts", call: cst.Call) -> Optional[cst.BaseExpression]:
+    """The device argument of `x.to(...)`, or None when the call converts only the dtype."""
+    device = keyword(call, "device")
+    if device is not None:
+        return device.value
+    args = positional(call)
+    if not args:
+        return None
+    first = args[0].value
+    if is_dtype(facts, first) or keyword(call, "dtype") is None and _looks_like_dtype(first):
+        return None
+    return first
+
+
+def _looks_like_dtype(node: cst.BaseExpression) -> bool:
+    name = dotted_name(node) or ""
+    return name.endswith("dtype")
+
+
+def places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """Whether this call may put its result on an accelerator (`.cuda()`, `.to(dev)`, `device=`)."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
+        return True
+    if isinstance(func, cst.Attribute) and func.attr.value == "to":
+        target = copy_target(facts, call)
+        return target is not None and device_kind(facts, target) is not DeviceKind.CPU
+    device = keyword(call, "device")
+    return device is not None and device_kind(facts, device.value) is not DeviceKind.CPU
+
+
+def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> bool:
+    """Whether the value of `node` could be a tensor on an accelerator, following names.
+
+    Used to keep `pin_memory` away from data already on the device (pinning raises there).
+    """
+    if depth > MAX_DEPTH:
+        return True
+    for call in m.findall(node, m.Call()):
+        assert isinstance(call, cst.Call)
+        if places_on_accelerator(facts, call):
+            return True
+        constructed = facts.imports.qualified_name(call.func) or dotted_name(call.func)
+        if constructed in facts.classes and facts.class_places_on_accelerator(constructed):
+            return True
+    for ref in m.findall(node, m.Name() | m.Attribute()):
+        name = dotted_name(ref)
+        if name is None:
+            continue
+        for assignment in facts.assignments_to(name):
+            if assignment.value is not node and may_live_on_accelerator(
+                facts, assignment.value, depth + 1
+            ):
+                return True
+    return False

@@ -1,0 +1,298 @@
+"""ScriptFacts: what the rules share about one training script, computed once per pass."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import keyword, literal
+from optimizer_codemod.analysis.collect import (
+    Assignment,
+    CallSite,
+    Loop,
+    Records,
+    collect,
+)
+from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+
+DATALOADER = "torch.utils.data.DataLoader"
+# Wrappers that iterate their first argument unchanged (for the purpose of batch tracking).
+ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm"})
+NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.", "torch.optim.Optimizer")
+BACKWARD_FUNCTIONS = frozenset({"torch.autograd.backward"})
+
+
+class ScriptFacts:
+    """Answers about a module; every answer is derived from one Collector pass."""
+
+    def __init__(self, module: cst.Module, records: Records):
+        self.module = module
+        self.records = records
+
+    @classmethod
+    def of(cls, module: cst.Module) -> "ScriptFacts":
+        return cls(module, collect(module))
+
+    # Names -----------------------------------------------------------------------------
+    @property
+    def imports(self) -> ImportTable:
+        return self.records.imports
+
+    def qualified_name(self, node: cst.BaseExpression) -> Optional[str]:
+        return self.imports.qualified_name(node)
+
+    @property
+    def classes(self):
+        return self.records.classes
+
+    @cached_property
+    def _assignments_by_target(self) -> Dict[str, List[Assignment]]:
+        table: Dict[str, List[Assignment]] = {}
+        for assignment in self.records.assignments:
+            table.setdefault(assignment.target, []).append(assignment)
+        return table
+
+    def assignments_to(self, name: str) -> Sequence[Assignment]:
+        return self._assignments_by_target.get(name, ())
+
+    def assignment_of(self, value: cst.BaseExpression) -> Optional[Assignment]:
+        """The assignment whose value is exactly `value` (`opt = Adam(...)` for the call)."""
+        return self._assignment_by_value.get(value)
+
+    @cached_property
+    def _assignment_by_value(self) -> Dict[cst.CSTNode, Assignment]:
+        return {a.value: a for a in self.records.assignments if not a.unpacked}
+
+    # Calls -----------------------------------------------------------------------------
+    @cached_property
+    def _calls_by_qualname(self) -> Dict[str, List[CallSite]]:
+        table: Dict[str, List[CallSite]] = {}
+        for call in self.records.calls:
+            if call.qualname:
+                table.setdefault(call.qualname, []).append(call)
+        return table
+
+    @cached_property
+    def _calls_by_method(self) -> Dict[str, List[CallSite]]:
+        table: Dict[str, List[CallSite]] = {}
+        for call in self.records.calls:
+            if call.method:
+                table.setdefault(call.method, []).append(call)
+        return table
+
+    @cached_property
+    def call_site_of(self) -> Dict[cst.Call, CallSite]:
+        return {call.node: call for call in self.records.calls}
+
+    def calls_to(self, *qualnames: str) -> List[CallSite]:
+        return [c for q in qualnames for c in self._calls_by_qualname.get(q, ())]
+
+    def calls_with_prefix(self, prefix: str) -> List[CallSite]:
+        return [
+            c for q, calls in self._calls_by_qualname.items() if q.startswith(prefix) for c in calls
+        ]
+
+    def method_calls(self, method: str) -> List[CallSite]:
+        return list(self._calls_by_method.get(method, ()))
+
+    def uses(self, *qualnames: str) -> bool:
+        """Whether any of these names is called, entered (`with`) or assigned to."""
+        return any(self._calls_by_qualname.get(q) for q in qualnames) or bool(
+            set(qualnames) & self.names_assigned_or_entered
+        )
+
+    @cached_property
+    def names_assigned_or_entered(self) -> Set[str]:
+        names = set()
+        for assignment in self.records.assignments:
+            node = assignment.statement_node
+            targets = getattr(node, "targets", None) or [node]
+            for target in targets:
+                target = getattr(target, "target", None)
+                if target is not None:
+                    qualified = self.qualified_name(target)
+                    if qualified:
+                        names.add(qualified)
+        for item, _ in self.records.with_items:
+            expr = item.item.func if isinstance(item.item, cst.Call) else item.item
+            qualified = self.qualified_name(expr)
+            if qualified:
+                names.add(qualified)
+        return names
+
+    def attribute_assignments(self, qualname: str) -> List[Assignment]:
+        """Assignments like `torch.backends.cudnn.benchmark = value`."""
+        found = []
+        for assignment in self.records.assignments:
+            node = assignment.statement_node
+            if isinstance(node, cst.Assign):
+                for target in node.targets:
+                    if self.qualified_name(target.target) == qualname:
+                        found.append(assignment)
+                        break
+        return found
+
+    # Training structure ------------------------------------------------------------------
+    @cached_property
+    def backward_calls(self) -> List[CallSite]:
+        return self.method_calls("backward") + self.calls_to(*BACKWARD_FUNCTIONS)
+
+    @property
+    def trains(self) -> bool:
+        """The script runs backward passes (and so trains something)."""
+        return bool(self.backward_calls)
+
+    @cached_property
+    def training_loops(self) -> List[Loop]:
+        """Innermost loops that contain a backward call, in source order."""
+        loops: List[Loop] = []
+        for call in self.backward_calls:
+            loop = call.site.loop
+            if loop is not None and loop not in loops:
+                loops.append(loop)
+        return sorted(loops, key=lambda loop: loop.start)
+
+    def loop_calls(self, loop: Loop) -> List[CallSite]:
+        """Calls inside `loop` (nested loops included)."""
+        return [c for c in self.records.calls if loop in c.site.loops]
+
+    def optimizer_constructions(self) -> List[CallSite]:
+        return [
+            call
+            for call in self.calls_with_prefix("torch.optim.")
+            if not call.qualname.startswith(NOT_OPTIMIZERS)
+            and call.qualname.rsplit(".", 1)[-1][:1].isupper()
+        ]
+
+    def dataloader_constructions(self) -> List[CallSite]:
+        return self.calls_to(DATALOADER)
+
+    def class_places_on_accelerator(self, class_name: str) -> bool:
+        from optimizer_codemod.analysis.devices import places_on_accelerator
+
+        return any(
+            call.site.class_name == class_name and places_on_accelerator(self, call.node)
+            for call in self.records.calls
+        )
+
+    # Data loading ----------------------------------------------------------------------
+    def _iterated_name(self, node: Optional[cst.BaseExpression]) -> Optional[str]:
+        """`loader` for `loader`, `enumerate(loader)`, `tqdm(loader, ...)`."""
+        while isinstance(node, cst.Call) and node.args:
+            func = self.qualified_name(node.func) or dotted_name(node.func)
+            if func not in ITERATION_WRAPPERS:
+                break
+            node = node.args[0].value
+        return dotted_name(node) if node is not None else None
+
+    def loader_of(self, loop: Loop) -> Optional[CallSite]:
+        """The DataLoader construction a for loop iterates over, when it is known."""
+        name = self._iterated_name(loop.iter)
+        if loop.iter is not None and isinstance(loop.iter, cst.Call):
+            direct = self.call_site_of.get(loop.iter)
+            if direct is not None and direct.qualname == DATALOADER:
+                return direct
+        return self.loader_named(name) if name else None
+
+    def loader_named(self, name: str, depth: int = 0) -> Optional[CallSite]:
+        if depth > 3:
+            return None
+        found = None
+        for assignment in self.assignments_to(name):
+            if assignment.unpacked:
+                return None
+            site = self.call_site_of.get(assignment.value)
+            if site is not None and site.qualname == DATALOADER:
+                candidate = site
+            else:
+                other = dotted_name(assignment.value)
+                candidate = self.loader_named(other, depth + 1) if other else None
+            if candidate is None or (found is not None and found is not candidate):
+                return None
+            found = candidate
+        return found
+
+    def batch_names(self, loop: Loop) -> Set[str]:
+        """Names inside `loop` that hold (parts of) a batch from a DataLoader."""
+        if self.loader_of(loop) is None:
+            return set()
+        names = set(loop.targets)
+        inside = [a for a in self.records.assignments if loop in a.site.loops]
+        comprehensions = [c for c in self.records.comprehensions if loop in c.site.loops]
+        changed = True
+        while changed:
+            changed = False
+            for assignment in inside:
+                if assignment.target not in names and self.derives_from(assignment.value, names):
+                    names.add(assignment.target)
+                    changed = True
+            for comprehension in comprehensions:
+                if self.derives_from(comprehension.iter, names):
+                    new = set(comprehension.targets) - names
+                    if new:
+                        names |= new
+                        changed = True
+        return names
+
+    def derives_from(self, node: cst.BaseExpression, names: Set[str]) -> bool:
+        """`node` is one of `names`, or an element, attribute or items() view of one."""
+        while True:
+            name = dotted_name(node)
+            if name is not None and name in names:
+                return True
+            if isinstance(node, cst.Subscript):
+                node = node.value
+            elif isinstance(node, cst.Attribute):
+                node = node.value
+            elif (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("items", "values")
+            ):
+                node = node.func.value
+            else:
+                return False
+
+    # Mixed precision, determinism, anchors ---------------------------------------------
+    @cached_property
+    def top_level_import_anchor(self) -> Optional[cst.SimpleStatementLine]:
+        """The last statement of the import block at the top of the module."""
+        anchor = None
+        for index, statement in enumerate(self.module.body):
+            if _is_import_line(statement):
+                anchor = statement
+            elif index == 0 and _is_docstring(statement):
+                continue
+            else:
+                break
+        return anchor
+
+    @cached_property
+    def uses_sparse_gradients(self) -> bool:
+        """`sparse=True` anywhere (nn.Embedding(sparse=True), sparse tensors): fused kernels refuse them."""
+        return any(
+            isinstance(arg := keyword(call.node, "sparse"), cst.Arg)
+            and literal(arg.value, True) is not False
+            for call in self.records.calls
+        )
+
+    def keyword_is(self, call: cst.Call, name: str, value) -> bool:
+        arg = keyword(call, name)
+        return arg is not None and literal(arg.value, object()) == value
+
+
+def _is_import_line(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -1,0 +1,145 @@
+"""The Python API: source text in, rewritten text and diagnostics out.
+
+    >>> from optimizer_codemod import rewrite
+    >>> result = rewrite("import torch\\nopt = torch.optim.AdamW(params, lr=1e-3)\\n")
+    >>> print(result.source, end="")
+    import torch
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    >>> [(d.code, d.line, d.safety.label) for d in result.diagnostics]
+    [('OPT501', 2, 'numerics')]
+
+The command line is built on `rewrite_source`, which works on bytes and notebooks too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Tuple, Union
+
+from optimizer_codemod.config import Settings, validate_codes
+from optimizer_codemod.diagnostics import Diagnostic
+from optimizer_codemod.engine import RewriteOptions, may_contain_findings, rewrite_bytes
+from optimizer_codemod.errors import OptcodemodError
+from optimizer_codemod.noqa import has_skip_file
+from optimizer_codemod.notebook import Notebook
+from optimizer_codemod.torch_version import TorchVersion
+
+NOTEBOOK_SUFFIX = ".ipynb"
+
+
+@dataclass
+class SourceRewrite:
+    """The outcome for one source: new bytes, diagnostics, and what a diff should show."""
+
+    new: bytes
+    changed: bool
+    diagnostics: List[Diagnostic] = field(default_factory=list)
+    # (label, old text, new text) pairs for diffs: the whole file, or each changed cell.
+    diff_parts: List[Tuple[str, str, str]] = field(default_factory=list)
+    skipped: Optional[str] = None  # why the file was not looked at, when it was not
+
+
+def is_notebook(path: str) -> bool:
+    return path.endswith(NOTEBOOK_SUFFIX)
+
+
+def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
+    """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem."""
+    if not src.strip():
+        return SourceRewrite(src, False, skipped="empty file")
+    if has_skip_file(src):
+        return SourceRewrite(src, False, skipped="# optcodemod: skip-file")
+    if not may_contain_findings(src, options.rules):
+        return SourceRewrite(src, False, skipped="no pattern any selected rule looks for")
+    if is_notebook(path):
+        return _rewrite_notebook(src, path, options)
+    result = rewrite_bytes(src, path, options)
+    parts = []
+    if result.changed:
+        encoding = _encoding_of(src, path)
+        parts.append((path, src.decode(encoding), result.code.decode(encoding)))
+    return SourceRewrite(result.code, result.changed, result.diagnostics, parts)
+
+
+def _encoding_of(src: bytes, path: str) -> str:
+    from optimizer_codemod.sources import detect_encoding
+
+    encoding = detect_encoding(src, path)
+    return "utf-8" if encoding == "utf-8-sig" else encoding
+
+
+def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
+    notebook = Notebook(src, path)
+    if not notebook.is_python or not notebook.cells:
+        return SourceRewrite(src, False, skipped="no Python code cells")
+    text = notebook.python_text()
+    try:
+        result = rewrite_bytes(text.encode("utf-8"), path, options)
+    except OptcodemodError as error:
+        if error.line is not None:
+            error.cell, error.line = notebook.locate(error.line)
+        raise
+    diagnostics = []
+    for diagnostic in result.diagnostics:
+        cell, line = notebook.locate(diagnostic.line)
+        _, end_line = notebook.locate(diagnostic.end_line)
+        edit_lines = tuple(
+            (notebook.locate(first)[1], notebook.locate(last)[1])
+            for first, last in diagnostic.edit_lines
+        )
+        diagnostics.append(
+            diagnostic.moved(
+                cell=cell, line=line, end_line=max(line, end_line), edit_lines=edit_lines
+            )
+        )
+    if not result.changed:
+        return SourceRewrite(src, False, diagnostics)
+    changes = notebook.changed_cells(result.code.decode("utf-8"))
+    new = notebook.with_cells(changes)
+    parts = [(f"{path}:cell {index + 1}", old, new_text) for index, old, new_text in changes]
+    return SourceRewrite(new, new != src, diagnostics, parts)
+
+
+@dataclass
+class Rewritten:
+    """What `rewrite` returns."""
+
+    source: Union[str, bytes]
+    changed: bool
+    diagnostics: List[Diagnostic]
+
+
+def rewrite(
+    source: Union[str, bytes],
+    *,
+    path: str = "<string>",
+    select: Optional[Iterable[str]] = None,
+    ignore: Optional[Iterable[str]] = None,
+    extend_select: Optional[Iterable[str]] = None,
+    unsafe_fixes: Optional[bool] = None,
+    target_torch: Optional[str] = None,
+    settings: Optional[Settings] = None,
+) -> Rewritten:
+    """Rewrite Python source (or notebook JSON when `path` ends in .ipynb).
+
+    Options mirror the command line; `settings` (e.g. from `load_settings`) is the base they
+    override. Raises `OptcodemodError` with the path, line and problem on bad input.
+    """
+    base = settings or Settings()
+    overrides = {
+        "select": tuple(validate_codes(list(select), "select")) if select is not None else None,
+        "ignore": tuple(validate_codes(list(ignore), "ignore")) if ignore is not None else None,
+        "extend_select": (
+            tuple(validate_codes(list(extend_select), "extend-select"))
+            if extend_select is not None
+            else None
+        ),
+        "unsafe_fixes": unsafe_fixes,
+        "target_torch": TorchVersion.parse(target_torch) if target_torch is not None else None,
+    }
+    effective = base.with_overrides(**overrides)
+    as_text = isinstance(source, str)
+    src = source.encode("utf-8") if as_text else source
+    result = rewrite_source(src, path, effective.options_for(path))
+    new = result.new.decode("utf-8") if as_text else result.new
+    return Rewritten(new, result.changed, result.diagnostics)

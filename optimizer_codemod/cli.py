@@ -1,0 +1,253 @@
+"""The command line: `optcodemod apply | rules | explain | generate-docs`.
+
+Exit codes follow ruff, black and pyupgrade: 0 nothing to change, 1 changes made or (with
+--check/--diff) would be made, 2 usage, configuration or file error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import click
+
+from optimizer_codemod import __version__
+from optimizer_codemod.config import Settings, find_config, load_settings, validate_codes
+from optimizer_codemod.discovery import discover
+from optimizer_codemod.errors import ConfigError
+from optimizer_codemod.registry import all_rules, rule_by_code
+from optimizer_codemod.report import FORMATS, ReportContext, statistics
+from optimizer_codemod.rule_docs import render_rule_page, stale_pages, write_docs
+from optimizer_codemod.runner import Mode, process_bytes, run
+from optimizer_codemod.torch_version import TorchVersion
+
+EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+
+
+def _split_codes(ctx: click.Context, param: click.Parameter, values: Sequence[str]):
+    if not values:
+        return None
+    codes = [code for value in values for code in value.replace(" ", ",").split(",") if code]
+    try:
+        return tuple(validate_codes(codes, f"--{param.name.replace('_', '-')}"))
+    except ConfigError as error:
+        raise click.BadParameter(error.message.split(": ", 1)[-1]) from None
+
+
+def _target(ctx: click.Context, param: click.Parameter, value: Optional[str]):
+    if value is None:
+        return None
+    try:
+        return TorchVersion.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="optcodemod")
+def main() -> None:
+    """Rewrite PyTorch training scripts to train the same model, faster."""
+
+
+def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
+    if config is not None:
+        return load_settings(Path(config))
+    existing = [os.path.abspath(p) for p in paths if p != "-" and os.path.exists(p)]
+    start = os.path.commonpath(existing) if existing else os.getcwd()
+    return load_settings(find_config(start))
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--diff", is_flag=True, help="Print a unified diff; write nothing.")
+@click.option("--check", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--select", multiple=True, callback=_split_codes, help="Codes or prefixes to run.")
+@click.option("--ignore", multiple=True, callback=_split_codes, help="Codes or prefixes to skip.")
+@click.option("--extend-select", multiple=True, callback=_split_codes, help="Add to select.")
+@click.option(
+    "--unsafe-fixes/--no-unsafe-fixes",
+    default=None,
+    help="Also apply behaviour-level fixes (each changes what the script observably does).",
+)
+@click.option("--target-torch", callback=_target, help="Oldest torch the output must run on.")
+@click.option(
+    "--output-format", type=click.Choice(sorted(FORMATS)), default="text", show_default=True
+)
+@click.option("--statistics", "show_statistics", is_flag=True, help="Count findings per rule.")
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, help="Worker processes.")
+@click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
+@click.option("--stdin-filename", help="The path to report for `-` (stdin).")
+@click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto")
+def apply(
+    paths: Tuple[str, ...],
+    diff: bool,
+    check: bool,
+    select,
+    ignore,
+    extend_select,
+    unsafe_fixes: Optional[bool],
+    target_torch: Optional[TorchVersion],
+    output_format: str,
+    show_statistics: bool,
+    jobs: int,
+    config: Optional[str],
+    stdin_filename: Optional[str],
+    quiet: bool,
+    color: str,
+) -> None:
+    """Rewrite PATHS (files, directories, or - for stdin) in place."""
+    try:
+        settings = _settings_for(paths, config)
+    except ConfigError as error:
+        _fail(error.render())
+    cli_ignore = tuple(settings.ignore) + tuple(ignore or ())
+    settings = settings.with_overrides(
+        select=select,
+        ignore=cli_ignore,
+        extend_select=tuple(settings.extend_select) + tuple(extend_select or ()),
+        unsafe_fixes=unsafe_fixes,
+        target_torch=target_torch,
+    )
+    if "-" in paths:
+        if len(paths) > 1:
+            _fail("`-` (stdin) cannot be combined with other paths", usage=True)
+        _apply_stdin(settings, diff, check, stdin_filename or "-", output_format, quiet)
+        return
+    mode = Mode(write=not (diff or check), diff=diff)
+    found = discover(list(paths), settings)
+    for missing in found.missing:
+        click.echo(f"{missing}: no such file or directory", err=True)
+    for folder in found.empty_directories:
+        click.echo(f"{folder}: no Python files or notebooks found", err=True)
+    use_color = color == "always" or (color == "auto" and sys.stdout.isatty())
+    outcomes = _run_with_progress(found.files, settings, mode, jobs, quiet)
+    for outcome in outcomes:
+        if outcome.warning and not quiet:
+            click.echo(outcome.warning, err=True)
+        if outcome.error:
+            click.echo(outcome.error, err=True)
+    report_stream_is_stdout = not diff
+    if diff:
+        for outcome in outcomes:
+            if outcome.diff:
+                click.echo(_color_diff(outcome.diff, use_color), nl=False)
+    context = ReportContext(outcomes, writing=mode.write, color=use_color)
+    if not quiet or output_format != "text":
+        click.echo(FORMATS[output_format](context), nl=False, err=not report_stream_is_stdout)
+    if show_statistics:
+        click.echo(statistics(outcomes), nl=False, err=not report_stream_is_stdout)
+    if found.missing or any(o.error for o in outcomes):
+        sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_CHANGES if any(o.changed for o in outcomes) else EXIT_CLEAN)
+
+
+def _run_with_progress(files: List[str], settings: Settings, mode: Mode, jobs: int, quiet: bool):
+    if quiet or len(files) < 2 or not sys.stderr.isatty():
+        return run(files, settings, mode, jobs)
+    with click.progressbar(length=len(files), label="optcodemod", file=sys.stderr) as bar:
+        return run(files, settings, mode, jobs, on_done=lambda _: bar.update(1))
+
+
+def _apply_stdin(settings, diff, check, filename, output_format, quiet) -> None:
+    src = click.get_binary_stream("stdin").read()
+    mode = Mode(write=False, diff=diff, keep_text=True)
+    outcome = process_bytes(src, filename, settings, mode)
+    if outcome.error:
+        click.echo(outcome.error, err=True)
+        if not (diff or check):
+            click.get_binary_stream("stdout").write(src)
+        sys.exit(EXIT_ERROR)
+    if diff:
+        click.echo(outcome.diff or "", nl=False)
+    elif not check:
+        click.get_binary_stream("stdout").write(outcome.new_text or src)
+    context = ReportContext([outcome], writing=not (diff or check), color=False)
+    if not quiet or output_format != "text":
+        click.echo(FORMATS[output_format](context), nl=False, err=True)
+    sys.exit(EXIT_CHANGES if outcome.changed else EXIT_CLEAN)
+
+
+def _color_diff(text: str, color: bool) -> str:
+    if not color:
+        return text
+    styled = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(("+++", "---")):
+            styled.append(click.style(line, bold=True))
+        elif line.startswith("+"):
+            styled.append(click.style(line, fg="green"))
+        elif line.startswith("-"):
+            styled.append(click.style(line, fg="red"))
+        elif line.startswith("@@"):
+            styled.append(click.style(line, fg="cyan"))
+        else:
+            styled.append(line)
+    return "".join(styled)
+
+
+def _fail(message: str, usage: bool = False) -> None:
+    click.echo(f"optcodemod: {message}" if usage else message, err=True)
+    sys.exit(EXIT_ERROR)
+
+
+@main.command()
+@click.option("--output-format", type=click.Choice(["text", "json"]), default="text")
+def rules(output_format: str) -> None:
+    """List every rule: code, name, safety, minimum torch, summary."""
+    table = all_rules()
+    if output_format == "json":
+        records = [
+            {
+                "code": r.code,
+                "name": r.name,
+                "safety": r.safety.label,
+                "min_torch": str(r.min_torch),
+                "summary": r.message,
+                "fix": r.fix_title,
+            }
+            for r in table
+        ]
+        click.echo(json.dumps(records, indent=2))
+        return
+    rows = [("code", "name", "safety", "torch", "summary")]
+    rows += [(r.code, r.name, r.safety.label, str(r.min_torch), r.message) for r in table]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        click.echo(
+            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
+        )
+
+
+@main.command()
+@click.argument("code")
+def explain(code: str) -> None:
+    """Print the page of rule CODE (for example OPT501)."""
+    try:
+        rule = rule_by_code(code)
+    except KeyError:
+        known = ", ".join(r.code for r in all_rules())
+        _fail(f"optcodemod: unknown rule code {code!r}; known codes: {known}")
+    click.echo(render_rule_page(rule), nl=False)
+
+
+@main.command("generate-docs", hidden=True)
+@click.option("--output", type=click.Path(file_okay=False), default="docs/rules")
+@click.option("--check", is_flag=True, help="Exit 1 when the pages are stale.")
+def generate_docs(output: str, check: bool) -> None:
+    """Write docs/rules/ from the rules' docstrings and examples."""
+    folder = Path(output)
+    if check:
+        stale = stale_pages(folder, all_rules())
+        for name in stale:
+            click.echo(f"{folder / name}: stale", err=True)
+        sys.exit(EXIT_CHANGES if stale else EXIT_CLEAN)
+    for name in write_docs(folder, all_rules()):
+        click.echo(f"wrote {folder / name}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

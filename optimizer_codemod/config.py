@@ -1,0 +1,223 @@
+"""Settings: `[tool.optcodemod]` in the nearest pyproject.toml, overridden by the command line."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pathspec
+
+from optimizer_codemod.engine import RewriteOptions
+from optimizer_codemod.errors import ConfigError
+from optimizer_codemod.registry import all_rules, is_known_prefix, select_rules
+from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+TABLE = "tool.optcodemod"
+DEFAULT_EXCLUDE = (
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    "venv",
+    ".tox",
+    ".nox",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+    "__pycache__",
+    "__pypackages__",
+    "node_modules",
+    "site-packages",
+    "build",
+    "dist",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    select: Tuple[str, ...] = ("ALL",)
+    ignore: Tuple[str, ...] = ()
+    extend_select: Tuple[str, ...] = ()
+    per_file_ignores: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    unsafe_fixes: bool = False
+    extend_safe_fixes: Tuple[str, ...] = ()
+    extend_unsafe_fixes: Tuple[str, ...] = ()
+    target_torch: TorchVersion = DEFAULT_TARGET
+    exclude: Tuple[str, ...] = ()
+    respect_gitignore: bool = True
+    # Where the configuration came from; relative patterns are relative to `root`.
+    root: str = "."
+    source: Optional[str] = None
+
+    def rules_for(self, path: str) -> Tuple[type, ...]:
+        ignores = list(self.ignore)
+        if self.per_file_ignores:
+            relative = _relative_posix(path, self.root)
+            for pattern, codes in self.per_file_ignores:
+                if _glob_spec((pattern,)).match_file(relative):
+                    ignores.extend(codes)
+        return _selected(
+            tuple(self.select) + tuple(self.extend_select), tuple(ignores), self.target_torch
+        )
+
+    def options_for(self, path: str) -> RewriteOptions:
+        return RewriteOptions(
+            rules=self.rules_for(path),
+            target_torch=self.target_torch,
+            unsafe_fixes=self.unsafe_fixes,
+            extend_safe_fixes=self.extend_safe_fixes,
+            extend_unsafe_fixes=self.extend_unsafe_fixes,
+        )
+
+    def excludes(self, path: str) -> bool:
+        """Whether a user `exclude` pattern (relative to the configuration's folder) matches."""
+        if not self.exclude:
+            return False
+        return _glob_spec(self.exclude).match_file(_relative_posix(path, self.root))
+
+    def with_overrides(self, **overrides: Any) -> "Settings":
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@lru_cache(maxsize=256)
+def _selected(select: Tuple[str, ...], ignore: Tuple[str, ...], target: TorchVersion):
+    return tuple(rule for rule in select_rules(select, ignore) if rule.min_torch <= target)
+
+
+@lru_cache(maxsize=256)
+def _glob_spec(patterns: Tuple[str, ...]) -> pathspec.PathSpec:
+    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+
+
+def _relative_posix(path: str, root: str) -> str:
+    try:
+        relative = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    except ValueError:  # another drive on Windows
+        relative = os.path.abspath(path)
+    return Path(relative).as_posix()
+
+
+# Reading ---------------------------------------------------------------------------------
+def find_config(start: str) -> Optional[Path]:
+    """The nearest pyproject.toml, at or above `start`, that has a [tool.optcodemod] table."""
+    directory = Path(start).resolve()
+    if directory.is_file():
+        directory = directory.parent
+    for folder in (directory, *directory.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+                raise ConfigError(f"cannot read the configuration: {exc}", str(candidate)) from None
+            if isinstance(data.get("tool"), dict) and "optcodemod" in data["tool"]:
+                return candidate
+    return None
+
+
+def load_settings(config_path: Optional[Path]) -> Settings:
+    if config_path is None:
+        return Settings(root=os.getcwd())
+    try:
+        data = tomllib.loads(config_path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"cannot read the configuration: {exc}", str(config_path)) from None
+    table = data.get("tool", {}).get("optcodemod", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{TABLE}] must be a table", str(config_path))
+    values = parse_table(table, str(config_path))
+    return Settings(root=str(config_path.parent), source=str(config_path), **values)
+
+
+def _fail(path: str, key: str, problem: str) -> ConfigError:
+    return ConfigError(f"[{TABLE}] {key}: {problem}", path)
+
+
+def _codes(path: str, key: str, value: Any) -> Tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(path, key, f"expected a list of rule codes, got {value!r}")
+    return tuple(validate_codes(value, key, path))
+
+
+def validate_codes(codes: Sequence[str], key: str, path: Optional[str] = None) -> List[str]:
+    result = []
+    for code in codes:
+        code = code.strip().upper()
+        if not code:
+            continue
+        if not is_known_prefix(code):
+            known = [rule.code for rule in all_rules()]
+            hint = difflib.get_close_matches(code, known, n=1)
+            suggestion = f" (did you mean {hint[0]}?)" if hint else ""
+            raise ConfigError(f"{key}: unknown rule code or prefix {code!r}{suggestion}", path)
+        result.append(code)
+    return result
+
+
+def _bool(path: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, key, f"expected true or false, got {value!r}")
+    return value
+
+
+def _strings(path: str, key: str, value: Any) -> Tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _fail(path, key, f"expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _version(path: str, key: str, value: Any) -> TorchVersion:
+    if isinstance(value, float):
+        raise _fail(path, key, f'write the version as a string, for example "{value}"')
+    try:
+        return TorchVersion.parse(str(value))
+    except ValueError as exc:
+        raise _fail(path, key, str(exc)) from None
+
+
+def _per_file_ignores(path: str, key: str, value: Any):
+    if not isinstance(value, dict):
+        raise _fail(path, key, "expected a table of glob = [codes]")
+    return tuple(
+        (pattern, _codes(path, f"{key}.{pattern!r}", codes)) for pattern, codes in value.items()
+    )
+
+
+_PARSERS: Dict[str, Tuple[str, Any]] = {
+    "select": ("select", _codes),
+    "ignore": ("ignore", _codes),
+    "extend-select": ("extend_select", _codes),
+    "per-file-ignores": ("per_file_ignores", _per_file_ignores),
+    "unsafe-fixes": ("unsafe_fixes", _bool),
+    "extend-safe-fixes": ("extend_safe_fixes", _codes),
+    "extend-unsafe-fixes": ("extend_unsafe_fixes", _codes),
+    "target-torch": ("target_torch", _version),
+    "exclude": ("exclude", _strings),
+    "respect-gitignore": ("respect_gitignore", _bool),
+}
+CONFIG_KEYS = tuple(_PARSERS)
+
+
+def parse_table(table: Dict[str, Any], path: str) -> Dict[str, Any]:
+    values = {}
+    for key, value in table.items():
+        if key not in _PARSERS:
+            hint = difflib.get_close_matches(key, CONFIG_KEYS, n=1)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            known = ", ".join(CONFIG_KEYS)
+            raise ConfigError(
+                f"[{TABLE}] unknown key {key!r}{suggestion}; known keys: {known}", path
+            )
+        attribute, parser = _PARSERS[key]
+        values[attribute] = parser(path, key, value)
+    return values

@@ -1,0 +1,57 @@
+"""What the engine tells its callers about one file: diagnostics and the file's outcome."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import List, Optional, Tuple
+
+from optimizer_codemod.rule import Safety
+
+
+class Status(enum.Enum):
+    FIXED = "fixed"  # the fix was applied (or would be, under --check/--diff)
+    UNSAFE = "unsafe"  # a behaviour-level fix that --unsafe-fixes would apply
+    REPORTED = "reported"  # no fix is offered
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    name: str
+    message: str
+    fix_title: str
+    safety: Safety
+    status: Status
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    cell: Optional[int] = None  # 1-based cell number in a notebook; lines are cell-relative
+    # Original-line ranges (first, last) the fix edits; empty for a finding without a fix.
+    edit_lines: Tuple[Tuple[int, int], ...] = ()
+
+    def moved(self, **changes: object) -> "Diagnostic":
+        return replace(self, **changes)
+
+
+@dataclass
+class FileOutcome:
+    """The result of processing one path."""
+
+    path: str
+    diagnostics: List[Diagnostic] = field(default_factory=list)
+    changed: bool = False
+    written: bool = False
+    error: Optional[str] = None
+    warning: Optional[str] = None
+    diff: Optional[str] = None
+    new_text: Optional[bytes] = None
+
+    @property
+    def fixed(self) -> List[Diagnostic]:
+        return [d for d in self.diagnostics if d.status is Status.FIXED]
+
+    @property
+    def unsafe(self) -> List[Diagnostic]:
+        return [d for d in self.diagnostics if d.status is Status.UNSAFE]

@@ -1,0 +1,278 @@
+"""The rewrite loop for one source text: run rules, apply fixes, repeat to a fixpoint, verify.
+
+Promises (DESIGN.md §4): every selected rule runs in one batched traversal with only the
+metadata it asks for; passes repeat until nothing changes (bounded); every pass's output is
+compiled and re-parsed, and a rule that broke it is named while the text is left as it was;
+a text LibCST cannot print back byte for byte is refused before anything is changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import traceback
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from optimizer_codemod.diagnostics import Diagnostic, Status
+from optimizer_codemod.errors import (
+    NonConvergenceError,
+    OptcodemodError,
+    RuleBrokeOutputError,
+)
+from optimizer_codemod.fixes import apply_fixes, choose_compatible
+from optimizer_codemod.noqa import is_suppressed, noqa_lines
+from optimizer_codemod.rule import Finding, Rule, Safety
+from optimizer_codemod.sources import check_reproducible, compile_check, parse_source
+from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
+
+MAX_PASSES = 10
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """Everything that decides what the engine does with one text."""
+
+    rules: Tuple[type, ...]
+    target_torch: TorchVersion = DEFAULT_TARGET
+    unsafe_fixes: bool = False
+    # Code prefixes whose behaviour-level fixes apply without --unsafe-fixes, and whose
+    # numerics-level fixes need it (ruff's extend-safe-fixes / extend-unsafe-fixes).
+    extend_safe_fixes: Tuple[str, ...] = ()
+    extend_unsafe_fixes: Tuple[str, ...] = ()
+    precision: str = "bf16"
+
+    def may_apply(self, code: str, safety: Safety) -> bool:
+        if safety is Safety.SUGGEST:
+            return False
+        if any(code.startswith(p) for p in self.extend_unsafe_fixes) and safety > Safety.SAFE:
+            return self.unsafe_fixes
+        if safety is Safety.BEHAVIOR:
+            return self.unsafe_fixes or any(code.startswith(p) for p in self.extend_safe_fixes)
+        return True
+
+
+class FileContext:
+    """What a rule may ask about the file in the current pass."""
+
+    def __init__(self, path: str, module: cst.Module, options: RewriteOptions):
+        self.path = path
+        self.module = module
+        self.options = options
+
+    @property
+    def target_torch(self) -> TorchVersion:
+        return self.options.target_torch
+
+    @cached_property
+    def facts(self):
+        from optimizer_codemod.analysis import ScriptFacts
+
+        return ScriptFacts.of(self.module)
+
+
+@dataclass
+class RewriteResult:
+    code: bytes
+    changed: bool
+    diagnostics: List[Diagnostic] = field(default_factory=list)
+    passes: int = 0
+
+
+@lru_cache(maxsize=64)
+def _trigger_regex(rules: Tuple[type, ...]) -> "re.Pattern[bytes]":
+    parts = [f"(?:{pattern})".encode() for rule in rules for pattern in rule.triggers]
+    return re.compile(b"|".join(parts) if parts else b"(?!)")
+
+
+def may_contain_findings(src: bytes, rules: Sequence[type]) -> bool:
+    """The cheap pre-filter: can any of `rules` possibly fire on this text?"""
+    return bool(rules) and _trigger_regex(tuple(rules)).search(src) is not None
+
+
+def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
+    """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem."""
+    module = parse_source(src, path)
+    return _Fixpoint(src, module, path, options).run()
+
+
+class _Fixpoint:
+    def __init__(self, src: bytes, module: cst.Module, path: str, options: RewriteOptions):
+        self.src = src
+        self.original = module
+        self.path = path
+        self.options = options
+        self.rules = tuple(options.rules)
+
+    def run(self) -> RewriteResult:
+        module, code = self.original, self.src
+        fixed: List[Diagnostic] = []
+        seen = {code}
+        for pass_number in range(1, MAX_PASSES + 2):
+            findings = self._findings(module)
+            positions = _positions(module, findings) if findings else {}
+            noqa = noqa_lines(module.code) if findings else {}
+            findings = [
+                f
+                for f in findings
+                if not is_suppressed(
+                    noqa, f.rule.code, positions[f.node].start.line, positions[f.node].end.line
+                )
+            ]
+            applicable = [
+                f for f in findings if f.fix and self.options.may_apply(f.rule.code, f.safety)
+            ]
+            line_map = _line_mapper(self.src, code)
+            if not applicable:
+                remaining = [
+                    self._diagnostic(f, positions, line_map, _left_status(f)) for f in findings
+                ]
+                return RewriteResult(code, code != self.src, fixed + remaining, pass_number - 1)
+            if pass_number > MAX_PASSES:
+                codes = sorted({f.rule.code for f in applicable})
+                raise NonConvergenceError(
+                    f"rules did not converge after {MAX_PASSES} passes; still changing the file: "
+                    + ", ".join(codes),
+                    codes,
+                    self.path,
+                )
+            if module is self.original:
+                check_reproducible(self.original, self.src, self.path)
+            applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
+            chosen = choose_compatible(applicable, positions)
+            new_module, new_code = self._apply_verified(module, chosen)
+            fixed.extend(self._diagnostic(f, positions, line_map, Status.FIXED) for f in chosen)
+            if new_code in seen:
+                codes = sorted({f.rule.code for f in chosen})
+                raise NonConvergenceError(
+                    "rules undo each other's changes (the file returned to an earlier text): "
+                    + ", ".join(codes),
+                    codes,
+                    self.path,
+                )
+            seen.add(new_code)
+            module, code = new_module, new_code
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _findings(self, module: cst.Module) -> List[Finding]:
+        context = FileContext(self.path, module, self.options)
+        rules = [rule(context) for rule in self.rules]
+        try:
+            MetadataWrapper(module, unsafe_skip_copy=True).visit_batched(rules)
+        except OptcodemodError:
+            raise
+        except Exception as exc:
+            culprit = _rule_in_traceback(exc) or "a rule"
+            raise RuleBrokeOutputError(
+                f"internal error in {culprit}: {type(exc).__name__}: {exc}; file left untouched",
+                [culprit] if culprit.startswith("OPT") else [],
+                self.path,
+            ) from exc
+        return [finding for rule in rules for finding in rule.findings]
+
+    def _apply_verified(
+        self, module: cst.Module, chosen: List[Finding]
+    ) -> Tuple[cst.Module, bytes]:
+        problem = _try_apply(module, chosen, self.path)
+        if isinstance(problem, tuple):
+            return problem
+        culprits = [
+            code
+            for code in sorted({f.rule.code for f in chosen})
+            if not isinstance(
+                _try_apply(module, [f for f in chosen if f.rule.code == code], self.path), tuple
+            )
+        ] or sorted({f.rule.code for f in chosen})
+        raise RuleBrokeOutputError(
+            f"rule {', '.join(culprits)} produced broken code ({problem}); "
+            "every change to this file was reverted",
+            culprits,
+            self.path,
+        )
+
+    def _diagnostic(
+        self, finding: Finding, positions, line_map: Callable[[int], int], status: Status
+    ) -> Diagnostic:
+        where = positions[finding.node]
+        line, end_line = line_map(where.start.line), line_map(where.end.line)
+        edit_lines = ()
+        if finding.fix is not None:
+            nodes = [getattr(e, "node", None) or e.anchor for e in finding.fix.edits]
+            edit_lines = tuple(
+                (line_map(positions[n].start.line), line_map(positions[n].end.line)) for n in nodes
+            )
+        return Diagnostic(
+            code=finding.rule.code,
+            name=finding.rule.name,
+            message=finding.message,
+            fix_title=finding.fix_title,
+            safety=finding.safety,
+            status=status,
+            line=line,
+            column=where.start.column + 1,
+            end_line=max(end_line, line),
+            end_column=where.end.column + 1,
+            edit_lines=edit_lines,
+        )
+
+
+def _left_status(finding: Finding) -> Status:
+    if finding.fix is not None and finding.safety is not Safety.SUGGEST:
+        return Status.UNSAFE
+    return Status.REPORTED
+
+
+def _start(code_range) -> Tuple[int, int]:
+    return (code_range.start.line, code_range.start.column)
+
+
+def _positions(module: cst.Module, findings: Iterable[Finding]):
+    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+
+
+def _try_apply(module: cst.Module, chosen: List[Finding], path: str):
+    """(new module, new code) when the fixes produce valid code, else the problem's text."""
+    try:
+        new_module = apply_fixes(module, [f.fix for f in chosen])
+        new_code = new_module.bytes
+    except Exception as exc:  # a fix that builds an invalid tree
+        return f"{type(exc).__name__}: {exc}"
+    ok, error = compile_check(new_code, path)
+    if not ok:
+        return f"does not compile: {error}"
+    try:
+        reparsed = cst.parse_module(new_code)
+    except Exception as exc:
+        return f"LibCST cannot parse the output: {exc}"
+    if reparsed.bytes != new_code:
+        return "LibCST cannot reproduce the output byte for byte"
+    return reparsed, new_code
+
+
+def _rule_in_traceback(exc: BaseException) -> Optional[str]:
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Rule):
+            return type(candidate).code
+    return None
+
+
+def _line_mapper(original: bytes, current: bytes) -> Callable[[int], int]:
+    """Map a line of the current text to the original line it came from (1-based)."""
+    if original == current:
+        return lambda line: line
+    old, new = original.splitlines(), current.splitlines()
+    table: Dict[int, int] = {}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(
+        None, old, new, autojunk=False
+    ).get_opcodes():
+        for j in range(j1, j2):
+            if tag == "equal":
+                table[j + 1] = i1 + (j - j1) + 1
+            else:
+                table[j + 1] = min(i1 + (j - j1), max(i2 - 1, i1)) + 1
+    return lambda line: table.get(line, min(line, len(old) or 1))

@@ -1,0 +1,144 @@
+"""Rendering outcomes: the text report, JSON, statistics. Formats register by name."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence
+
+import click
+
+from optimizer_codemod import __version__
+from optimizer_codemod.diagnostics import Diagnostic, FileOutcome, Status
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    outcomes: Sequence[FileOutcome]
+    writing: bool  # fixes were written (not --check/--diff)
+    color: bool
+
+
+FORMATS: Dict[str, Callable[[ReportContext], str]] = {}
+
+
+def output_format(name: str):
+    def register(function: Callable[[ReportContext], str]):
+        FORMATS[name] = function
+        return function
+
+    return register
+
+
+def location(path: str, diagnostic: Diagnostic) -> str:
+    cell = f":cell {diagnostic.cell}" if diagnostic.cell is not None else ""
+    return f"{path}{cell}:{diagnostic.line}:{diagnostic.column}"
+
+
+def _status_text(diagnostic: Diagnostic, writing: bool) -> str:
+    if diagnostic.status is Status.FIXED:
+        verb = "fixed" if writing else "fix"
+        return f"{verb}: {diagnostic.fix_title}"
+    if diagnostic.status is Status.UNSAFE:
+        return f"with --unsafe-fixes: {diagnostic.fix_title}"
+    return "no automatic fix"
+
+
+def _style(text: str, color: bool, **style) -> str:
+    return click.style(text, **style) if color else text
+
+
+@output_format("text")
+def text_report(context: ReportContext) -> str:
+    lines: List[str] = []
+    for outcome in context.outcomes:
+        for d in outcome.diagnostics:
+            where = _style(location(outcome.path, d), context.color, bold=True)
+            code = _style(
+                d.code, context.color, fg="red" if d.status is Status.REPORTED else "cyan"
+            )
+            lines.append(
+                f"{where}: {code} [{d.safety.label}] {d.message} "
+                f"({_status_text(d, context.writing)})"
+            )
+    lines.extend(summary_lines(context))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def summary_lines(context: ReportContext) -> List[str]:
+    diagnostics = [d for o in context.outcomes for d in o.diagnostics]
+    counts = Counter(d.status for d in diagnostics)
+    changed = [o for o in context.outcomes if o.changed and not o.error]
+    lines = []
+    if not diagnostics:
+        lines.append("Nothing to change.")
+    else:
+        fixed = counts[Status.FIXED]
+        files = len(changed)
+        file_word = "file" if files == 1 else "files"
+        if context.writing:
+            head = f"Fixed {fixed} finding{'s' if fixed != 1 else ''} in {files} {file_word}"
+        else:
+            head = f"Would fix {fixed} finding{'s' if fixed != 1 else ''} in {files} {file_word}"
+        if counts[Status.REPORTED]:
+            head += f"; {counts[Status.REPORTED]} reported without a fix"
+        lines.append(head + ".")
+    if counts[Status.UNSAFE]:
+        unsafe = counts[Status.UNSAFE]
+        lines.append(
+            f"{unsafe} more fix{'es' if unsafe != 1 else ''} available with --unsafe-fixes "
+            "(behaviour-level: read each before enabling)."
+        )
+    errors = [o for o in context.outcomes if o.error]
+    if errors:
+        lines.append(f"{len(errors)} file{'s' if len(errors) != 1 else ''} could not be processed.")
+    return lines
+
+
+def diagnostic_record(path: str, d: Diagnostic) -> dict:
+    return {
+        "filename": path,
+        "cell": d.cell,
+        "code": d.code,
+        "name": d.name,
+        "message": d.message,
+        "safety": d.safety.label,
+        "status": d.status.value,
+        "fix_title": d.fix_title,
+        "location": {"row": d.line, "column": d.column},
+        "end_location": {"row": d.end_line, "column": d.end_column},
+    }
+
+
+@output_format("json")
+def json_report(context: ReportContext) -> str:
+    findings = [diagnostic_record(o.path, d) for o in context.outcomes for d in o.diagnostics]
+    document = {
+        "tool": {"name": "optcodemod", "version": __version__},
+        "written": context.writing,
+        "findings": findings,
+        "changed_files": [o.path for o in context.outcomes if o.changed and not o.error],
+        "errors": [{"filename": o.path, "message": o.error} for o in context.outcomes if o.error],
+        "summary": dict(Counter(d.status.value for o in context.outcomes for d in o.diagnostics)),
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def statistics(outcomes: Sequence[FileOutcome]) -> str:
+    rows: Dict[str, Counter] = {}
+    names: Dict[str, str] = {}
+    for outcome in outcomes:
+        for d in outcome.diagnostics:
+            rows.setdefault(d.code, Counter())[d.status] += 1
+            names[d.code] = d.name
+    if not rows:
+        return "No findings.\n"
+    lines = [f"{'count':>5}  {'fixed':>5}  {'unsafe':>6}  {'other':>5}  code    name"]
+    for code in sorted(rows, key=lambda c: (-sum(rows[c].values()), c)):
+        counter = rows[code]
+        lines.append(
+            f"{sum(counter.values()):>5}  {counter[Status.FIXED]:>5}  {counter[Status.UNSAFE]:>6}  "
+            f"{counter[Status.REPORTED]:>5}  {code}  {names[code]}"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,248 @@
+"""The rule framework: metadata every rule carries, the edits it may propose, registration.
+
+A rule is a read-only LibCST visitor. It never changes the tree; it reports findings, each with
+an optional fix made of small edits on original nodes. The engine runs every selected rule in
+one batched traversal, resolves conflicts between fixes and applies them (see engine.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Tuple, Union
+
+import libcst as cst
+
+from optimizer_codemod.torch_version import TorchVersion
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis import ScriptFacts
+    from optimizer_codemod.engine import FileContext
+
+TRANSFORMS_PACKAGE = "optimizer_codemod.transforms"
+_CODE_RE = re.compile(r"^OPT[1-9][0-9]{2}$")
+_NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+DOCSTRING_SECTIONS = (
+    "What it does",
+    "Why is it slow",
+    "Example",
+    "Fix safety",
+    "Expected gain",
+)
+
+
+class Safety(enum.IntEnum):
+    """How far a fix may change what the script computes; ordered from least to most."""
+
+    SAFE = 0
+    NUMERICS = 1
+    BEHAVIOR = 2
+    SUGGEST = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Safety":
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            choices = ", ".join(s.label for s in cls)
+            raise ValueError(f"unknown safety level {text!r} (choose from {choices})")
+
+
+SAFETY_DESCRIPTIONS = {
+    Safety.SAFE: "same results bit for bit (or up to summation order inside one kernel)",
+    Safety.NUMERICS: "same algorithm; floating-point results change within a stated tolerance",
+    Safety.BEHAVIOR: "observable behaviour changes; applied only with --unsafe-fixes",
+    Safety.SUGGEST: "reported, never applied: no sound rewrite exists",
+}
+
+
+@dataclass(frozen=True)
+class ImportSpec:
+    """An import a fix needs: `import module` or `from module import obj [as asname]`."""
+
+    module: str
+    obj: Optional[str] = None
+    asname: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Replace `node` (an original node) by `new`; `cst.RemovalSentinel.REMOVE` deletes it."""
+
+    node: cst.CSTNode
+    new: Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]
+
+
+@dataclass(frozen=True)
+class InsertStatements:
+    """Insert statements before and/or after `anchor`, a statement in a body or the module.
+
+    Inserts on the same anchor compose; edits inside the anchor compose with them too.
+    """
+
+    anchor: cst.BaseStatement
+    before: Tuple[cst.BaseStatement, ...] = ()
+    after: Tuple[cst.BaseStatement, ...] = ()
+
+
+Edit = Union[Replace, InsertStatements]
+
+
+@dataclass(frozen=True)
+class Fix:
+    edits: Tuple[Edit, ...]
+    imports: Tuple[ImportSpec, ...] = ()
+
+
+@dataclass
+class Finding:
+    """What a rule reports: a location (`node`), a message, a safety level, maybe a fix."""
+
+    rule: type
+    node: cst.CSTNode
+    message: str
+    safety: Safety
+    fix: Optional[Fix]
+    fix_title: str
+
+
+@dataclass(frozen=True)
+class Example:
+    """A documented case: `after is None` means the rule must leave `before` unchanged."""
+
+    before: str
+    after: Optional[str] = None
+    options: Tuple[Tuple[str, str], ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return self.after is not None
+
+
+_REGISTRY: dict = {}
+
+
+class Rule(cst.BatchableCSTVisitor):
+    """Base class of every rule. Subclasses in `transforms/` register themselves.
+
+    Class attributes describe the rule; `visit_*`/`leave_*` methods find the pattern and call
+    `self.report(...)`. Shared facts about the script come from `self.facts` (computed once per
+    pass, only when some rule asks).
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    message: ClassVar[str]
+    fix_title: ClassVar[str]
+    safety: ClassVar[Safety]
+    min_torch: ClassVar[TorchVersion] = TorchVersion.parse("1.0")
+    # Regular expressions over the raw file bytes: a file matching none of the selected rules'
+    # triggers is never parsed. Keep them necessary conditions for a finding, and cheap.
+    triggers: ClassVar[Tuple[str, ...]]
+    examples: ClassVar[Tuple[Example, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("abstract", False):
+            return
+        _validate_rule_class(cls)
+        if cls.__module__.startswith(TRANSFORMS_PACKAGE + "."):
+            existing = _REGISTRY.get(cls.code)
+            if existing is not None and existing.__qualname__ != cls.__qualname__:
+                raise TypeError(f"rule code {cls.code} used by {existing} and {cls}")
+            _REGISTRY[cls.code] = cls
+
+    def __init__(self, context: "FileContext") -> None:
+        super().__init__()
+        self.context = context
+        self.findings: list = []
+
+    @property
+    def facts(self) -> "ScriptFacts":
+        return self.context.facts
+
+    def report(
+        self,
+        node: cst.CSTNode,
+        fix: Optional[Fix] = None,
+        *,
+        message: Optional[str] = None,
+        safety: Optional[Safety] = None,
+        fix_title: Optional[str] = None,
+    ) -> None:
+        """Report a finding at `node`. A finding without a fix is reported, never applied.
+
+        `safety` may only lower the rule's level (a higher value), never raise it: an edit
+        whose soundness the analysis cannot prove says so.
+        """
+        level = self.safety if safety is None else max(safety, self.safety)
+        if fix is None:
+            level = Safety.SUGGEST
+        self.findings.append(
+            Finding(
+                rule=type(self),
+                node=node,
+                message=message or self.message,
+                safety=level,
+                fix=fix,
+                fix_title=fix_title or self.fix_title,
+            )
+        )
+
+    @classmethod
+    def summary(cls) -> str:
+        return cls.message
+
+    @classmethod
+    def doc_sections(cls) -> dict:
+        return parse_doc_sections(cls.__doc__ or "")
+
+
+def parse_doc_sections(doc: str) -> dict:
+    """Split a rule docstring into its `Heading:` sections (in DOCSTRING_SECTIONS order)."""
+    text = textwrap.dedent(doc).strip("\n")
+    # textwrap.dedent leaves the first line alone when it starts right after the quotes.
+    lines = [line.rstrip() for line in textwrap.dedent("\n".join(text.splitlines())).splitlines()]
+    sections: dict = {}
+    current: Optional[str] = None
+    for line in lines:
+        heading = line.strip().rstrip(":")
+        if line.strip().endswith(":") and heading in DOCSTRING_SECTIONS:
+            current = heading
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {k: textwrap.dedent("\n".join(v)).strip("\n") for k, v in sections.items()}
+
+
+def _validate_rule_class(cls: type) -> None:
+    problems = []
+    for attr in ("code", "name", "message", "fix_title", "safety", "triggers"):
+        if not hasattr(cls, attr):
+            problems.append(f"missing {attr}")
+    if problems:
+        raise TypeError(f"rule {cls.__qualname__}: " + ", ".join(problems))
+    if not _CODE_RE.match(cls.code):
+        raise TypeError(f"rule {cls.__qualname__}: code {cls.code!r} is not OPT###")
+    if not _NAME_RE.match(cls.name):
+        raise TypeError(f"rule {cls.code}: name {cls.name!r} is not kebab-case")
+    if not isinstance(cls.safety, Safety):
+        raise TypeError(f"rule {cls.code}: safety must be a Safety")
+    if isinstance(cls.triggers, (str, bytes)) or not cls.triggers:
+        raise TypeError(f"rule {cls.code}: triggers must be a non-empty tuple of patterns")
+    for pattern in cls.triggers:
+        re.compile(pattern.encode())
+
+
+def registered_rules() -> Sequence[type]:
+    """Every rule in the transforms package, ordered by code."""
+    from optimizer_codemod import registry
+
+    registry.load_transforms()
+    return [_REGISTRY[code] for code in sorted(_REGISTRY)]

@@ -1,0 +1,153 @@
+"""Processing many files: read, pre-filter, rewrite, write or diff; in worker processes."""
+
+from __future__ import annotations
+
+import difflib
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Sequence
+
+from optimizer_codemod.api import SourceRewrite, rewrite_source
+from optimizer_codemod.config import Settings
+from optimizer_codemod.diagnostics import FileOutcome
+from optimizer_codemod.engine import may_contain_findings
+from optimizer_codemod.errors import OptcodemodError
+from optimizer_codemod.sources import read_bytes, write_atomic
+
+# Below this much candidate source, starting worker processes costs more than it saves.
+PARALLEL_THRESHOLD_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Mode:
+    write: bool = True  # False under --check and --diff
+    diff: bool = False
+    keep_text: bool = False  # keep the new bytes (stdin mode)
+
+
+def unified_diff(parts) -> str:
+    chunks = []
+    for label, old, new in parts:
+        chunks.extend(
+            difflib.unified_diff(
+                old.splitlines(keepends=True),
+                new.splitlines(keepends=True),
+                fromfile=label if os.path.isabs(label) else f"a/{label}",
+                tofile=label if os.path.isabs(label) else f"b/{label}",
+            )
+        )
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in chunks)
+    return text
+
+
+def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> FileOutcome:
+    outcome = FileOutcome(path=path)
+    try:
+        result: SourceRewrite = rewrite_source(src, path, settings.options_for(path))
+    except OptcodemodError as error:
+        outcome.error = error.with_path(error.path or path).render()
+        return outcome
+    except RecursionError:
+        outcome.error = f"{path}: too deeply nested for the parser; left untouched"
+        return outcome
+    outcome.diagnostics = result.diagnostics
+    outcome.changed = result.changed
+    if result.skipped == "empty file":
+        outcome.warning = f"{path}: empty file, nothing to do"
+    if result.changed and mode.diff:
+        outcome.diff = unified_diff(result.diff_parts)
+    if mode.keep_text:
+        outcome.new_text = result.new
+    if result.changed and mode.write:
+        try:
+            write_atomic(path, result.new)
+            outcome.written = True
+        except OptcodemodError as error:
+            outcome.error = error.render()
+    return outcome
+
+
+def process_path(path: str, settings: Settings, mode: Mode) -> FileOutcome:
+    try:
+        src = read_bytes(path)
+    except OptcodemodError as error:
+        return FileOutcome(path=path, error=error.render())
+    return process_bytes(src, path, settings, mode)
+
+
+def _worker(args) -> FileOutcome:
+    path, settings, mode = args
+    return process_path(path, settings, mode)
+
+
+def _quick_outcome(path: str, settings: Settings) -> Optional[FileOutcome]:
+    """The outcome of a file the pre-filter settles without parsing, else None."""
+    try:
+        src = read_bytes(path)
+    except OptcodemodError as error:
+        return FileOutcome(path=path, error=error.render())
+    if not src.strip():
+        return FileOutcome(path=path, warning=f"{path}: empty file, nothing to do")
+    if not may_contain_findings(src, settings.rules_for(path)):
+        return FileOutcome(path=path)
+    return None
+
+
+def run(
+    paths: Sequence[str],
+    settings: Settings,
+    mode: Mode,
+    jobs: int = 0,
+    on_done: Optional[Callable[[FileOutcome], None]] = None,
+) -> List[FileOutcome]:
+    """Process every path; outcomes come back in the order of `paths`."""
+    outcomes: dict = {}
+    candidates: List[str] = []
+    for path in paths:
+        quick = _quick_outcome(path, settings)
+        if quick is None:
+            candidates.append(path)
+        else:
+            outcomes[path] = quick
+            if on_done:
+                on_done(quick)
+    jobs = jobs or os.cpu_count() or 1
+    size = sum(_size(p) for p in candidates)
+    if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
+        context = _mp_context()
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(candidates)), mp_context=context
+        ) as pool:
+            work = [(path, settings, mode) for path in candidates]
+            # Large files first, so one big file does not finish last on its own.
+            order = sorted(range(len(work)), key=lambda i: -_size(candidates[i]))
+            results = pool.map(_worker, [work[i] for i in order], chunksize=1)
+            for index, outcome in zip(order, results):
+                outcomes[candidates[index]] = outcome
+                if on_done:
+                    on_done(outcome)
+    else:
+        for path in candidates:
+            outcome = process_path(path, settings, mode)
+            outcomes[path] = outcome
+            if on_done:
+                on_done(outcome)
+    return [outcomes[path] for path in paths]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _mp_context():
+    # fork starts workers in milliseconds with every rule already imported; spawn is the
+    # fallback where fork does not exist.
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()

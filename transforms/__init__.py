@@ -1,0 +1,1 @@
+"""The rules: one module per rule, each registering itself by subclassing `Rule`."""

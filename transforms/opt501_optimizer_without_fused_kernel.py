@@ -1,0 +1,111 @@
+"""OPT501: an optimizer that has a fused kernel, built without it."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import (
+    has_double_star,
+    has_star_args,
+    keyword,
+    literal,
+    with_keyword,
+)
+from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
+from optimizer_codemod.torch_version import TorchVersion
+
+# The first release where `fused=True` works on both CPU and CUDA parameters: emitted code
+# must run wherever the script picks its device at run time.
+FUSED_ON_CPU_AND_CUDA = {
+    "torch.optim.Adam": TorchVersion(2, 4),
+    "torch.optim.AdamW": TorchVersion(2, 4),
+    "torch.optim.SGD": TorchVersion(2, 4),
+    # CPU since 2.4, CUDA only much later (pytorch/pytorch#153038); 2.13 documents both.
+    "torch.optim.Adagrad": TorchVersion(2, 13),
+}
+# Options that cannot be combined with fused=True unless explicitly False.
+EXCLUSIVE_OPTIONS = ("foreach", "differentiable")
+
+
+class OptimizerWithoutFusedKernel(Rule):
+    """
+    What it does:
+        Adds `fused=True` to `torch.optim.Adam`, `AdamW`, `SGD` and `Adagrad` when they are
+        built without choosing an implementation.
+
+    Why is it slow:
+        Without `fused`, these optimizers use the `foreach` implementation: a sequence of
+        multi-tensor kernels, one per arithmetic step of the update, each reading and writing
+        every parameter and state tensor. The fused implementation does the whole update in
+        one pass over memory. PyTorch's documentation ranks the implementations "fused >
+        foreach > for-loop" for speed (torch.optim, "Algorithms").
+
+    Example:
+        ```python
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        ```
+        becomes
+        ```python
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+        ```
+
+    Fix safety:
+        `numerics`: the fused kernel performs the same update in a different order of
+        floating-point operations, so parameters differ in the last bits. Never applied to
+        optimizers without a fused kernel (Adadelta, RMSprop, LBFGS, custom classes), when
+        options arrive through `*args`/`**kwargs` (they may already carry `fused`), when
+        `foreach` or `differentiable` is set, or when the script uses sparse gradients. Needs
+        `target-torch` 2.4 (2.13 for Adagrad), the first release with CPU and CUDA kernels.
+
+    Expected gain:
+        Optimizer-step time, which grows with parameter count; the effect on a whole training
+        step is largest for small batches and large models.
+    """
+
+    code = "OPT501"
+    name = "optimizer-without-fused-kernel"
+    message = "Optimizer built without its fused kernel"
+    fix_title = "Add `fused=True`"
+    safety = Safety.NUMERICS
+    min_torch = TorchVersion(2, 4)
+    triggers = (r"\b(?:Adam|AdamW|SGD|Adagrad)\b",)
+    examples = (
+        Example(
+            "import torch\nopt = torch.optim.AdamW(model.parameters(), lr=3e-4)\n",
+            "import torch\nopt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)\n",
+        ),
+        Example("import torch\nopt = torch.optim.RMSprop(model.parameters())\n"),
+        Example("import torch\nopt = torch.optim.Adam(model.parameters(), **config)\n"),
+        Example("import torch\nopt = torch.optim.Adam(model.parameters(), foreach=True)\n"),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for site in self.facts.optimizer_constructions():
+            since = FUSED_ON_CPU_AND_CUDA.get(site.qualname or "")
+            if since is None or since > self.context.target_torch:
+                continue
+            call = site.node
+            label = site.qualname.rsplit(".", 1)[-1]
+            if keyword(call, "fused") is not None:
+                continue
+            if any(
+                keyword(call, option) is not None
+                and literal(keyword(call, option).value, None) is not False
+                for option in EXCLUSIVE_OPTIONS
+            ):
+                continue
+            if has_double_star(call) or has_star_args(call):
+                self.report(
+                    call,
+                    message=f"{label} options arrive through */** arguments, which may already "
+                    "set `fused`; add `fused=True` where they are built",
+                )
+                continue
+            if self.facts.uses_sparse_gradients:
+                continue
+            fixed = with_keyword(call, "fused", cst.Name("True"))
+            self.report(
+                call,
+                Fix((Replace(call, fixed),)),
+                message=f"{label} built without its fused kernel",
+            )
