@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Tuple, Union
 
-from optimizer_codemod.config import Settings, validate_codes
+from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
 from optimizer_codemod.engine import RewriteOptions, may_contain_findings, rewrite_bytes
 from optimizer_codemod.errors import OptcodemodError
@@ -126,18 +126,16 @@ def rewrite(
     override. Raises `OptcodemodError` with the path, line and problem on bad input.
     """
     base = settings or Settings()
-    overrides = {
-        "select": tuple(validate_codes(list(select), "select")) if select is not None else None,
-        "ignore": tuple(validate_codes(list(ignore), "ignore")) if ignore is not None else None,
-        "extend_select": (
-            tuple(validate_codes(list(extend_select), "extend-select"))
-            if extend_select is not None
-            else None
-        ),
-        "unsafe_fixes": unsafe_fixes,
-        "target_torch": TorchVersion.parse(target_torch) if target_torch is not None else None,
-    }
-    effective = base.with_overrides(**overrides)
+    layer = RuleSelection(
+        tuple(validate_codes(list(select), "select")) if select is not None else None,
+        tuple(validate_codes(list(extend_select or ()), "extend-select")),
+        tuple(validate_codes(list(ignore or ()), "ignore")),
+    )
+    effective = base.with_overrides(
+        overrides=(*base.overrides, layer),
+        unsafe_fixes=unsafe_fixes,
+        target_torch=TorchVersion.parse(target_torch) if target_torch is not None else None,
+    )
     as_text = isinstance(source, str)
     src = source.encode("utf-8") if as_text else source
     result = rewrite_source(src, path, effective.options_for(path))

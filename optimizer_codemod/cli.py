@@ -15,7 +15,13 @@ from typing import List, Optional, Sequence, Tuple
 import click
 
 from optimizer_codemod import __version__
-from optimizer_codemod.config import Settings, find_config, load_settings, validate_codes
+from optimizer_codemod.config import (
+    RuleSelection,
+    Settings,
+    find_config,
+    load_settings,
+    validate_codes,
+)
 from optimizer_codemod.discovery import discover
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.registry import all_rules, rule_by_code
@@ -104,11 +110,8 @@ def apply(
         settings = _settings_for(paths, config)
     except ConfigError as error:
         _fail(error.render())
-    cli_ignore = tuple(settings.ignore) + tuple(ignore or ())
     settings = settings.with_overrides(
-        select=select,
-        ignore=cli_ignore,
-        extend_select=tuple(settings.extend_select) + tuple(extend_select or ()),
+        overrides=(RuleSelection(select, tuple(extend_select or ()), tuple(ignore or ())),),
         unsafe_fixes=unsafe_fixes,
         target_torch=target_torch,
     )
@@ -153,22 +156,28 @@ def _run_with_progress(files: List[str], settings: Settings, mode: Mode, jobs: i
 
 
 def _apply_stdin(settings, diff, check, filename, output_format, quiet) -> None:
-    src = click.get_binary_stream("stdin").read()
+    src = sys.stdin.buffer.read()
     mode = Mode(write=False, diff=diff, keep_text=True)
     outcome = process_bytes(src, filename, settings, mode)
     if outcome.error:
         click.echo(outcome.error, err=True)
         if not (diff or check):
-            click.get_binary_stream("stdout").write(src)
+            _write_stdout(src)
         sys.exit(EXIT_ERROR)
     if diff:
         click.echo(outcome.diff or "", nl=False)
     elif not check:
-        click.get_binary_stream("stdout").write(outcome.new_text or src)
+        _write_stdout(outcome.new_text or src)
     context = ReportContext([outcome], writing=not (diff or check), color=False)
     if not quiet or output_format != "text":
         click.echo(FORMATS[output_format](context), nl=False, err=True)
     sys.exit(EXIT_CHANGES if outcome.changed else EXIT_CLEAN)
+
+
+def _write_stdout(data: bytes) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
 
 
 def _color_diff(text: str, color: bool) -> str:

@@ -14,7 +14,7 @@ import pathspec
 
 from optimizer_codemod.engine import RewriteOptions
 from optimizer_codemod.errors import ConfigError
-from optimizer_codemod.registry import all_rules, is_known_prefix, select_rules
+from optimizer_codemod.registry import all_rules, is_known_prefix, matches_prefix, select_rules
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
 
 if sys.version_info >= (3, 11):
@@ -44,6 +44,20 @@ DEFAULT_EXCLUDE = (
 
 
 @dataclass(frozen=True)
+class RuleSelection:
+    """One layer of rule selection (the configuration, then the command line).
+
+    A layer with `select` starts afresh; without it, it refines the previous layer's result.
+    Within a layer the more specific of a matching select and ignore prefix wins (ruff's
+    rule), so `--select OPT501` re-enables a rule the configuration ignores.
+    """
+
+    select: Optional[Tuple[str, ...]] = None
+    extend_select: Tuple[str, ...] = ()
+    ignore: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Settings:
     select: Tuple[str, ...] = ("ALL",)
     ignore: Tuple[str, ...] = ()
@@ -55,20 +69,25 @@ class Settings:
     target_torch: TorchVersion = DEFAULT_TARGET
     exclude: Tuple[str, ...] = ()
     respect_gitignore: bool = True
+    overrides: Tuple[RuleSelection, ...] = ()  # command-line or API layers, in order
     # Where the configuration came from; relative patterns are relative to `root`.
     root: str = "."
     source: Optional[str] = None
 
+    @property
+    def selection_layers(self) -> Tuple[RuleSelection, ...]:
+        own = RuleSelection(tuple(self.select), tuple(self.extend_select), tuple(self.ignore))
+        return (own, *self.overrides)
+
     def rules_for(self, path: str) -> Tuple[type, ...]:
-        ignores = list(self.ignore)
+        """The rules that run on `path`; per-file ignores always win."""
+        file_ignores: List[str] = []
         if self.per_file_ignores:
             relative = _relative_posix(path, self.root)
             for pattern, codes in self.per_file_ignores:
                 if _glob_spec((pattern,)).match_file(relative):
-                    ignores.extend(codes)
-        return _selected(
-            tuple(self.select) + tuple(self.extend_select), tuple(ignores), self.target_torch
-        )
+                    file_ignores.extend(codes)
+        return _selected(self.selection_layers, tuple(file_ignores), self.target_torch)
 
     def options_for(self, path: str) -> RewriteOptions:
         return RewriteOptions(
@@ -90,13 +109,30 @@ class Settings:
 
 
 @lru_cache(maxsize=256)
-def _selected(select: Tuple[str, ...], ignore: Tuple[str, ...], target: TorchVersion):
-    return tuple(rule for rule in select_rules(select, ignore) if rule.min_torch <= target)
+def _selected(
+    layers: Tuple[RuleSelection, ...], file_ignores: Tuple[str, ...], target: TorchVersion
+) -> Tuple[type, ...]:
+    current: List[type] = []
+    for layer in layers:
+        if layer.select is not None:
+            current = select_rules(layer.select, layer.ignore)
+        else:
+            current = [
+                r for r in current if not any(matches_prefix(r.code, p) for p in layer.ignore)
+            ]
+        for rule in select_rules(layer.extend_select, layer.ignore):
+            if rule not in current:
+                current.append(rule)
+    return tuple(
+        rule
+        for rule in sorted(current, key=lambda r: r.code)
+        if rule.min_torch <= target and not any(matches_prefix(rule.code, p) for p in file_ignores)
+    )
 
 
 @lru_cache(maxsize=256)
 def _glob_spec(patterns: Tuple[str, ...]) -> pathspec.PathSpec:
-    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 def _relative_posix(path: str, root: str) -> str:

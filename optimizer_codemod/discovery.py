@@ -34,7 +34,7 @@ class _GitIgnores:
             if ignore_file.is_file():
                 try:
                     lines = ignore_file.read_text(encoding="utf-8", errors="replace").splitlines()
-                    spec = pathspec.PathSpec.from_lines("gitwildmatch", lines)
+                    spec = pathspec.GitIgnoreSpec.from_lines(lines)
                 except OSError:
                     spec = None
             self._cache[folder] = spec

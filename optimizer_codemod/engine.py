@@ -115,6 +115,7 @@ class _Fixpoint:
         for pass_number in range(1, MAX_PASSES + 2):
             findings = self._findings(module)
             positions = _positions(module, findings) if findings else {}
+            _check_nodes_are_in_the_tree(findings, positions, self.path)
             noqa = noqa_lines(module.code) if findings else {}
             findings = [
                 f
@@ -218,6 +219,21 @@ class _Fixpoint:
             end_column=where.end.column + 1,
             edit_lines=edit_lines,
         )
+
+
+def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) -> None:
+    """A rule must report and edit nodes of the tree it visited, not copies it made."""
+    for finding in findings:
+        edits = finding.fix.edits if finding.fix else ()
+        nodes = [finding.node] + [getattr(e, "node", None) or e.anchor for e in edits]
+        if any(node not in positions for node in nodes):
+            code = finding.rule.code
+            raise RuleBrokeOutputError(
+                f"internal error in {code}: it reported or edited a node that is not in the "
+                "file's tree; file left untouched",
+                [code],
+                path,
+            )
 
 
 def _left_status(finding: Finding) -> Status:

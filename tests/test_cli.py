@@ -1,0 +1,282 @@
+"""The command line as users meet it: options, exit codes, reports, bad input, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FUSED_LINE, TRAINING_SCRIPT, run_cli
+
+ONLY_FUSED = ["--select", "OPT501"]
+
+
+def test_apply_rewrites_in_place_and_exits_1(script: Path) -> None:
+    result = run_cli(["apply", str(script), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert FUSED_LINE in script.read_bytes()
+    assert f"{script}:4:13: OPT501 [numerics]" in result.stdout
+    assert "Fixed 1 finding in 1 file." in result.stdout
+
+
+def test_second_apply_changes_nothing_and_exits_0(script: Path) -> None:
+    run_cli(["apply", str(script)])
+    first = script.read_bytes()
+    stat_before = script.stat()
+    result = run_cli(["apply", str(script)])
+    assert result.exit_code == 0, result.output
+    assert script.read_bytes() == first
+    assert script.stat().st_mtime_ns == stat_before.st_mtime_ns  # not even rewritten
+    assert "Nothing to change." in result.stdout
+
+
+def test_check_reports_without_writing(script: Path) -> None:
+    result = run_cli(["apply", "--check", str(script), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert script.read_bytes() == TRAINING_SCRIPT
+    assert "Would fix 1 finding in 1 file." in result.stdout
+    assert "(fix: Add `fused=True`)" in result.stdout
+
+
+def test_diff_prints_a_patch_on_stdout_and_report_on_stderr(script: Path, tmp_path: Path) -> None:
+    result = run_cli(["apply", "--diff", "train.py", *ONLY_FUSED], cwd=tmp_path)
+    assert result.exit_code == 1
+    assert script.read_bytes() == TRAINING_SCRIPT
+    assert result.stdout.startswith("--- a/train.py\n+++ b/train.py\n@@")
+    assert "+" + FUSED_LINE.decode() in result.stdout.splitlines()
+    assert "Would fix 1 finding" in result.stderr
+    patched = subprocess.run(
+        ["git", "apply", "--check", "-"],
+        input=result.stdout.encode(),
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    assert patched.returncode == 0, patched.stderr
+
+
+def test_clean_file_exits_0(tmp_path: Path) -> None:
+    path = tmp_path / "clean.py"
+    path.write_text("import torch\nopt = torch.optim.AdamW(p, fused=True)\n")
+    result = run_cli(["apply", "--check", str(path), *ONLY_FUSED])
+    assert result.exit_code == 0
+    assert "Nothing to change." in result.stdout
+
+
+def test_stdin_to_stdout() -> None:
+    result = run_cli(["apply", "-", *ONLY_FUSED], stdin=TRAINING_SCRIPT)
+    assert result.exit_code == 1
+    assert result.stdout_bytes == TRAINING_SCRIPT.replace(b"lr=1e-3)", b"lr=1e-3, fused=True)")
+    assert "-:4:13: OPT501" in result.stderr
+
+
+def test_stdin_with_a_syntax_error_echoes_the_input(tmp_path: Path) -> None:
+    broken = b"import torch\nopt = torch.optim.Adam(\n"
+    result = run_cli(["apply", "-", "--stdin-filename", "x.py"], stdin=broken)
+    assert result.exit_code == 2
+    assert result.stdout_bytes == broken
+    assert "x.py:2:23: cannot parse" in result.stderr
+
+
+def test_select_ignore_and_extend_select_by_prefix(script: Path) -> None:
+    ignored = run_cli(["apply", "--check", str(script), "--select", "OPT5", "--ignore", "OPT501"])
+    assert "OPT501" not in ignored.stdout
+    more_specific_select_wins = run_cli(
+        ["apply", "--check", str(script), "--select", "OPT501", "--ignore", "OPT5"]
+    )
+    assert "OPT501" in more_specific_select_wins.stdout
+    extended = run_cli(
+        ["apply", "--check", str(script), "--select", "OPT8", "--extend-select", "OPT501"]
+    )
+    assert "OPT501" in extended.stdout
+
+
+def test_unknown_code_is_a_usage_error(script: Path) -> None:
+    result = run_cli(["apply", str(script), "--select", "OPT5O1"])
+    assert result.exit_code == 2
+    assert "unknown rule code or prefix 'OPT5O1'" in result.stderr
+    assert script.read_bytes() == TRAINING_SCRIPT
+
+
+def test_target_torch_disables_rules_that_need_newer_torch(script: Path) -> None:
+    result = run_cli(["apply", "--check", str(script), "--target-torch", "2.3", *ONLY_FUSED])
+    assert result.exit_code == 0
+    bad = run_cli(["apply", "--check", str(script), "--target-torch", "two"])
+    assert bad.exit_code == 2 and "is not a torch version" in bad.stderr
+
+
+def test_json_output_carries_safety_and_status(script: Path) -> None:
+    result = run_cli(["apply", "--check", "--output-format", "json", str(script), *ONLY_FUSED])
+    document = json.loads(result.stdout)
+    [finding] = document["findings"]
+    assert finding["code"] == "OPT501"
+    assert finding["safety"] == "numerics"
+    assert finding["status"] == "fixed"
+    assert finding["location"] == {"row": 4, "column": 13}
+    assert document["changed_files"] == [str(script)]
+    assert document["written"] is False
+
+
+def test_statistics_counts_per_rule(script: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.py"
+    other.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--check", "--statistics", str(tmp_path), *ONLY_FUSED])
+    line = next(l for l in result.stdout.splitlines() if "OPT501" in l and "optimizer" in l)
+    assert line.split()[:2] == ["2", "2"]
+
+
+def test_syntax_error_is_reported_others_still_processed(script: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken_text = b"import torch\nopt = torch.optim.Adam(\n"
+    broken.write_bytes(broken_text)
+    result = run_cli(["apply", str(broken), str(script), *ONLY_FUSED])
+    assert result.exit_code == 2
+    assert f"{broken}:2:23: cannot parse: '(' was never closed" in result.stderr
+    assert broken.read_bytes() == broken_text
+    assert FUSED_LINE in script.read_bytes()
+
+
+def test_non_utf8_without_cookie_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin.py"
+    data = b"import torch\nopt = torch.optim.Adam(p)  # caf\xe9\n"
+    path.write_bytes(data)
+    result = run_cli(["apply", str(path)])
+    assert result.exit_code == 2
+    assert f"{path}:2:33: cannot decode as utf-8: byte 0xe9 is invalid" in result.stderr
+    assert "PEP 263" in result.stderr
+    assert path.read_bytes() == data
+
+
+def test_empty_file_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "empty.py"
+    path.write_bytes(b"")
+    result = run_cli(["apply", str(path)])
+    assert result.exit_code == 0
+    assert f"{path}: empty file, nothing to do" in result.stderr
+
+
+def test_read_only_file_is_not_replaced(script: Path, monkeypatch) -> None:
+    script.chmod(0o444)
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if mode == os.W_OK else real_access(p, mode)
+    )
+    result = run_cli(["apply", str(script)])
+    assert result.exit_code == 2
+    assert f"{script}: file is read-only; not rewritten" in result.stderr
+    assert script.read_bytes() == TRAINING_SCRIPT
+    assert stat.S_IMODE(script.stat().st_mode) == 0o444
+
+
+def test_file_mode_is_kept_and_no_temporary_file_is_left(script: Path) -> None:
+    script.chmod(0o751)
+    run_cli(["apply", str(script)])
+    assert stat.S_IMODE(script.stat().st_mode) == 0o751
+    assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
+
+
+def test_missing_path_is_an_error_but_others_run(script: Path, tmp_path: Path) -> None:
+    result = run_cli(["apply", str(tmp_path / "nope.py"), str(script), *ONLY_FUSED])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'nope.py'}: no such file or directory" in result.stderr
+    assert FUSED_LINE in script.read_bytes()
+
+
+def test_directory_argument_is_walked(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    nested = tmp_path / "pkg" / "sub" / "train.py"
+    nested.write_bytes(TRAINING_SCRIPT)
+    (tmp_path / "pkg" / "notes.txt").write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", str(tmp_path / "pkg"), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert FUSED_LINE in nested.read_bytes()
+    assert (tmp_path / "pkg" / "notes.txt").read_bytes() == TRAINING_SCRIPT
+
+
+def test_directory_without_sources_says_so(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = run_cli(["apply", str(tmp_path / "empty")])
+    assert result.exit_code == 0
+    assert "no Python files or notebooks found" in result.stderr
+
+
+def test_gitignore_and_default_excludes_are_respected(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".gitignore").write_text("generated/\nscratch_*.py\n")
+    for relative in ["generated/a.py", "scratch_b.py", ".venv/c.py", "keep/d.py"]:
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(
+        ["apply", "--check", "--output-format", "json", ".", *ONLY_FUSED], cwd=tmp_path
+    )
+    assert json.loads(result.stdout)["changed_files"] == ["keep/d.py"]
+
+
+def test_skip_file_comment(tmp_path: Path) -> None:
+    path = tmp_path / "t.py"
+    path.write_bytes(b"# optcodemod: skip-file\n" + TRAINING_SCRIPT)
+    result = run_cli(["apply", str(path)])
+    assert result.exit_code == 0
+    assert path.read_bytes().endswith(TRAINING_SCRIPT)
+
+
+def test_jobs_runs_worker_processes(tmp_path: Path, monkeypatch) -> None:
+    from optimizer_codemod import runner
+
+    monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--jobs", "2", str(tmp_path), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert all(FUSED_LINE in p.read_bytes() for p in tmp_path.glob("t*.py"))
+    assert result.stdout.count("OPT501") == 4
+
+
+def test_rules_and_explain() -> None:
+    table = run_cli(["rules"])
+    assert table.exit_code == 0
+    assert "OPT501  optimizer-without-fused-kernel  numerics  2.4" in table.stdout
+    page = run_cli(["explain", "opt501"])
+    assert page.stdout.startswith("# OPT501: optimizer-without-fused-kernel")
+    for heading in ("What it does", "Why is it slow", "Example", "Fix safety", "Expected gain"):
+        assert f"## {heading}" in page.stdout
+    unknown = run_cli(["explain", "OPT000"])
+    assert unknown.exit_code == 2 and "unknown rule code" in unknown.stderr
+
+
+def test_no_progress_bar_when_not_a_terminal(tmp_path: Path) -> None:
+    for index in range(3):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--check", str(tmp_path), *ONLY_FUSED])
+    assert "optcodemod [" not in result.stderr and "%" not in result.stderr
+
+
+def test_apply_never_imports_torch(tmp_path: Path) -> None:
+    path = tmp_path / "t.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # any import of torch now raises ImportError\n"
+        "from optimizer_codemod.cli import main\n"
+        f"main(['apply', {str(path)!r}], standalone_mode=False)\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert completed.returncode == 1, completed.stderr  # 1: the file was rewritten
+    assert FUSED_LINE in path.read_bytes()
+
+
+def test_console_script_entry_point(tmp_path: Path) -> None:
+    path = tmp_path / "t.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    completed = subprocess.run(
+        [sys.executable, "-m", "optimizer_codemod", "apply", "--check", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert completed.returncode == 1, completed.stderr
+    assert "OPT501" in completed.stdout

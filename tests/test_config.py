@@ -1,0 +1,113 @@
+"""[tool.optcodemod] in pyproject.toml: every key, and errors that name the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import FUSED_LINE, TRAINING_SCRIPT, run_cli
+from optimizer_codemod.config import CONFIG_KEYS, find_config, load_settings
+from optimizer_codemod.errors import ConfigError
+from optimizer_codemod.torch_version import TorchVersion
+
+
+def project(tmp_path: Path, table: str) -> Path:
+    (tmp_path / "pyproject.toml").write_text(
+        f"[project]\nname = 'x'\n\n[tool.optcodemod]\n{table}\n"
+    )
+    source = tmp_path / "src" / "train.py"
+    source.parent.mkdir(exist_ok=True)
+    source.write_bytes(TRAINING_SCRIPT)
+    return source
+
+
+def test_nearest_pyproject_with_the_table_is_used(tmp_path: Path) -> None:
+    source = project(tmp_path, 'select = ["OPT501"]\ntarget-torch = "2.3"')
+    (source.parent / "pyproject.toml").write_text("[project]\nname = 'inner'\n")  # no table
+    found = find_config(str(source.parent))
+    assert found == tmp_path / "pyproject.toml"
+    settings = load_settings(found)
+    assert settings.select == ("OPT501",)
+    assert settings.target_torch == TorchVersion(2, 3)
+    result = run_cli(["apply", str(source)])
+    assert result.exit_code == 0  # OPT501 needs target-torch 2.4
+    assert source.read_bytes() == TRAINING_SCRIPT
+
+
+@pytest.mark.parametrize(
+    "table, words",
+    [
+        ('selct = ["OPT5"]', "unknown key 'selct' (did you mean 'select'?)"),
+        ('select = ["OPT999"]', "select: unknown rule code or prefix 'OPT999'"),
+        ('select = "OPT5"', "select: expected a list of rule codes"),
+        ("unsafe-fixes = 1", "unsafe-fixes: expected true or false, got 1"),
+        ("target-torch = 2.4", 'target-torch: write the version as a string, for example "2.4"'),
+        ('target-torch = "latest"', "target-torch: 'latest' is not a torch version"),
+        ('per-file-ignores = ["x"]', "per-file-ignores: expected a table of glob = [codes]"),
+        ('per-file-ignores = {"t/*.py" = ["NOPE1"]}', "unknown rule code or prefix 'NOPE1'"),
+        ("exclude = [1]", "exclude: expected a list of strings"),
+        ("select = [", "cannot read the configuration"),
+    ],
+)
+def test_bad_configuration_names_the_key(tmp_path: Path, table: str, words: str) -> None:
+    source = project(tmp_path, table)
+    result = run_cli(["apply", str(source)])
+    assert result.exit_code == 2
+    assert words in result.stderr
+    assert str(tmp_path / "pyproject.toml") in result.stderr
+    assert source.read_bytes() == TRAINING_SCRIPT
+
+
+def test_per_file_ignores(tmp_path: Path) -> None:
+    source = project(tmp_path, '[tool.optcodemod.per-file-ignores]\n"src/*.py" = ["OPT5"]')
+    other = tmp_path / "other.py"
+    other.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--select", "OPT501", str(source), str(other)], cwd=tmp_path)
+    assert source.read_bytes() == TRAINING_SCRIPT
+    assert FUSED_LINE in other.read_bytes()
+    assert result.exit_code == 1
+
+
+def test_exclude_patterns_apply_to_walked_files(tmp_path: Path) -> None:
+    source = project(tmp_path, 'exclude = ["src/"]')
+    kept = tmp_path / "kept.py"
+    kept.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(
+        ["apply", "--check", "--output-format", "json", "--select", "OPT501", "."], cwd=tmp_path
+    )
+    assert json.loads(result.stdout)["changed_files"] == ["kept.py"]
+    assert source.read_bytes() == TRAINING_SCRIPT
+
+
+def test_command_line_overrides_configuration(tmp_path: Path) -> None:
+    source = project(tmp_path, 'ignore = ["OPT501"]')
+    assert run_cli(["apply", "--check", str(source)]).stdout.count("OPT501") == 0
+    result = run_cli(["apply", "--check", "--select", "OPT501", str(source)])
+    assert "OPT501" in result.stdout
+
+
+def test_explicit_config_path(tmp_path: Path) -> None:
+    config = tmp_path / "custom.toml"
+    config.write_text('[tool.optcodemod]\ntarget-torch = "2.0"\n')
+    source = tmp_path / "t.py"
+    source.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(
+        ["apply", "--check", "--config", str(config), "--select", "OPT501", str(source)]
+    )
+    assert result.exit_code == 0
+
+
+def test_every_key_is_documented_in_the_configuration_reference() -> None:
+    reference = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    text = reference.read_text(encoding="utf-8")
+    for key in CONFIG_KEYS:
+        assert f"`{key}`" in text, f"{key} missing from docs/configuration.md"
+
+
+def test_settings_from_the_python_side_raise_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        from optimizer_codemod.config import parse_table
+
+        parse_table({"unsafe-fixes": "yes"}, "pyproject.toml")

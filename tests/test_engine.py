@@ -1,0 +1,238 @@
+"""The engine's promises (DESIGN.md §4), proven with real and deliberately broken rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from optimizer_codemod.analysis.calls import with_keyword
+from optimizer_codemod.diagnostics import Status
+from optimizer_codemod.engine import MAX_PASSES, RewriteOptions, rewrite_bytes
+from optimizer_codemod.errors import (
+    NonConvergenceError,
+    RuleBrokeOutputError,
+    SourceParseError,
+    UnreproducibleSourceError,
+)
+from optimizer_codemod.registry import rule_by_code
+from optimizer_codemod.rule import Fix, InsertStatements, Replace, Rule, Safety
+
+FUSED = rule_by_code("OPT501")
+FIXTURE_DATA = Path(__file__).parent / "data"
+
+
+class _TestRule(Rule):
+    abstract = True
+    name = "test-rule"
+    message = "test finding"
+    fix_title = "test fix"
+    safety = Safety.SAFE
+    triggers = (r".",)
+
+
+class ReturnAtModuleLevel(_TestRule):
+    """Replaces the first module-level statement by `return 1`: parses, does not compile."""
+
+    code = "OPT991"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        first = node.body[0]
+        self.report(first, Fix((Replace(first, cst.parse_statement("return 1\n")),)))
+
+
+class CrashingRule(_TestRule):
+    code = "OPT992"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        raise ValueError("boom")
+
+
+class SwapNames(_TestRule):
+    """Renames `a` to `b` and `b` to `a`: the file cycles between two texts."""
+
+    code = "OPT993"
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in ("a", "b"):
+            other = "b" if node.value == "a" else "a"
+            self.report(node, Fix((Replace(node, cst.Name(other)),)))
+
+
+class CountUp(_TestRule):
+    """Increments every integer literal: never converges."""
+
+    code = "OPT994"
+
+    def visit_Integer(self, node: cst.Integer) -> None:
+        self.report(node, Fix((Replace(node, cst.Integer(str(int(node.value) + 1))),)))
+
+
+class InsertAfterImports(_TestRule):
+    """Inserts one statement after the import block and one inside each function body."""
+
+    code = "OPT995"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        anchor = self.facts.top_level_import_anchor
+        if anchor is not None and "inserted" not in node.code:
+            new = cst.parse_statement("inserted = True\n")
+            self.report(anchor, Fix((InsertStatements(anchor, after=(new,)),)))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        first = node.body.body[0]
+        if "inner_inserted" not in cst.Module(body=[]).code_for_node(node):
+            new = cst.parse_statement("inner_inserted = 1\n")
+            self.report(first, Fix((InsertStatements(first, before=(new,)),)))
+
+
+class BehaviorKeyword(_TestRule):
+    code = "OPT996"
+    safety = Safety.BEHAVIOR
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "f" and not node.args:
+            self.report(node, Fix((Replace(node, with_keyword(node, "x", cst.Integer("1"))),)))
+
+
+def rewrite(src: bytes, *rules: type, **options) -> bytes:
+    return rewrite_bytes(src, "t.py", RewriteOptions(rules=rules, **options)).code
+
+
+def test_rule_that_breaks_the_output_is_named_and_nothing_changes() -> None:
+    with pytest.raises(RuleBrokeOutputError) as error:
+        rewrite(b"x = 1\ny = 2\n", ReturnAtModuleLevel)
+    assert error.value.codes == ("OPT991",)
+    assert "OPT991" in str(error.value) and "reverted" in str(error.value)
+
+
+def test_only_the_rule_that_broke_the_output_is_blamed() -> None:
+    src = b"import torch\nopt = torch.optim.Adam(p)\n"
+    with pytest.raises(RuleBrokeOutputError) as error:
+        rewrite(src, FUSED, ReturnAtModuleLevel)
+    assert error.value.codes == ("OPT991",)
+
+
+def test_rule_that_crashes_is_named() -> None:
+    with pytest.raises(RuleBrokeOutputError) as error:
+        rewrite(b"f(1)\n", CrashingRule)
+    assert "OPT992" in str(error.value) and "boom" in str(error.value)
+
+
+def test_rules_that_cycle_are_reported_not_looped() -> None:
+    with pytest.raises(NonConvergenceError) as error:
+        rewrite(b"a = 1\n", SwapNames)
+    assert error.value.codes == ("OPT993",)
+
+
+def test_rules_that_never_converge_stop_after_the_bound() -> None:
+    with pytest.raises(NonConvergenceError) as error:
+        rewrite(b"x = 1\n", CountUp)
+    assert error.value.codes == ("OPT994",)
+    assert str(MAX_PASSES) in str(error.value)
+
+
+def test_fixpoint_reports_each_fix_once_at_original_lines() -> None:
+    src = b"import torch\n\n\nopt = torch.optim.SGD(p, lr=1)\n"
+    result = rewrite_bytes(src, "t.py", RewriteOptions(rules=(FUSED,)))
+    assert [(d.code, d.line, d.status) for d in result.diagnostics] == [("OPT501", 4, Status.FIXED)]
+    assert rewrite(result.code, FUSED) == result.code
+
+
+def test_inserted_lines_follow_the_files_newline_and_indentation() -> None:
+    src = b"import os\r\n\r\ndef f():\r\n\tx = 1\r\n\treturn x\r\n"
+    out = rewrite(src, InsertAfterImports)
+    assert out == (
+        b"import os\r\ninserted = True\r\n\r\ndef f():\r\n\tinner_inserted = 1\r\n"
+        b"\tx = 1\r\n\treturn x\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "# -*- coding: latin-1 -*-\nimport torch\nname = 'caf\xe9'\nopt = torch.optim.Adam(p)\n".encode(
+            "latin-1"
+        ),
+        b"\xef\xbb\xbfimport torch\r\nopt = torch.optim.Adam(p)\r\n",
+        b"import torch\nopt = torch.optim.Adam(p)",  # no final newline
+    ],
+    ids=["latin-1 cookie", "BOM and CRLF", "no final newline"],
+)
+def test_encoding_bom_and_newlines_are_kept(src: bytes) -> None:
+    out = rewrite(src, FUSED)
+    assert out == src.replace(b"Adam(p)", b"Adam(p, fused=True)")
+
+
+def test_a_file_libcst_cannot_reproduce_is_refused() -> None:
+    src = (FIXTURE_DATA / "libcst_drops_comment.py").read_bytes()
+    assert cst.parse_module(src).bytes != src  # the LibCST 1.9 bug this case documents
+    with pytest.raises(UnreproducibleSourceError) as error:
+        rewrite(src, FUSED)
+    assert "byte for byte" in str(error.value)
+
+
+def test_an_unreproducible_file_without_fixes_is_not_an_error() -> None:
+    src = b"x = 1\n  # indented comment\n \n"
+    assert rewrite(src, FUSED) == src
+
+
+@pytest.mark.parametrize(
+    "src, line, column, words",
+    [
+        (b"import torch\ndef f(:\n    pass\n", 2, 7, "invalid syntax"),
+        (b"import torch\nx = (1,\n", 2, 5, "never closed"),
+        (b"import torch\nx = 'caf\xe9'\n", 2, 9, "cannot decode as utf-8: byte 0xe9"),
+    ],
+    ids=["syntax", "unclosed", "non-utf8"],
+)
+def test_bad_source_names_line_and_column(src: bytes, line: int, column: int, words: str) -> None:
+    with pytest.raises(SourceParseError) as error:
+        rewrite(src, FUSED)
+    assert (error.value.line, error.value.column) == (line, column)
+    assert words in error.value.message
+    assert str(error.value).startswith(f"t.py:{line}:{column}: ")
+
+
+def test_behaviour_fixes_need_the_unsafe_flag_or_config() -> None:
+    src = b"f()\n"
+    safe_only = rewrite_bytes(src, "t.py", RewriteOptions(rules=(BehaviorKeyword,)))
+    assert safe_only.code == src
+    assert [d.status for d in safe_only.diagnostics] == [Status.UNSAFE]
+    assert rewrite(src, BehaviorKeyword, unsafe_fixes=True) == b"f(x=1)\n"
+    assert rewrite(src, BehaviorKeyword, extend_safe_fixes=("OPT99",)) == b"f(x=1)\n"
+
+
+def test_extend_unsafe_fixes_demotes_numerics_fixes() -> None:
+    src = b"import torch\nopt = torch.optim.Adam(p)\n"
+    assert rewrite(src, FUSED, extend_unsafe_fixes=("OPT5",)) == src
+    assert rewrite(src, FUSED, extend_unsafe_fixes=("OPT5",), unsafe_fixes=True) != src
+
+
+def test_noqa_suppresses_only_the_named_codes() -> None:
+    src = (
+        b"import torch\n"
+        b"a = torch.optim.Adam(p)  # noqa: OPT501\n"
+        b"b = torch.optim.Adam(p)  # noqa\n"
+        b"c = torch.optim.Adam(p)  # noqa: OPT201\n"
+        b"d = torch.optim.Adam(p, note='# noqa')\n"
+    )
+    out = rewrite(src, FUSED).splitlines()
+    assert out[1].endswith(b"Adam(p)  # noqa: OPT501")
+    assert out[2].endswith(b"Adam(p)  # noqa")
+    assert b"fused=True" in out[3] and b"fused=True" in out[4]
+
+
+class ReportsACopy(_TestRule):
+    code = "OPT997"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        copy = node.deep_clone()
+        self.report(copy, Fix((Replace(copy, copy),)))
+
+
+def test_rule_that_reports_a_node_outside_the_tree_is_named() -> None:
+    with pytest.raises(RuleBrokeOutputError) as error:
+        rewrite(b"f(1)\n", ReportsACopy)
+    assert error.value.codes == ("OPT997",)

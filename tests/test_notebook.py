@@ -1,0 +1,134 @@
+"""Notebooks: code cells rewritten together, magics kept, only changed cells differ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from optimizer_codemod.api import rewrite_source
+from optimizer_codemod.config import Settings
+from optimizer_codemod.errors import NotebookError, SourceParseError
+
+CELLS = [
+    ("markdown", "# Training\nA notebook that trains a small model."),
+    ("code", "%matplotlib inline\n!pip install tqdm\nimport torch"),
+    (
+        "code",
+        "model = torch.nn.Linear(4, 2)\noptimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)",
+    ),
+    ("code", "%%time\nfor step in range(3):\n    pass"),
+    (
+        "code",
+        "files = !ls\nfor step in range(3):\n    %time loss = model(torch.randn(8, 4)).sum()\n    loss.backward()\n    optimizer.step()\n",
+    ),
+    ("code", "model?"),
+]
+
+
+def notebook_json(indent=1, source_as_list=True, ensure_ascii=False, trailing_newline=True) -> str:
+    cells = []
+    for number, (kind, text) in enumerate(CELLS):
+        source = text.splitlines(keepends=True) if source_as_list else text
+        cell = {"cell_type": kind, "metadata": {"tags": [f"c{number}"]}, "source": source}
+        if kind == "code":
+            cell["execution_count"] = number
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["ok ✓\n"]}]
+        cells.append(cell)
+    document = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    text = json.dumps(document, indent=indent, ensure_ascii=ensure_ascii)
+    return text + ("\n" if trailing_newline else "")
+
+
+def rewrite(text: str, path: str = "train.ipynb", **settings):
+    settings.setdefault("select", ("OPT501",))
+    return rewrite_source(text.encode("utf-8"), path, Settings(**settings).options_for(path))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {},
+        {"indent": 2},
+        {"indent": 4, "source_as_list": False},
+        {"ensure_ascii": True, "trailing_newline": False},
+    ],
+    ids=["nbformat", "indent-2", "string-sources", "ascii-escaped"],
+)
+def test_only_the_changed_cell_differs(layout) -> None:
+    original = notebook_json(**layout)
+    result = rewrite(original)
+    assert result.changed
+    new_text = result.new.decode("utf-8")
+    old_lines, new_lines = original.splitlines(), new_text.splitlines()
+    assert len(old_lines) == len(new_lines)
+    differing = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
+    assert len(differing) == 1
+    old, new = differing[0]
+    assert "lr=1e-3)" in old and "lr=1e-3, fused=True)" in new
+    assert json.loads(new_text)["cells"][2]["metadata"] == {"tags": ["c2"]}
+
+
+def test_magics_survive_and_findings_name_the_cell() -> None:
+    result = rewrite(notebook_json())
+    cells = json.loads(result.new)["cells"]
+    assert cells[1]["source"] == ["%matplotlib inline\n", "!pip install tqdm\n", "import torch"]
+    assert cells[3]["source"][0] == "%%time\n"
+    assert cells[4]["source"][0] == "files = !ls\n"
+    assert cells[4]["source"][2] == "    %time loss = model(torch.randn(8, 4)).sum()\n"
+    assert cells[5]["source"] == ["model?"]
+    [diagnostic] = result.diagnostics
+    assert (diagnostic.cell, diagnostic.line) == (3, 2)
+
+
+def test_cli_reports_notebook_cells_and_diffs_per_cell(tmp_path: Path) -> None:
+    path = tmp_path / "train.ipynb"
+    path.write_text(notebook_json(), encoding="utf-8")
+    result = run_cli(["apply", "--diff", "train.ipynb", "--select", "OPT501"], cwd=tmp_path)
+    assert result.exit_code == 1
+    assert result.stdout.startswith("--- a/train.ipynb:cell 3\n+++ b/train.ipynb:cell 3\n")
+    assert "train.ipynb:cell 3:2:13: OPT501" in result.stderr
+    run_cli(["apply", str(path), "--select", "OPT501"])
+    assert "fused=True" in path.read_text(encoding="utf-8")
+    again = run_cli(["apply", str(path), "--select", "OPT501"])
+    assert again.exit_code == 0
+
+
+def test_syntax_error_names_the_cell() -> None:
+    broken = notebook_json().replace(
+        "model = torch.nn.Linear(4, 2)", "model = torch.nn.Linear(4, 2"
+    )
+    with pytest.raises(SourceParseError) as error:
+        rewrite(broken)
+    assert error.value.cell == 3
+    assert "train.ipynb:cell 3:" in error.value.render()
+
+
+def test_invalid_json_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.ipynb"
+    path.write_text('{"cells": [torch.optim.Adam(', encoding="utf-8")
+    result = run_cli(["apply", str(path)])
+    assert result.exit_code == 2
+    assert f"{path}:1:12: not a valid notebook: JSON error" in result.stderr
+
+
+def test_unreproducible_json_layout_is_refused() -> None:
+    squeezed = json.dumps(json.loads(notebook_json()), separators=(",", ":"), sort_keys=True)
+    squeezed = squeezed.replace('"cells":', '"cells" :')
+    with pytest.raises(NotebookError) as error:
+        rewrite(squeezed)
+    assert "JSON layout" in str(error.value)
+
+
+def test_non_python_notebook_is_left_alone() -> None:
+    document = json.loads(notebook_json())
+    document["metadata"] = {"kernelspec": {"name": "ir", "language": "R"}}
+    result = rewrite(json.dumps(document, indent=1))
+    assert not result.changed and result.skipped == "no Python code cells"
