@@ -20,8 +20,10 @@ from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
 from optimizer_codemod.engine import RewriteOptions, may_contain_findings, rewrite_bytes
 from optimizer_codemod.errors import OptcodemodError
+from optimizer_codemod.formatting import FormatterUnavailable, black_style_for, format_changed_lines
 from optimizer_codemod.noqa import has_skip_file
 from optimizer_codemod.notebook import Notebook
+from optimizer_codemod.sources import compile_check
 from optimizer_codemod.torch_version import TorchVersion
 
 NOTEBOOK_SUFFIX = ".ipynb"
@@ -37,6 +39,7 @@ class SourceRewrite:
     # (label, old text, new text) pairs for diffs: the whole file, or each changed cell.
     diff_parts: List[Tuple[str, str, str]] = field(default_factory=list)
     skipped: Optional[str] = None  # why the file was not looked at, when it was not
+    warning: Optional[str] = None  # something the user should know; the rewrite still stands
 
 
 def is_notebook(path: str) -> bool:
@@ -54,11 +57,32 @@ def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewr
     if is_notebook(path):
         return _rewrite_notebook(src, path, options)
     result = rewrite_bytes(src, path, options)
-    parts = []
-    if result.changed:
-        encoding = _encoding_of(src, path)
-        parts.append((path, src.decode(encoding), result.code.decode(encoding)))
-    return SourceRewrite(result.code, result.changed, result.diagnostics, parts)
+    if not result.changed:
+        return SourceRewrite(result.code, False, result.diagnostics)
+    encoding = _encoding_of(src, path)
+    old_text, new_text = src.decode(encoding), result.code.decode(encoding)
+    new_text, warning = _format_like_project(path, old_text, new_text, encoding)
+    new = new_text.encode(encoding)
+    return SourceRewrite(
+        new, new != src, result.diagnostics, [(path, old_text, new_text)], warning=warning
+    )
+
+
+def _format_like_project(path: str, old: str, new: str, encoding: str):
+    """(text, warning): `new` with its changed lines formatted as the project's black would."""
+    style = black_style_for(path)
+    if style is None or encoding != "utf-8" or new.startswith("\ufeff"):
+        return new, None
+    try:
+        formatted = format_changed_lines(old, new, style)
+    except FormatterUnavailable as missing:
+        return new, f"{path}: {missing}"
+    except Exception as exc:  # black refusing the file must not cost the user the rewrite
+        return new, f"{path}: black could not format the changed lines ({type(exc).__name__})"
+    ok, _ = compile_check(formatted.encode("utf-8"), path)
+    if not ok:
+        return new, f"{path}: black's formatting of the changed lines did not compile; not used"
+    return formatted, None
 
 
 def _encoding_of(src: bytes, path: str) -> str:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import List, Optional, Tuple
 
+from optimizer_codemod.edits import TextEdit
 from optimizer_codemod.rule import Safety
 
 
@@ -47,6 +48,8 @@ class FileOutcome:
     warning: Optional[str] = None
     diff: Optional[str] = None
     new_text: Optional[bytes] = None
+    # The changes as line-level edits of the original text (Python files, not notebooks).
+    edits: List[TextEdit] = field(default_factory=list)
 
     @property
     def fixed(self) -> List[Diagnostic]:

@@ -111,6 +111,45 @@ def diagnostic_record(path: str, d: Diagnostic) -> dict:
     }
 
 
+def _github_escape(text: str, in_property: bool = False) -> str:
+    # GitHub's workflow-command escaping: data escapes %, CR, LF; properties also : and ,.
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if in_property:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+@output_format("github")
+def github_report(context: ReportContext) -> str:
+    """GitHub Actions workflow commands: each finding becomes an annotation on its line."""
+    lines = []
+    for outcome in context.outcomes:
+        for d in outcome.diagnostics:
+            # Notebook lines are cell-relative: annotate the notebook file without a line.
+            where = f"file={_github_escape(outcome.path, True)}"
+            if d.cell is None:
+                where += (
+                    f",line={d.line},col={d.column},endLine={d.end_line},endColumn={d.end_column}"
+                )
+            title = _github_escape(f"{d.code} ({d.name})", True)
+            cell = f"cell {d.cell}: " if d.cell is not None else ""
+            message = f"{cell}{d.message} [{d.safety.label}] ({_status_text(d, context.writing)})"
+            level = "notice" if d.status is Status.REPORTED else "warning"
+            lines.append(f"::{level} {where},title={title}::{_github_escape(message)}")
+        if outcome.error:
+            lines.append(
+                f"::error file={_github_escape(outcome.path, True)}::{_github_escape(outcome.error)}"
+            )
+    return "".join(line + "\n" for line in lines)
+
+
+@output_format("sarif")
+def sarif_report(context: ReportContext) -> str:
+    from optimizer_codemod.sarif import sarif_document
+
+    return json.dumps(sarif_document(context.outcomes), indent=2) + "\n"
+
+
 @output_format("json")
 def json_report(context: ReportContext) -> str:
     findings = [diagnostic_record(o.path, d) for o in context.outcomes for d in o.diagnostics]

@@ -10,9 +10,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from optimizer_codemod.api import SourceRewrite, rewrite_source
+from optimizer_codemod.api import SourceRewrite, is_notebook, rewrite_source
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
+from optimizer_codemod.edits import text_edits
 from optimizer_codemod.engine import may_contain_findings
 from optimizer_codemod.errors import OptcodemodError
 from optimizer_codemod.sources import read_bytes, write_atomic
@@ -57,8 +58,13 @@ def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> File
     outcome.changed = result.changed
     if result.skipped == "empty file":
         outcome.warning = f"{path}: empty file, nothing to do"
+    if result.warning:
+        outcome.warning = result.warning
     if result.changed and mode.diff:
         outcome.diff = unified_diff(result.diff_parts)
+    if result.changed and not is_notebook(path):
+        [(_, old_text, new_text)] = result.diff_parts
+        outcome.edits = text_edits(old_text, new_text)
     if mode.keep_text:
         outcome.new_text = result.new
     if result.changed and mode.write:

@@ -1,0 +1,45 @@
+"""Line-level edits between a file's old and new text, for reports that carry fixes (SARIF)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import List
+
+
+@dataclass(frozen=True)
+class TextEdit:
+    """Replace original lines first_line..last_line (1-based) with new_text.
+
+    A pure insertion before line N has first_line == N and last_line == N - 1. offset and length
+    count characters of the original text, which is what SARIF's charOffset/charLength mean.
+    """
+
+    first_line: int
+    last_line: int
+    offset: int
+    length: int
+    new_text: str
+
+    def touches(self, first: int, last: int) -> bool:
+        """Whether this edit lies on or next to original lines first..last."""
+        return self.first_line <= last + 1 and self.last_line >= first - 1
+
+
+def text_edits(old: str, new: str) -> List[TextEdit]:
+    old_lines = old.splitlines(keepends=True)
+    new_lines = new.splitlines(keepends=True)
+    starts = [0, *accumulate(len(line) for line in old_lines)]
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    return [
+        TextEdit(
+            first_line=i1 + 1,
+            last_line=i2,
+            offset=starts[i1],
+            length=starts[i2] - starts[i1],
+            new_text="".join(new_lines[j1:j2]),
+        )
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+    ]

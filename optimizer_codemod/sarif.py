@@ -1,0 +1,139 @@
+"""SARIF 2.1.0: findings as code-scanning results, with rule metadata and the fixes themselves.
+
+Schema: https://docs.oasis-open.org/sarif/sarif/v2.1.0/sarif-v2.1.0.html. Regions use 1-based
+lines and columns; fixes replace character ranges of the original text (charOffset/charLength),
+which is unambiguous for insertions and for a file's last line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from optimizer_codemod import __version__
+from optimizer_codemod.diagnostics import Diagnostic, FileOutcome, Status
+from optimizer_codemod.edits import TextEdit
+from optimizer_codemod.registry import all_rules
+
+SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+INFORMATION_URI = "https://github.com/optcodemod/optcodemod"
+# A finding with a fix is something to act on; one without a fix is advice.
+LEVELS = {Status.FIXED: "warning", Status.UNSAFE: "warning", Status.REPORTED: "note"}
+
+
+def _uri(path: str) -> str:
+    # SARIF wants URIs: relative paths stay relative (to the working directory, as given).
+    location = Path(path)
+    return location.as_uri() if location.is_absolute() else location.as_posix()
+
+
+def _rule_descriptor(rule: type) -> dict:
+    sections = rule.doc_sections()
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.message},
+        "fullDescription": {"text": " ".join(sections.get("What it does", rule.message).split())},
+        "help": {"text": " ".join(sections.get("Why is it slow", "").split()) or rule.message},
+        "helpUri": f"{INFORMATION_URI}/blob/main/docs/rules/{rule.code}.md",
+        "defaultConfiguration": {"level": "warning"},
+        "properties": {
+            "safety": rule.safety.label,
+            "minTorch": str(rule.min_torch),
+            "fixTitle": rule.fix_title,
+        },
+    }
+
+
+def _fixes(path: str, diagnostic: Diagnostic, edits: Sequence[TextEdit]) -> List[dict]:
+    if diagnostic.status is Status.REPORTED:
+        return []
+    mine = [
+        edit
+        for edit in edits
+        if any(edit.touches(first, last) for first, last in diagnostic.edit_lines)
+    ]
+    if not mine:
+        return []
+    replacements = [
+        {
+            "deletedRegion": {"charOffset": edit.offset, "charLength": edit.length},
+            "insertedContent": {"text": edit.new_text},
+        }
+        for edit in mine
+    ]
+    return [
+        {
+            "description": {"text": diagnostic.fix_title},
+            "artifactChanges": [
+                {"artifactLocation": {"uri": _uri(path)}, "replacements": replacements}
+            ],
+        }
+    ]
+
+
+def _result(path: str, diagnostic: Diagnostic, edits, rule_index: Dict[str, int]) -> dict:
+    region = {
+        "startLine": diagnostic.line,
+        "startColumn": diagnostic.column,
+        "endLine": diagnostic.end_line,
+        "endColumn": diagnostic.end_column,
+    }
+    result = {
+        "ruleId": diagnostic.code,
+        "ruleIndex": rule_index[diagnostic.code],
+        "level": LEVELS[diagnostic.status],
+        "message": {"text": diagnostic.message},
+        "locations": [
+            {"physicalLocation": {"artifactLocation": {"uri": _uri(path)}, "region": region}}
+        ],
+        "properties": {"safety": diagnostic.safety.label, "status": diagnostic.status.value},
+    }
+    if diagnostic.cell is not None:
+        result["properties"]["cell"] = diagnostic.cell
+    fixes = _fixes(path, diagnostic, edits)
+    if fixes:
+        result["fixes"] = fixes
+    return result
+
+
+def sarif_document(outcomes: Sequence[FileOutcome]) -> dict:
+    rules = sorted(all_rules(), key=lambda rule: rule.code)
+    rule_index = {rule.code: index for index, rule in enumerate(rules)}
+    results = [
+        _result(outcome.path, diagnostic, outcome.edits, rule_index)
+        for outcome in outcomes
+        for diagnostic in outcome.diagnostics
+    ]
+    notifications = [
+        {
+            "level": "error",
+            "message": {"text": outcome.error},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(outcome.path)}}}],
+        }
+        for outcome in outcomes
+        if outcome.error
+    ]
+    return {
+        "$schema": SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "optcodemod",
+                        "version": __version__,
+                        "informationUri": INFORMATION_URI,
+                        "rules": [_rule_descriptor(rule) for rule in rules],
+                    }
+                },
+                "invocations": [
+                    {
+                        "executionSuccessful": not notifications,
+                        "toolExecutionNotifications": notifications,
+                    }
+                ],
+                "results": results,
+            }
+        ],
+    }
