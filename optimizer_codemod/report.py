@@ -77,7 +77,9 @@ def summary_lines(context: ReportContext) -> List[str]:
         fixed = counts[Status.FIXED]
         files = len(changed)
         file_word = "file" if files == 1 else "files"
-        if context.writing:
+        if not fixed:
+            head = "No fixes to apply"
+        elif context.writing:
             head = f"Fixed {fixed} finding{'s' if fixed != 1 else ''} in {files} {file_word}"
         else:
             head = f"Would fix {fixed} finding{'s' if fixed != 1 else ''} in {files} {file_word}"
