@@ -1,0 +1,265 @@
+"""Process-wide numerics settings: float32 matmul precision, cuDNN, determinism, placement.
+
+Rules that add a global setting (`torch.set_float32_matmul_precision`, `cudnn.benchmark`)
+share these answers: whether the script already decided the setting, whether it asks for
+reproducible numerics, whether it computes in float32 at all, and where a module-level
+setting statement can go so that `torch` is bound there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import argument, keyword, literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.collect import Assignment, CallSite
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+AUTOCAST = ("torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast")
+GRAD_SCALERS = ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.amp.GradScaler")
+# `.half()`/`.bfloat16()` on anything: a script that converts tensors or modules to 16 bits
+# has already chosen its precision, even when the analysis cannot tell which object it is.
+LOW_PRECISION_METHODS = ("half", "bfloat16")
+LOW_PRECISION_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
+NOT_FLOAT32_DEFAULTS = LOW_PRECISION_DTYPES | {"torch.float64", "torch.double"}
+# Settings under torch.backends whose last attribute decides float32 matmul/conv precision:
+# `cuda.matmul.allow_tf32`, `cudnn.allow_tf32`, `mkldnn.allow_tf32`, and the `fp32_precision`
+# properties of torch >= 2.9 (`torch.backends.fp32_precision`, `cuda.matmul.fp32_precision`...).
+TF32_SETTINGS = ("allow_tf32", "fp32_precision")
+PRECISION_FUNCTIONS = ("torch.set_float32_matmul_precision",)
+BACKEND_FLAG_CONTEXTS = (
+    "torch.backends.flags",
+    "torch.backends.cudnn.flags",
+    "torch.backends.mkldnn.flags",
+)
+CUDNN_BENCHMARK = "torch.backends.cudnn.benchmark"
+CUDNN_DETERMINISTIC = "torch.backends.cudnn.deterministic"
+CUDNN_ENABLED = "torch.backends.cudnn.enabled"
+DETERMINISTIC_ALGORITHMS = "torch.use_deterministic_algorithms"
+CONVOLUTIONS = frozenset(
+    f"{prefix}.{kind}{suffix}"
+    for prefix in ("torch.nn", "torch.nn.modules.conv")
+    for kind in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose")
+    for suffix in ("1d", "2d", "3d")
+) | frozenset(
+    f"{prefix}.{kind}{suffix}"
+    for prefix in ("torch.nn.functional", "torch")
+    for kind in ("conv", "conv_transpose")
+    for suffix in ("1d", "2d", "3d")
+)
+# torchvision's model builders are convolutional networks (ViT and Swin too: a conv patch
+# embedding). Detection models resize every image keeping its aspect ratio (variable shapes).
+TORCHVISION_MODELS = "torchvision.models."
+VARIABLE_SHAPE_MODELS = ("torchvision.models.detection.",)
+# Batches padded to their longest sequence change shape from one step to the next.
+VARIABLE_LENGTH_BATCHING = (
+    "torch.nn.utils.rnn.pad_sequence",
+    "torch.nn.utils.rnn.pack_sequence",
+    "torch.nn.utils.rnn.pack_padded_sequence",
+)
+
+
+# Where a process-wide setting goes --------------------------------------------------------
+@dataclass(frozen=True)
+class SettingPlacement:
+    """A module-level spot right after the top import block, and how `torch` is spelt there."""
+
+    anchor: cst.SimpleStatementLine
+    torch: str  # the local name bound to the torch module
+    needs_import: bool  # `import torch` must be added (only `from torch... import` exists)
+
+
+def setting_placement(facts: "ScriptFacts") -> Optional[SettingPlacement]:
+    """After the top import block, when torch is already imported there; else None.
+
+    Only the leading block counts: a script that imports torch further down (after setting
+    environment variables, or inside functions) has a reason, and an added `import torch`
+    at the top would run before that code.
+    """
+    anchor = facts.top_level_import_anchor
+    if anchor is None:
+        return None
+    block = _leading_block(facts.module, anchor)
+    imported_there = [
+        b for b in facts.imports.bindings if b.top_level and _statement_line(b.statement, block)
+    ]
+    for binding in imported_there:
+        if binding.target == "torch" and facts.imports.target_of(binding.bound) == "torch":
+            return SettingPlacement(anchor, binding.bound, needs_import=False)
+    touches_torch = any(b.target.startswith("torch.") for b in imported_there)
+    if touches_torch and not facts.imports.is_bound("torch"):
+        return SettingPlacement(anchor, "torch", needs_import=True)
+    return None
+
+
+def setting_statement(code: str) -> cst.SimpleStatementLine:
+    """One module-level statement, set off from the import block by a blank line."""
+    statement = cst.parse_statement(code + "\n")
+    assert isinstance(statement, cst.SimpleStatementLine)
+    return statement.with_changes(leading_lines=[cst.EmptyLine()])
+
+
+def _leading_block(module: cst.Module, anchor: cst.CSTNode) -> Tuple[cst.CSTNode, ...]:
+    body = list(module.body)
+    end = next(i for i, statement in enumerate(body) if statement is anchor)
+    return tuple(body[: end + 1])
+
+
+def _statement_line(small: cst.CSTNode, block: Tuple[cst.CSTNode, ...]) -> bool:
+    return any(
+        isinstance(line, cst.SimpleStatementLine) and any(s is small for s in line.body)
+        for line in block
+    )
+
+
+# Is this file an entry point? ---------------------------------------------------------------
+def runs_as_script(facts: "ScriptFacts") -> bool:
+    """The file is run, not imported: a `__main__` guard, or a module-level statement that
+    trains (a backward call, or a call of a function or method of this file that reaches
+    one). A process-wide setting added to an importable module would change the numerics
+    of whoever imports it."""
+    if facts.records.has_main_guard:
+        return True
+    training = _functions_reaching_backward(facts)
+    for call in facts.records.calls:
+        if call.site.function is not None or call.site.class_name is not None:
+            continue
+        if _callee_name(call.node) in training or any(
+            call.node is backward.node for backward in facts.backward_calls
+        ):
+            return True
+    return False
+
+
+def _callee_name(call: cst.Call) -> Optional[str]:
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
+def _functions_reaching_backward(facts: "ScriptFacts") -> Set[str]:
+    """Names of the functions and methods of this file that call backward, directly or
+    through other functions of the file (matched by name: a method call `trainer.fit()`
+    counts when some `def fit` reaches backward)."""
+    names = {c.site.function.name.value for c in facts.backward_calls if c.site.function}
+    changed = True
+    while changed:
+        changed = False
+        for call in facts.records.calls:
+            function = call.site.function
+            if function is None or function.name.value in names:
+                continue
+            if _callee_name(call.node) in names:
+                names.add(function.name.value)
+                changed = True
+    return names
+
+
+def first_backward(facts: "ScriptFacts") -> Optional["CallSite"]:
+    calls = facts.backward_calls
+    return min(calls, key=lambda c: c.site.order) if calls else None
+
+
+# What the script already decided ------------------------------------------------------------
+def _backend_assignments(facts: "ScriptFacts") -> Iterator[Tuple[str, "Assignment"]]:
+    """(qualified target, assignment) for every `torch.backends.<...> = value`."""
+    for assignment in facts.records.assignments:
+        node = assignment.statement_node
+        if not isinstance(node, cst.Assign):
+            continue
+        for target in node.targets:
+            name = facts.qualified_name(target.target)
+            if name and name.startswith("torch.backends."):
+                yield name, assignment
+
+
+def _flag_contexts(facts: "ScriptFacts", *options: str) -> bool:
+    return any(
+        keyword(call.node, option) is not None
+        for call in facts.calls_to(*BACKEND_FLAG_CONTEXTS)
+        for option in options
+    )
+
+
+def float32_precision_configured(facts: "ScriptFacts") -> bool:
+    """The script sets matmul precision or a TF32 flag itself (either way: its decision)."""
+    if facts.calls_to(*PRECISION_FUNCTIONS):
+        return True
+    if any(name.rsplit(".", 1)[-1] in TF32_SETTINGS for name, _ in _backend_assignments(facts)):
+        return True
+    return _flag_contexts(facts, *TF32_SETTINGS)
+
+
+def cudnn_benchmark_configured(facts: "ScriptFacts") -> bool:
+    """`cudnn.benchmark` is assigned anywhere (any value), or cuDNN is switched off."""
+    for name, assignment in _backend_assignments(facts):
+        if name == CUDNN_BENCHMARK:
+            return True
+        if name == CUDNN_ENABLED and literal(assignment.value, None) is not True:
+            return True
+    return _flag_contexts(facts, "benchmark", "enabled")
+
+
+def determinism_requested(facts: "ScriptFacts") -> bool:
+    """`torch.use_deterministic_algorithms(...)` or `cudnn.deterministic = ...`, unless the
+    value is a literal False: a flag that may be on asks for reproducible numerics."""
+    for call in facts.calls_to(DETERMINISTIC_ALGORITHMS):
+        mode = argument(call.node, "mode", 0)
+        if mode is None or literal(mode.value, None) is not False:
+            return True
+    for name, assignment in _backend_assignments(facts):
+        if name == CUDNN_DETERMINISTIC and literal(assignment.value, None) is not False:
+            return True
+    return _flag_contexts(facts, "deterministic")
+
+
+# Which precision the script computes in -----------------------------------------------------
+def uses_reduced_precision(facts: "ScriptFacts") -> bool:
+    """The script already chose a precision other than plain float32 somewhere: autocast,
+    GradScaler, `.half()`/`.bfloat16()`, a 16-bit dtype passed or assigned, `mixed_precision=`
+    (Accelerate), or a 16/64-bit default dtype."""
+    if facts.names_assigned_or_entered & set(AUTOCAST):
+        return True
+    for call in facts.records.calls:
+        if call.qualname in AUTOCAST or call.qualname in GRAD_SCALERS:
+            return True
+        if call.method in ("autocast", "GradScaler") or call.method in LOW_PRECISION_METHODS:
+            return True
+        if call.qualname == "torch.set_default_dtype" and call.node.args:
+            if facts.qualified_name(call.node.args[0].value) in NOT_FLOAT32_DEFAULTS:
+                return True
+        if any(facts.qualified_name(arg.value) in LOW_PRECISION_DTYPES for arg in call.node.args):
+            return True
+        mixed = keyword(call.node, "mixed_precision")
+        if mixed is not None and literal(mixed.value, "unknown") not in (None, "no", False):
+            return True
+    return any(
+        facts.qualified_name(a.value) in LOW_PRECISION_DTYPES for a in facts.records.assignments
+    )
+
+
+# Convolutions and input shapes --------------------------------------------------------------
+def convolution_sites(facts: "ScriptFacts") -> List["CallSite"]:
+    """Convolution layers or calls built in this file (torchvision model builders included),
+    in source order."""
+    return [
+        call
+        for call in facts.records.calls
+        if call.qualname in CONVOLUTIONS or (call.qualname or "").startswith(TORCHVISION_MODELS)
+    ]
+
+
+def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
+    """A call showing batches change shape from step to step (padding to the longest
+    sequence, detection models that resize each image): each new shape is autotuned again."""
+    for call in facts.records.calls:
+        qualname = call.qualname or ""
+        if qualname in VARIABLE_LENGTH_BATCHING or qualname.startswith(VARIABLE_SHAPE_MODELS):
+            return call
+    return None

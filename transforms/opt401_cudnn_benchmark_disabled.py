@@ -1,0 +1,133 @@
+"""OPT401: a convolutional training script that never turns on cuDNN's autotuner."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.precision import (
+    convolution_sites,
+    cudnn_benchmark_configured,
+    determinism_requested,
+    runs_as_script,
+    setting_placement,
+    setting_statement,
+    variable_input_shapes,
+)
+from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
+
+
+class CudnnBenchmarkDisabled(Rule):
+    """
+    What it does:
+        Adds `torch.backends.cudnn.benchmark = True` after the imports of a script that trains
+        a convolutional model (`nn.Conv1d/2d/3d`, `ConvTranspose*`, `F.conv*`, a torchvision
+        model builder) and never sets `cudnn.benchmark` itself. The finding is reported on
+        the first convolution the file builds: put `# noqa: OPT401` on that line to keep
+        cuDNN's heuristic choice.
+
+    Why is it slow:
+        cuDNN has many algorithms for one convolution. By default PyTorch asks cuDNN's
+        heuristics for one; with `benchmark = True` it times the candidates the first time
+        it meets a new input shape and reuses the fastest from then on.
+
+    Example:
+        ```python
+        import torch
+        from torch import nn
+
+        model = nn.Conv2d(3, 64, 3)
+        ```
+        becomes
+        ```python
+        import torch
+        from torch import nn
+
+        torch.backends.cudnn.benchmark = True
+
+        model = nn.Conv2d(3, 64, 3)
+        ```
+
+    Fix safety:
+        `numerics`: the chosen algorithm may differ from the default one and between runs
+        (the Performance Tuning Guide: "the auto-tuner decisions may be non-deterministic;
+        different algorithm may be selected for different runs"), so convolution results
+        differ in the last bits. Never applied when the script sets `cudnn.benchmark` itself
+        (either value: the author decided), turns cuDNN off, asks for determinism
+        (`torch.use_deterministic_algorithms(...)`, `cudnn.deterministic = ...`, unless a
+        literal False), builds no convolution or does not train. Each new input shape is
+        tuned again: with "highly variable input sizes" the guide advises against the
+        autotuner, so the rule only reports when batches are padded to their longest
+        sequence (`pad_sequence`, `pack_*`) or the model is a torchvision detection model
+        (images resized keeping their aspect ratio). Other shape changes (a smaller last
+        batch, a few evaluation sizes) cost one tuning each and are not detected. Reported
+        without a fix in an importable module and when torch is not imported in the top
+        import block (see OPT301). No effect on CPU: the flag only concerns cuDNN.
+
+    Expected gain:
+        GPU only; none on CPU. PyTorch's Performance Tuning Guide ("Enable cuDNN auto-tuner",
+        https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html) recommends it "for
+        convolutional networks" but quotes no figure: the autotuner "selects the kernel with
+        the best performance on a given hardware for a given input size", so the gain is the
+        difference between cuDNN's heuristic pick and the fastest algorithm for each
+        convolution shape, after a one-time tuning cost per shape. Not measured by us yet.
+    """
+
+    code = "OPT401"
+    name = "cudnn-benchmark-disabled"
+    message = "Convolutional training without the cuDNN autotuner (`cudnn.benchmark`)"
+    fix_title = "Add `torch.backends.cudnn.benchmark = True` after the imports"
+    safety = Safety.NUMERICS
+    triggers = (r"[Cc]onv", r"torchvision")
+    examples = (
+        Example(
+            "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n",
+            "import torch\n\ntorch.backends.cudnn.benchmark = True\n\n"
+            "model = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n",
+        ),
+        Example(
+            "import torch\n\ntorch.backends.cudnn.benchmark = False\n"
+            "model = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n"
+        ),
+        Example(
+            "import torch\n\ntorch.backends.cudnn.deterministic = True\n"
+            "model = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n"
+        ),
+        Example("import torch\n\nmodel = torch.nn.Linear(8, 8)\nmodel(x).sum().backward()\n"),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        facts = self.facts
+        convolutions = convolution_sites(facts)
+        if not convolutions or not facts.trains:
+            return
+        if cudnn_benchmark_configured(facts) or determinism_requested(facts):
+            return
+        first = convolutions[0].node
+        varying = variable_input_shapes(facts)
+        if varying is not None:
+            self.report(
+                first,
+                message="Convolutional training without `cudnn.benchmark`, but input shapes "
+                "vary between batches (each new shape is tuned again): enable it only if "
+                "shapes repeat",
+            )
+            return
+        if not runs_as_script(facts):
+            self.report(
+                first,
+                message="Convolutional training in an importable module; set "
+                "`torch.backends.cudnn.benchmark = True` in the script that runs it",
+            )
+            return
+        placement = setting_placement(facts)
+        if placement is None:
+            self.report(
+                first,
+                message="Convolutional training without `cudnn.benchmark`; torch is not imported "
+                "in the top import block: set `torch.backends.cudnn.benchmark = True` after "
+                "its import",
+            )
+            return
+        statement = setting_statement(f"{placement.torch}.backends.cudnn.benchmark = True")
+        imports = (ImportSpec("torch"),) if placement.needs_import else ()
+        self.report(first, Fix((InsertStatements(placement.anchor, after=(statement,)),), imports))
