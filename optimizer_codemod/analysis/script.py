@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import keyword, literal
+from optimizer_codemod.analysis.calls import argument, keyword, literal
 from optimizer_codemod.analysis.collect import (
     Assignment,
     CallSite,
@@ -169,6 +169,27 @@ class ScriptFacts:
     def dataloader_constructions(self) -> List[CallSite]:
         return self.calls_to(DATALOADER)
 
+    def is_pinned(self, loader: CallSite) -> bool:
+        """The DataLoader pins its batches: `pin_memory=True` or `=torch.cuda.is_available()`.
+
+        The one test of pinning that every rule shares (OPT101 adds exactly the second form,
+        OPT201 relies on either). A name is followed when all its assignments qualify.
+        """
+        arg = argument(loader.node, "pin_memory", 7)  # DataLoader's eighth parameter
+        return arg is not None and self._pins(arg.value, 0)
+
+    def _pins(self, node: cst.BaseExpression, depth: int) -> bool:
+        if literal(node, None) is True:
+            return True
+        if isinstance(node, cst.Call):
+            return not node.args and self.qualified_name(node.func) == "torch.cuda.is_available"
+        name = dotted_name(node)
+        assignments = self.assignments_to(name) if name and depth < 3 else ()
+        return bool(assignments) and all(
+            not a.unpacked and not a.augmented and self._pins(a.value, depth + 1)
+            for a in assignments
+        )
+
     def class_places_on_accelerator(self, class_name: str) -> bool:
         from optimizer_codemod.analysis.devices import places_on_accelerator
 
@@ -214,11 +235,19 @@ class ScriptFacts:
             found = candidate
         return found
 
+    def iterated_name(self, node: Optional[cst.BaseExpression]) -> Optional[str]:
+        """`loader` for `loader`, `enumerate(loader)`, `tqdm(loader, ...)`."""
+        return self._iterated_name(node)
+
     def batch_names(self, loop: Loop) -> Set[str]:
         """Names inside `loop` that hold (parts of) a batch from a DataLoader."""
         if self.loader_of(loop) is None:
             return set()
-        names = set(loop.targets)
+        return self.names_derived_in(loop, set(loop.targets))
+
+    def names_derived_in(self, loop: Loop, seeds: Set[str]) -> Set[str]:
+        """`seeds` and the names inside `loop` bound to parts of them (unpacking, indexing...)."""
+        names = set(seeds)
         inside = [a for a in self.records.assignments if loop in a.site.loops]
         comprehensions = [c for c in self.records.comprehensions if loop in c.site.loops]
         changed = True
@@ -263,7 +292,7 @@ class ScriptFacts:
         for index, statement in enumerate(self.module.body):
             if _is_import_line(statement):
                 anchor = statement
-            elif index == 0 and _is_docstring(statement):
+            elif (index == 0 and _is_docstring(statement)) or _is_masked_magic(statement):
                 continue
             else:
                 break
@@ -286,6 +315,17 @@ class ScriptFacts:
 def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+def _is_masked_magic(statement: cst.CSTNode) -> bool:
+    """A notebook's `%magic` or `!shell` line, masked as a bare placeholder name."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.Name)
+        and statement.body[0].value.value.startswith("__optcodemod_magic_")
     )
 
 
