@@ -1,4 +1,4 @@
-"""The command line: `optcodemod apply | rules | explain | generate-docs`.
+"""The command line: `optcodemod apply | rules | explain | verify | doctor | generate-docs`.
 
 Exit codes follow ruff, black and pyupgrade: 0 nothing to change, 1 changes made or (with
 --check/--diff) would be made, 2 usage, configuration or file error.
@@ -256,6 +256,68 @@ def generate_docs(output: str, check: bool) -> None:
         sys.exit(EXIT_CHANGES if stale else EXIT_CLEAN)
     for name in write_docs(folder, all_rules()):
         click.echo(f"wrote {folder / name}")
+
+
+@main.command()
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Optimizer steps per run.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Runs of each version.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Steps left out of timing.",
+)
+@click.option("--select", multiple=True, callback=_split_codes, help="Codes or prefixes to run.")
+@click.option("--ignore", multiple=True, callback=_split_codes, help="Codes or prefixes to skip.")
+@click.option("--extend-select", multiple=True, callback=_split_codes, help="Add to select.")
+@click.option("--unsafe-fixes/--no-unsafe-fixes", default=None, help="Also apply behaviour fixes.")
+@click.option("--target-torch", callback=_target, help="Oldest torch the output must run on.")
+@click.option("--timeout", type=click.FloatRange(min=1), help="Seconds allowed for each run.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, help="Run under torchrun.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all results.")
+@click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
+def verify(script, script_args, select, ignore, extend_select, config, **options) -> None:
+    """Run SCRIPT and its rewrite for a few steps; compare losses, step time and memory.
+
+    Arguments after `--` go to the script. Exit 0: the losses agree; 1: they disagree; 2: error.
+    """
+    from optimizer_codemod.verify.equivalence import verify_command
+
+    try:
+        settings = _settings_for([script], config)
+    except ConfigError as error:
+        _fail(error.render())
+    settings = settings.with_overrides(
+        overrides=(RuleSelection(select, tuple(extend_select or ()), tuple(ignore or ())),),
+        unsafe_fixes=options.pop("unsafe_fixes"),
+        target_torch=options.pop("target_torch"),
+    )
+    sys.exit(verify_command(script, script_args, settings, echo=click.echo, **options))
+
+
+@main.command()
+@click.option("--output-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--compile-timeout", type=click.FloatRange(min=0), default=120, show_default=True)
+def doctor(output_format: str, compile_timeout: float) -> None:
+    """What this machine offers a training script, and which rules pay off here."""
+    from optimizer_codemod.verify.doctor import doctor_command
+
+    sys.exit(doctor_command(output_format, compile_timeout, echo=click.echo))
 
 
 if __name__ == "__main__":  # pragma: no cover

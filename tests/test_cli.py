@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FUSED_LINE, TRAINING_SCRIPT, run_cli
+from optimizer_codemod.registry import all_rules
 
 ONLY_FUSED = ["--select", "OPT501"]
 
@@ -57,6 +58,19 @@ def test_diff_prints_a_patch_on_stdout_and_report_on_stderr(script: Path, tmp_pa
         capture_output=True,
     )
     assert patched.returncode == 0, patched.stderr
+
+
+def test_report_counts_fixes_that_need_unsafe_fixes(script: Path) -> None:
+    script.write_bytes(TRAINING_SCRIPT.replace(b"zero_grad()", b"zero_grad(set_to_none=False)"))
+    only_zero_grad = ["--select", "OPT502"]
+    held_back = run_cli(["apply", "--check", str(script), *only_zero_grad])
+    assert held_back.exit_code == 0, held_back.output
+    assert "1 more fix available with --unsafe-fixes" in held_back.stdout
+    assert "OPT502 [behavior]" in held_back.stdout
+    applied = run_cli(["apply", str(script), "--unsafe-fixes", *only_zero_grad])
+    assert applied.exit_code == 1
+    assert b"optimizer.zero_grad()\n" in script.read_bytes()
+    assert "more fix" not in applied.stdout
 
 
 def test_clean_file_exits_0(tmp_path: Path) -> None:
@@ -240,7 +254,11 @@ def test_jobs_runs_worker_processes(tmp_path: Path, monkeypatch) -> None:
 def test_rules_and_explain() -> None:
     table = run_cli(["rules"])
     assert table.exit_code == 0
-    assert "OPT501  optimizer-without-fused-kernel  numerics  2.4" in table.stdout
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["code", "name", "safety", "torch", "summary"]
+    by_code = {row.split()[0]: row.split(maxsplit=4) for row in rows}
+    assert by_code["OPT501"][:4] == ["OPT501", "optimizer-without-fused-kernel", "numerics", "2.4"]
+    assert sorted(by_code) == sorted(rule.code for rule in all_rules())
     page = run_cli(["explain", "opt501"])
     assert page.stdout.startswith("# OPT501: optimizer-without-fused-kernel")
     for heading in ("What it does", "Why is it slow", "Example", "Fix safety", "Expected gain"):

@@ -1,0 +1,381 @@
+"""Run a training script unchanged and record its losses, step times and peak memory.
+
+    python -m optimizer_codemod.verify.probe --steps 20 --out result.json -- train.py --epochs 1
+
+The script runs as `__main__` (with `sys.argv` and `sys.path[0]` as `python train.py ...` would
+set them) after these hooks are installed:
+
+- `torch.autograd.backward` and `Tensor.backward`: each call on a one-element tensor records that
+  tensor as a loss. A tensor returned by `GradScaler.scale` remembers the loss it scaled, so a
+  float16 script's losses are recorded unscaled. Losses are kept on their device as detached
+  copies and read once at the end: reading them per step would synchronise the device.
+- a global optimizer step post-hook: the first optimizer that steps is the one whose steps count
+  (a GAN's second optimizer does not double the count). The time after each of its steps is
+  recorded; the device is synchronised only at the two edges of the measured window (after the
+  last warm-up step and after the last step), so the window's total is exact while per-step
+  intervals inside it are host-side times: exact on CPU, and on an accelerator right on average
+  but not per step (the host runs ahead of the device until its queue fills).
+- after `--steps` steps of that optimizer the hook raises `StopProbe` (a BaseException, so a
+  script's `except Exception:` does not swallow it); the probe catches it, writes the result,
+  and lets the script's DataLoader iterators be collected so their workers shut down.
+
+The JSON result holds `losses`, `step_times` (seconds, measured steps only), `steps`, `warmup`,
+`measured_seconds` (synchronised window), `step_time` (the figure to compare, see `_step_time`),
+`device`, `torch`, `peak_memory` with `peak_memory_kind`, `status` (`stopped` after the requested
+steps, `finished` when the script ended first, `error`, `exit`) and `error` (the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import json
+import os
+import platform
+import runpy
+import statistics
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any, Dict, List, Optional, Sequence
+
+UNSCALED_ATTRIBUTE = "_optcodemod_unscaled"
+
+
+class StopProbe(BaseException):
+    """Raised from the optimizer-step hook once the requested steps have run."""
+
+
+class Recorder:
+    """What the hooks record while the script runs."""
+
+    def __init__(self, torch: Any, steps: int, warmup: int) -> None:
+        self.torch = torch
+        self.max_steps = steps
+        self.warmup = warmup
+        self.losses: List[Any] = []  # detached device tensors; converted once, at the end
+        self.backward_calls = 0
+        self.steps = 0
+        self.other_optimizer_steps = 0
+        self.device: Optional[str] = None
+        self.started = time.perf_counter()
+        self.stamps: List[float] = []  # perf_counter after each counted step
+        self._primary: Optional[Any] = None
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def backward_call(self, tensors: Any):
+        # Tensor.backward calls torch.autograd.backward: record the outer call only.
+        if getattr(self._local, "inside", False):
+            yield
+            return
+        self._local.inside = True
+        try:
+            self.backward_calls += 1
+            self._record_loss(tensors)
+            yield
+        finally:
+            self._local.inside = False
+
+    def _record_loss(self, tensors: Any) -> None:
+        torch = self.torch
+        if isinstance(tensors, (list, tuple)) and len(tensors) == 1:
+            tensors = tensors[0]
+        if not isinstance(tensors, torch.Tensor):
+            return
+        try:
+            if tensors.numel() != 1:
+                return
+            loss = getattr(tensors, UNSCALED_ATTRIBUTE, tensors)
+            # A copy: the script may update the loss tensor in place after backward.
+            self.losses.append(loss.detach().clone())
+            if self.device is None:
+                self.device = loss.device.type
+        except Exception:  # recording must never break the script
+            pass
+
+    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        primary = self._primary() if self._primary is not None else None
+        if primary is None:
+            try:
+                self._primary = weakref.ref(optimizer)
+            except TypeError:
+                self._primary = lambda: optimizer
+            primary = optimizer
+        if optimizer is not primary:
+            self.other_optimizer_steps += 1
+            return
+        self.steps += 1
+        if self.steps in (self.warmup, self.max_steps):
+            self.synchronize()
+        self.stamps.append(time.perf_counter())
+        if self.steps >= self.max_steps:
+            raise StopProbe(self.steps)
+
+    def synchronize(self) -> None:
+        torch = self.torch
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        if self.device not in (None, "cpu", "cuda"):
+            synchronize = getattr(getattr(torch, self.device, None), "synchronize", None)
+            if callable(synchronize):
+                synchronize()
+
+    def result(self) -> Dict[str, Any]:
+        self.synchronize()
+        losses = [_to_float(loss) for loss in self.losses]
+        start = self.started if self.warmup == 0 else None
+        edges = ([start] if start is not None else []) + self.stamps
+        offset = 0 if start is not None else self.warmup - 1
+        window = edges[max(offset, 0) :] if self.steps > self.warmup else []
+        step_times = [b - a for a, b in zip(window, window[1:])]
+        device = self.device or ("cuda" if _cuda_used(self.torch) else "cpu")
+        peak, kind = _peak_memory(self.torch, device)
+        return {
+            "losses": losses,
+            "step_times": step_times,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "measured_seconds": (window[-1] - window[0]) if len(window) > 1 else None,
+            "step_time": _step_time(device, step_times),
+            "backward_calls": self.backward_calls,
+            "other_optimizer_steps": self.other_optimizer_steps,
+            "device": device,
+            "device_name": _device_name(self.torch, device),
+            "torch": self.torch.__version__,
+            "python": platform.python_version(),
+            "peak_memory": peak,
+            "peak_memory_kind": kind,
+        }
+
+
+def _step_time(device: str, step_times: Sequence[float]) -> Optional[float]:
+    """The step time to compare between runs.
+
+    On CPU every interval is exact, so the median (robust to a stray slow step). On an
+    accelerator only the window's total is synchronised, so the mean over the window.
+    """
+    if not step_times:
+        return None
+    if device == "cpu":
+        return statistics.median(step_times)
+    return sum(step_times) / len(step_times)
+
+
+def _to_float(tensor: Any) -> float:
+    try:
+        return float(tensor.float().item())
+    except Exception:
+        return float("nan")
+
+
+def _cuda_used(torch: Any) -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def _device_name(torch: Any, device: str) -> str:
+    if device == "cuda" and _cuda_used(torch):
+        return torch.cuda.get_device_name()
+    from optimizer_codemod.verify.doctor import cpu_model
+
+    return cpu_model()
+
+
+def _peak_memory(torch: Any, device: str):
+    if device == "cuda" and _cuda_used(torch):
+        return int(torch.cuda.max_memory_allocated()), "cuda max_memory_allocated"
+    return _max_rss_bytes(), "host max RSS"
+
+
+def _max_rss_bytes() -> Optional[int]:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB elsewhere
+
+
+def install_hooks(torch: Any, recorder: Recorder) -> None:
+    """Patch backward and GradScaler.scale, and register the step post-hook."""
+    autograd_backward = torch.autograd.backward
+
+    @functools.wraps(autograd_backward)
+    def backward(tensors, *args, **kwargs):
+        with recorder.backward_call(tensors):
+            return autograd_backward(tensors, *args, **kwargs)
+
+    torch.autograd.backward = backward
+    tensor_backward = torch.Tensor.backward
+
+    @functools.wraps(tensor_backward)
+    def tensor_backward_hook(self, *args, **kwargs):
+        with recorder.backward_call(self):
+            return tensor_backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = tensor_backward_hook
+    for scaler in _grad_scaler_classes(torch):
+        _remember_unscaled(torch, scaler)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(recorder.on_step)
+
+
+def _grad_scaler_classes(torch: Any) -> List[type]:
+    classes = []
+    for owner in ("amp", "cuda.amp", "cpu.amp"):
+        module: Any = torch
+        for part in owner.split("."):
+            module = getattr(module, part, None)
+        scaler = getattr(module, "GradScaler", None)
+        # torch.cuda.amp.GradScaler subclasses torch.amp.GradScaler without its own `scale`.
+        if isinstance(scaler, type) and "scale" in scaler.__dict__ and scaler not in classes:
+            classes.append(scaler)
+    return classes
+
+
+def _remember_unscaled(torch: Any, scaler: type) -> None:
+    original = scaler.__dict__["scale"]
+
+    @functools.wraps(original)
+    def scale(self, outputs, *args, **kwargs):
+        scaled = original(self, outputs, *args, **kwargs)
+        if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor):
+            if scaled is not outputs:
+                try:
+                    setattr(scaled, UNSCALED_ATTRIBUTE, outputs.detach())
+                except Exception:
+                    pass
+        return scaled
+
+    scaler.scale = scale
+
+
+def seed_everything(seed: int, torch: Any) -> None:
+    """Seed the global generators, so a script that seeds nothing is still comparable."""
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed)
+
+
+def _script_traceback(exc: BaseException, script: str) -> str:
+    """The traceback from the script's first frame on, as `python script.py` would print it."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def _write_json(path: str, data: Dict[str, Any]) -> None:
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+    os.replace(temporary, path)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m optimizer_codemod.verify.probe",
+        description="Run a training script unchanged; record losses, step times, peak memory.",
+    )
+    parser.add_argument("--steps", type=int, required=True, help="stop after this many steps")
+    parser.add_argument("--warmup", type=int, default=1, help="steps left out of the timing")
+    parser.add_argument("--seed", type=int, help="seed random, numpy and torch first")
+    parser.add_argument("--out", required=True, help="where to write the JSON result")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    if ns.steps < 1:
+        parser.error("--steps must be at least 1")
+    if not 0 <= ns.warmup < ns.steps:
+        parser.error("--warmup must be at least 0 and less than --steps")
+    if ns.args[:1] == ["--"]:
+        ns.args = ns.args[1:]
+    return ns
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ns = parse_args(argv)
+    script = os.path.abspath(ns.script)
+    import torch
+
+    recorder = Recorder(torch, ns.steps, ns.warmup)
+    install_hooks(torch, recorder)
+    if ns.seed is not None:
+        seed_everything(ns.seed, torch)
+    sys.argv = [ns.script, *ns.args]
+    sys.path[0] = os.path.dirname(script)
+    status, code, error = "finished", 0, None
+    started = time.perf_counter()
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except StopProbe:
+        status = "stopped"
+    except SystemExit as exiting:
+        if exiting.code not in (None, 0):
+            status = "exit"
+            code = exiting.code if isinstance(exiting.code, int) else 1
+            if not isinstance(exiting.code, int):
+                error = str(exiting.code)
+    except BaseException as exc:  # the script's own error (or Ctrl-C): report it, as Python would
+        status, code = "error", 1
+        error = _script_traceback(exc, script)
+        del exc
+    result = recorder.result()
+    result.update(
+        status=status,
+        error=error,
+        exit_code=code,
+        requested_steps=ns.steps,
+        seed=ns.seed,
+        wall_seconds=time.perf_counter() - started,
+        ended_at=time.time(),  # so a caller can see how long the shutdown after it took
+        script=ns.script,
+        args=list(ns.args),
+    )
+    rank = os.environ.get("RANK", "0")  # set by torchrun: every process writes its own result
+    result["rank"] = int(rank) if rank.isdigit() else rank
+    _write_json(ns.out if rank == "0" else f"{ns.out}.rank{rank}", result)
+    if error:
+        sys.stderr.write(error if error.endswith("\n") else error + "\n")
+    shut_down_data_loader_workers()
+    del recorder
+    gc.collect()
+    return code
+
+
+def shut_down_data_loader_workers() -> None:
+    """Stop the workers of every DataLoader iterator the stopped script left behind.
+
+    The interrupted script's frames and globals still hold its iterators. Left to the garbage
+    collector, an iterator's queues can be finalised before the iterator itself, so its workers
+    never receive the stop message and each costs a 5-second join timeout; shutting the
+    iterators down while they are intact takes milliseconds.
+    """
+    try:
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    except ImportError:  # pragma: no cover - a torch without it
+        return
+    for obj in gc.get_objects():
+        # type(), not isinstance(): some objects warn when their __class__ is read.
+        if issubclass(type(obj), _MultiProcessingDataLoaderIter) and not obj.__dict__.get(
+            "_shutdown", True
+        ):
+            try:
+                obj._shutdown_workers()
+            except Exception:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""Runtime verification: the probe records what a script does, and verify judges a rewrite.
+
+The probe runs unchanged scripts in a subprocess, so these tests write small training scripts
+and run them for real on CPU (a few seconds each, mostly torch's import).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from optimizer_codemod.rule import Safety
+from optimizer_codemod.verify.equivalence import (
+    TOLERANCES,
+    Tolerance,
+    compare_losses,
+    tolerance_for,
+    verify_pair,
+)
+from optimizer_codemod.verify.runner import ProbeOptions, run_probe
+
+pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.py"
+
+PRINTS_ITS_LOSSES = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(8):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    print(f"loss {loss.item()!r}", flush=True)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+GRAD_SCALER = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(4):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    print(f"loss {loss.item()!r}", flush=True)
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+"""
+
+# Workers that outlive the probe would be a hang (or stray processes) for every verify run.
+PERSISTENT_WORKERS = """
+import os
+import sys
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Numbers(Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, index):
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            with open(os.path.join(sys.argv[1], f"worker-{os.getpid()}"), "w"):
+                pass
+        return torch.full((4,), float(index)), torch.tensor([index % 3.0])
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    loader = DataLoader(Numbers(), batch_size=8, num_workers=2, persistent_workers=True)
+    for epoch in range(1000):
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+# The clone is needed: `targets` decays in place, the regression target must not.
+NEEDS_ITS_CLONE = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+inputs, targets = torch.randn(64, 8), torch.randn(64, 1)
+goal = targets.clone()
+for step in range(50):
+    loss = torch.nn.functional.mse_loss(model(inputs), goal)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    targets.mul_(0.5)
+"""
+
+
+DISTRIBUTED = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.Generator().manual_seed(dist.get_rank())
+for step in range(100):
+    inputs, targets = torch.randn(16, 8, generator=data), torch.randn(16, 1, generator=data)
+    loss = torch.nn.functional.mse_loss(model(inputs), targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _printed_losses(stdout: str) -> list:
+    return [float(m) for m in re.findall(r"^loss (\S+)$", stdout, re.M)]
+
+
+# --- the probe -------------------------------------------------------------------------------
+
+
+def test_probe_records_the_losses_the_script_prints(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", PRINTS_ITS_LOSSES)
+    run = run_probe(str(script), [], ProbeOptions(steps=5, warmup=1, seed=None, cwd=tmp_path))
+    assert run.ok, run.stderr
+    result = run.result
+    assert result["status"] == "stopped"
+    assert result["steps"] == 5 and result["backward_calls"] == 5
+    assert run.losses == _printed_losses(run.stdout)  # bit for bit, and stopped after step 5
+    assert len(result["step_times"]) == 4  # steps 2..5: the first is warm-up
+    assert result["device"] == "cpu" and result["peak_memory_kind"] == "host max RSS"
+    assert result["peak_memory"] > 10 * 2**20
+    assert result["measured_seconds"] == pytest.approx(sum(result["step_times"]))
+
+
+def test_probe_passes_arguments_and_reports_a_script_that_ends_first(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", "import sys\nprint(sys.argv[1:])\n" + PRINTS_ITS_LOSSES)
+    run = run_probe(str(script), ["--a", "b"], ProbeOptions(steps=50, warmup=2, cwd=tmp_path))
+    assert run.ok, run.stderr
+    assert "['--a', 'b']" in run.stdout
+    assert run.result["status"] == "finished"
+    assert run.result["steps"] == 8 and len(run.losses) == 8
+
+
+def test_probe_records_the_loss_before_grad_scaler_scaling(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", GRAD_SCALER)
+    run = run_probe(str(script), [], ProbeOptions(steps=3, warmup=1, cwd=tmp_path))
+    assert run.ok, run.stderr
+    printed = _printed_losses(run.stdout)
+    assert run.losses == printed[:3]
+    assert max(run.losses) < 10  # not scaled by 1024
+
+
+def test_probe_stops_a_script_with_persistent_workers_and_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    script = _write(tmp_path, "train.py", PERSISTENT_WORKERS)
+    marks = tmp_path / "workers"
+    marks.mkdir()
+    started = time.perf_counter()
+    run = run_probe(
+        str(script), [str(marks)], ProbeOptions(steps=3, warmup=1, cwd=tmp_path, timeout=120)
+    )
+    assert not run.timed_out and run.ok, run.stderr
+    assert run.result["steps"] == 3 and run.returncode == 0
+    assert time.perf_counter() - started < 100
+    # Workers that miss the stop message each cost a 5-second join timeout at exit.
+    assert time.time() - run.result["ended_at"] < 4
+    pids = [int(p.name.split("-")[1]) for p in marks.iterdir()]
+    assert pids, "the workers never ran"
+    for pid in pids:
+        assert not _alive(pid), f"DataLoader worker {pid} outlived the probe"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
+            state = next(line for line in handle if line.startswith("State:"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return False
+    return "zombie" not in state and "(dead)" not in state
+
+
+def test_probe_runs_a_distributed_script_under_torchrun(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", DISTRIBUTED)
+    options = ProbeOptions(steps=3, warmup=1, cwd=tmp_path, timeout=120, nproc_per_node=2)
+    run = run_probe(str(script), [], options)
+    assert run.ok, run.stderr
+    assert run.result["rank"] == 0 and run.result["steps"] == 3 and len(run.losses) == 3
+
+
+def test_probe_reports_the_scripts_own_error(tmp_path: Path) -> None:
+    script = _write(
+        tmp_path, "train.py", PRINTS_ITS_LOSSES + "\nraise ValueError('broken on purpose')\n"
+    )
+    run = run_probe(str(script), [], ProbeOptions(steps=50, cwd=tmp_path))
+    assert not run.ok and run.returncode == 1
+    assert run.result["status"] == "error"
+    assert "ValueError: broken on purpose" in run.stderr_tail()
+    assert "runpy" not in run.result["error"]  # the traceback starts at the script
+
+
+def test_probe_is_not_stopped_by_a_broad_except(tmp_path: Path) -> None:
+    body = PRINTS_ITS_LOSSES.replace(
+        "    optimizer.step()\n",
+        "    try:\n        optimizer.step()\n    except Exception:\n        pass\n",
+    )
+    run = run_probe(str(_write(tmp_path, "t.py", body)), [], ProbeOptions(steps=2, cwd=tmp_path))
+    assert run.result["status"] == "stopped" and run.result["steps"] == 2
+
+
+# --- tolerances ------------------------------------------------------------------------------
+
+
+def test_tolerances_grow_with_the_safety_level() -> None:
+    safe, numerics, behavior = (
+        TOLERANCES[s] for s in (Safety.SAFE, Safety.NUMERICS, Safety.BEHAVIOR)
+    )
+    assert safe.rtol < numerics.rtol < behavior.rtol
+    assert behavior.window > 1 and safe.window == numerics.window == 1
+    assert tolerance_for(Safety.SUGGEST) is behavior
+
+
+def test_compare_losses() -> None:
+    tight = Tolerance(Safety.SAFE, rtol=1e-5, atol=1e-6)
+    assert compare_losses([1.0, 2.0], [1.0, 2.0], tight).max_relative == 0
+    apart = compare_losses([1.0, 2.0, 4.0], [1.0, 2.2, 4.0], tight)
+    assert apart.worst == 1 and apart.max_relative == pytest.approx(0.1)
+    assert apart.first_beyond(0.05) == 1 and apart.first_beyond(0.2) is None
+    # Near zero the comparison becomes absolute (floor = atol / rtol = 0.1).
+    assert compare_losses([1e-9], [2e-9], tight).max_relative == pytest.approx(1e-8)
+    assert compare_losses([math.nan], [math.nan], tight).max_relative == 0
+    assert compare_losses([1.0], [math.nan], tight).max_relative == math.inf
+    assert not compare_losses([1.0, 2.0], [1.0], tight).lengths_match
+    curve = Tolerance(Safety.BEHAVIOR, rtol=0.1, atol=0.01, window=2)
+    # Curve-level: noise that cancels within a block of two losses does not count.
+    assert compare_losses([1.0, 1.0], [0.9, 1.1], curve).max_relative == pytest.approx(0)
+
+
+# --- verify ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def example(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    shutil.copy(EXAMPLE, path)
+    return path
+
+
+def test_verify_passes_on_the_example(example: Path, tmp_path: Path) -> None:
+    report_file = tmp_path / "report.json"
+    result = run_cli(
+        [
+            "verify",
+            "train.py",
+            "--steps",
+            "5",
+            "--repeats",
+            "1",
+            "--unsafe-fixes",
+            "--json",
+            str(report_file),
+            "--",
+            "--epochs",
+            "1",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^steps +5 +5$", result.stdout, re.M)
+    assert "most permissive level: behavior" in result.stdout
+    assert "Equivalent: the losses agree within tolerance" in result.stdout
+    assert re.search(r"^step time \(median\) .* speedup \d+\.\d\dx$", result.stdout, re.M)
+    assert "run 2/2: " in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "train.py"]
+    report = json.loads(report_file.read_text())
+    assert report["exit_code"] == 0 and report["level"] == "behavior"
+    assert report["before"][0]["result"]["args"] == ["--epochs", "1"]
+
+
+def test_verify_fails_on_a_wrong_learning_rate(example: Path) -> None:
+    wrong = example.read_text().replace("lr=1e-3", "lr=2e-3")
+    report = verify_pair(example, wrong, level=Safety.BEHAVIOR, steps=5, repeats=1)
+    assert report.error is None, report.error
+    assert report.exit_code == 1
+    assert "Losses disagree" in report.render()
+
+
+def test_verify_fails_when_a_needed_clone_is_removed(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", NEEDS_ITS_CLONE)
+    wrong = NEEDS_ITS_CLONE.replace("goal = targets.clone()", "goal = targets")
+    report = verify_pair(script, wrong, level=Safety.SAFE, steps=5, repeats=1)
+    assert report.exit_code == 1, report.render()
+    text = report.render()
+    assert re.search(r"Losses disagree at step 2: original \S+, rewritten \S+", text), text
+    same = NEEDS_ITS_CLONE + "\n# unchanged\n"
+    right = verify_pair(script, same, level=Safety.SAFE, steps=5, repeats=2)
+    assert right.exit_code == 0 and right.comparison.max_relative == 0
+    assert right.noise == 0 and len(right.before) == len(right.after) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["train.py"]  # temporary files removed
+
+
+def test_verify_reports_a_crash_with_its_stderr_and_exit_2(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", PRINTS_ITS_LOSSES)
+    broken = PRINTS_ITS_LOSSES.replace("loss.backward()", "loss.backward(); 1 / 0")
+    report = verify_pair(script, broken, steps=3, repeats=2)
+    assert report.exit_code == 2
+    text = report.render()
+    assert "The rewritten script failed" in text and "ZeroDivisionError: division by zero" in text
+    assert "the rewrite broke it" in text
+    assert len(report.before) == len(report.after) == 1  # stopped at the first failure
+
+
+def test_verify_cli_errors_and_nothing_to_do(tmp_path: Path) -> None:
+    untouched = _write(tmp_path, "plain.py", "print('no training here')\n")
+    result = run_cli(["verify", str(untouched)])
+    assert result.exit_code == 0 and "nothing to verify" in result.stdout
+    crashing = _write(tmp_path, "crash.py", "import torch\nopt = torch.optim.AdamW(p)\n")
+    result = run_cli(["verify", str(crashing), "--steps", "2", "--repeats", "1"])
+    assert result.exit_code == 2
+    assert "The original script failed" in result.stdout and "NameError" in result.stdout
+    assert run_cli(["verify", str(tmp_path / "missing.py")]).exit_code == 2
+
+
+def test_verify_parent_process_needs_no_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "import optimizer_codemod.cli, optimizer_codemod.verify.equivalence\n"
+        "from optimizer_codemod.verify import verify_pair\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
