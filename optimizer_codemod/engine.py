@@ -9,8 +9,10 @@ a text LibCST cannot print back byte for byte is refused before anything is chan
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -89,9 +91,22 @@ def _trigger_regex(rules: Tuple[type, ...]) -> "re.Pattern[bytes]":
     return re.compile(b"|".join(parts) if parts else b"(?!)")
 
 
+@lru_cache(maxsize=256)
+def _required_regexes(rule: type) -> Tuple[Tuple["re.Pattern[bytes]", ...], "re.Pattern[bytes]"]:
+    triggers = re.compile(b"|".join(f"(?:{pattern})".encode() for pattern in rule.triggers))
+    return tuple(re.compile(pattern.encode()) for pattern in rule.requires), triggers
+
+
+def _rule_may_fire(src: bytes, rule: type) -> bool:
+    required, triggers = _required_regexes(rule)
+    return triggers.search(src) is not None and all(r.search(src) for r in required)
+
+
 def may_contain_findings(src: bytes, rules: Sequence[type]) -> bool:
     """The cheap pre-filter: can any of `rules` possibly fire on this text?"""
-    return bool(rules) and _trigger_regex(tuple(rules)).search(src) is not None
+    if not rules or _trigger_regex(tuple(rules)).search(src) is None:
+        return False  # one combined search settles most files
+    return any(_rule_may_fire(src, rule) for rule in rules)
 
 
 def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
@@ -113,10 +128,10 @@ class _Fixpoint:
         fixed: List[Diagnostic] = []
         seen = {code}
         for pass_number in range(1, MAX_PASSES + 2):
-            findings = self._findings(module)
+            findings = self._findings(module, code)
             positions = _positions(module, findings) if findings else {}
             _check_nodes_are_in_the_tree(findings, positions, self.path)
-            noqa = noqa_lines(module.code) if findings else {}
+            noqa = _noqa_map(module, code) if findings else {}
             findings = [
                 f
                 for f in findings
@@ -159,11 +174,16 @@ class _Fixpoint:
             module, code = new_module, new_code
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _findings(self, module: cst.Module) -> List[Finding]:
+    def _findings(self, module: cst.Module, code: bytes) -> List[Finding]:
+        # A rule whose triggers this text lacks cannot fire on it (the triggers' contract);
+        # checked per pass, since an earlier pass's edits may add a trigger.
+        active = [rule for rule in self.rules if _rule_may_fire(code, rule)]
+        if not active:
+            return []
         context = FileContext(self.path, module, self.options)
-        rules = [rule(context) for rule in self.rules]
+        rules = [rule(context) for rule in active]
         try:
-            MetadataWrapper(module, unsafe_skip_copy=True).visit_batched(rules)
+            _visit_batched(MetadataWrapper(module, unsafe_skip_copy=True), rules)
         except OptcodemodError:
             raise
         except Exception as exc:
@@ -219,6 +239,90 @@ class _Fixpoint:
             end_column=where.end.column + 1,
             edit_lines=edit_lines,
         )
+
+
+def _noqa_map(module: cst.Module, code: bytes):
+    """The file's `# noqa` comments, read from the text the module was parsed from.
+
+    Printing the module again (`module.code`) would cost a full code generation per pass.
+    """
+    if b"noqa" not in code.lower():
+        return {}
+    try:
+        text = code.decode(module.encoding)
+    except (UnicodeDecodeError, LookupError):
+        text = module.code
+    return noqa_lines(text)
+
+
+def _visit_batched(wrapper: MetadataWrapper, rules: Sequence[Rule]) -> None:
+    """`MetadataWrapper.visit_batched`, without LibCST's per-instance method discovery.
+
+    LibCST finds each visitor's methods with `inspect.getmembers`, which reads every
+    attribute of every rule instance on every pass: it evaluates properties (`facts`, so the
+    analysis ran even when no rule asked for it) and cost more than the traversal itself on
+    a small script. The method names depend only on the class, so they are found once.
+    """
+    table: Dict[str, List[Callable[[cst.CSTNode], None]]] = {}
+    for rule in rules:
+        for name in _visitor_method_names(type(rule)):
+            table.setdefault(name, []).append(getattr(rule, name))
+    with ExitStack() as stack:
+        for rule in rules:
+            stack.enter_context(rule.resolve(wrapper))
+        if set(table) <= MODULE_METHODS:
+            # Rules that work from the shared facts need no walk over every node.
+            for method in table.get("visit_Module", ()):
+                method(wrapper.module)
+            for method in table.get("leave_Module", ()):
+                method(wrapper.module)
+        else:
+            wrapper.module.visit(_BatchedVisitor(table))
+
+
+MODULE_METHODS = frozenset({"visit_Module", "leave_Module"})
+
+
+@lru_cache(maxsize=None)
+def _visitor_method_names(rule_class: type) -> Tuple[str, ...]:
+    """The visit_/leave_ methods a rule class defines, leaving out LibCST's empty stubs."""
+    names = []
+    for name in dir(rule_class):
+        if not name.startswith(("visit_", "leave_")):
+            continue
+        method = inspect.getattr_static(rule_class, name)
+        if inspect.isfunction(method) and not getattr(method, "_is_no_op", False):
+            names.append(name)
+    return tuple(names)
+
+
+class _BatchedVisitor(cst.CSTVisitor):
+    """Calls every rule's visit_/leave_ methods for each node, as LibCST's batched visit does."""
+
+    def __init__(self, table: Dict[str, List[Callable[[cst.CSTNode], None]]]) -> None:
+        super().__init__()
+        self._table = table
+        self._attributes = any(name.count("_") > 1 for name in table)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        for method in self._table.get("visit_" + type(node).__name__, ()):
+            method(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        for method in self._table.get("leave_" + type(original_node).__name__, ()):
+            method(original_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if self._attributes:
+            for method in self._table.get(f"visit_{type(node).__name__}_{attribute}", ()):
+                method(node)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        if self._attributes:
+            name = f"leave_{type(original_node).__name__}_{attribute}"
+            for method in self._table.get(name, ()):
+                method(original_node)
 
 
 def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) -> None:

@@ -145,6 +145,9 @@ class Rule(cst.BatchableCSTVisitor):
     # Regular expressions over the raw file bytes: a file matching none of the selected rules'
     # triggers is never parsed. Keep them necessary conditions for a finding, and cheap.
     triggers: ClassVar[Tuple[str, ...]]
+    # Patterns that must all match as well (a finding needs each of them), for rules whose
+    # trigger alone is common: `requires = (BACKWARD_CALL,)` keeps library modules unparsed.
+    requires: ClassVar[Tuple[str, ...]] = ()
     examples: ClassVar[Tuple[Example, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -236,7 +239,9 @@ def _validate_rule_class(cls: type) -> None:
         raise TypeError(f"rule {cls.code}: safety must be a Safety")
     if isinstance(cls.triggers, (str, bytes)) or not cls.triggers:
         raise TypeError(f"rule {cls.code}: triggers must be a non-empty tuple of patterns")
-    for pattern in cls.triggers:
+    if isinstance(cls.requires, (str, bytes)):
+        raise TypeError(f"rule {cls.code}: requires must be a tuple of patterns")
+    for pattern in (*cls.triggers, *cls.requires):
         re.compile(pattern.encode())
 
 

@@ -236,3 +236,89 @@ def test_rule_that_reports_a_node_outside_the_tree_is_named() -> None:
     with pytest.raises(RuleBrokeOutputError) as error:
         rewrite(b"f(1)\n", ReportsACopy)
     assert error.value.codes == ("OPT997",)
+
+
+class AttributeVisitor(_TestRule):
+    """Reports each call's callee through an attribute visitor; has a property that must not be
+    read by the engine (LibCST's own method discovery reads every attribute)."""
+
+    code = "OPT998"
+
+    @property
+    def expensive(self) -> None:
+        raise AssertionError("the engine read a rule property")
+
+    def visit_Call_func(self, node: cst.Call) -> None:
+        self.report(node.func)
+
+    def leave_Call_args(self, node: cst.Call) -> None:
+        self.report(node)
+
+
+def test_rules_visit_once_per_node_without_reading_their_properties(monkeypatch) -> None:
+    from optimizer_codemod.analysis import ScriptFacts
+
+    def no_facts(module):
+        raise AssertionError("facts computed although no rule asked for them")
+
+    monkeypatch.setattr(ScriptFacts, "of", no_facts)
+    result = rewrite_bytes(b"f(g(1))\n", "t.py", RewriteOptions(rules=(AttributeVisitor,)))
+    assert [(d.column, d.end_column) for d in result.diagnostics] == [
+        (1, 2),
+        (3, 4),
+        (3, 7),
+        (1, 8),
+    ]
+
+
+@pytest.mark.parametrize(
+    "header", [b"", b"\xef\xbb\xbf", b"# -*- coding: latin-1 -*-\nname = '\xe9'\n"]
+)
+def test_noqa_is_read_from_the_source_text_in_any_encoding(header: bytes) -> None:
+    src = (
+        header + b"import torch\na = torch.optim.Adam(p)  # noqa: OPT501\nb = torch.optim.Adam(p)\n"
+    )
+    out = rewrite(src, FUSED)
+    assert out.startswith(header)
+    assert out.splitlines()[-2].endswith(b"Adam(p)  # noqa: OPT501")
+    assert out.splitlines()[-1].endswith(b"fused=True)")
+
+
+def test_prefilter_needs_a_trigger_and_every_required_pattern() -> None:
+    from optimizer_codemod.engine import may_contain_findings
+    from optimizer_codemod.registry import rule_by_code
+
+    cudnn = rule_by_code("OPT401")
+    library = b"import torch.nn as nn\nlayer = nn.Conv2d(3, 8, 3)\n"
+    training = library + b"loss = layer(x).sum()\nloss.backward()\n"
+    assert not may_contain_findings(library, [cudnn])  # a conv, but nothing trains here
+    assert may_contain_findings(training, [cudnn])
+    assert not may_contain_findings(b"loss.backward()\n", [cudnn])  # no convolution
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"loss.backward()\n",
+        b"(model(x)\n .sum()\n .backward())\n",
+        b"torch.autograd.backward([loss])\n",
+        b"from torch.autograd import backward\nbackward(loss)\n",
+        b"from torch.autograd import (\n    grad,\n    backward as bw,\n)\nbw(loss)\n",
+        b"from torch.autograd import *\nbackward(loss)\n",
+    ],
+)
+def test_every_spelling_of_a_backward_call_passes_the_training_prefilter(text: bytes) -> None:
+    from optimizer_codemod.engine import may_contain_findings
+    from optimizer_codemod.registry import rule_by_code
+
+    assert may_contain_findings(b"import torch\n" + text, [rule_by_code("OPT301")])
+
+
+def test_autograd_functions_alone_do_not_pass_the_training_prefilter() -> None:
+    from optimizer_codemod.engine import may_contain_findings
+    from optimizer_codemod.registry import rule_by_code
+
+    function = (
+        b"class Square(torch.autograd.Function):\n    def backward(ctx, g):\n        return g\n"
+    )
+    assert not may_contain_findings(function, [rule_by_code("OPT301")])
