@@ -13,6 +13,7 @@ from optimizer_codemod.analysis.precision import (
     setting_statement,
     uses_reduced_precision,
 )
+from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -98,7 +99,7 @@ class Float32MatmulWithoutTF32(Rule):
     fix_title = 'Add `torch.set_float32_matmul_precision("high")` after the imports'
     safety = Safety.NUMERICS
     min_torch = TorchVersion(1, 12)
-    triggers = (r"\bbackward\b",)
+    triggers = (BACKWARD_CALL,)
     examples = (
         Example(
             "import torch\n\nloss = model(x).sum()\nloss.backward()\n",

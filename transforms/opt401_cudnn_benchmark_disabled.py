@@ -13,6 +13,7 @@ from optimizer_codemod.analysis.precision import (
     setting_statement,
     variable_input_shapes,
 )
+from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
 
 
@@ -78,6 +79,7 @@ class CudnnBenchmarkDisabled(Rule):
     fix_title = "Add `torch.backends.cudnn.benchmark = True` after the imports"
     safety = Safety.NUMERICS
     triggers = (r"[Cc]onv", r"torchvision")
+    requires = (BACKWARD_CALL,)
     examples = (
         Example(
             "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n",

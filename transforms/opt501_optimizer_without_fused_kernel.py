@@ -68,7 +68,8 @@ class OptimizerWithoutFusedKernel(Rule):
     fix_title = "Add `fused=True`"
     safety = Safety.NUMERICS
     min_torch = TorchVersion(2, 4)
-    triggers = (r"\b(?:Adam|AdamW|SGD|Adagrad)\b",)
+    # A construction is a call of the class, or of the alias an import gives it.
+    triggers = (r"\b(?:Adam|AdamW|SGD|Adagrad)\s*(?:\(|as\b)",)
     examples = (
         Example(
             "import torch\nopt = torch.optim.AdamW(model.parameters(), lr=3e-4)\n",

@@ -22,6 +22,13 @@ DATALOADER = "torch.utils.data.DataLoader"
 ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm"})
 NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.", "torch.optim.Optimizer")
 BACKWARD_FUNCTIONS = frozenset({"torch.autograd.backward"})
+# Text every file with a backward call contains: a method call `x.backward(` (also
+# `torch.autograd.backward(`), or a bare `backward(` that needs `from torch.autograd import`.
+# Leaving out `def backward(` keeps autograd Functions in library code unparsed.
+BACKWARD_CALL = (
+    r"\.\s*backward\s*\("
+    r"|from\s+torch\.autograd\s+import\s+(?:\*|\([^)]*\bbackward\b|[\w \t,\\]*\bbackward\b)"
+)
 
 
 class ScriptFacts:
