@@ -22,9 +22,9 @@ class TextEdit:
     length: int
     new_text: str
 
-    def touches(self, first: int, last: int) -> bool:
-        """Whether this edit lies on or next to original lines first..last."""
-        return self.first_line <= last + 1 and self.last_line >= first - 1
+    def distance(self, first: int, last: int) -> int:
+        """Lines between this edit and original lines first..last (0: on or next to them)."""
+        return max(0, self.first_line - (last + 1), first - 1 - self.last_line)
 
 
 def text_edits(old: str, new: str) -> List[TextEdit]:

@@ -45,14 +45,30 @@ def _rule_descriptor(rule: type) -> dict:
     }
 
 
-def _fixes(path: str, diagnostic: Diagnostic, edits: Sequence[TextEdit]) -> List[dict]:
-    if diagnostic.status is Status.REPORTED:
-        return []
-    mine = [
-        edit
-        for edit in edits
-        if any(edit.touches(first, last) for first, last in diagnostic.edit_lines)
-    ]
+def _owners(diagnostics: Sequence[Diagnostic], edits: Sequence[TextEdit]) -> Dict[int, List[int]]:
+    """For each diagnostic (by index), the edits closest to the lines its fix edits.
+
+    The edits come from a line diff of the whole file, so an insertion may land a blank line
+    away from its anchor; each edit goes to the fixed finding(s) nearest to it.
+    """
+    owners: Dict[int, List[int]] = {}
+    fixed = [(i, d) for i, d in enumerate(diagnostics) if d.status is not Status.REPORTED]
+    for number, edit in enumerate(edits):
+        distances = {
+            i: min((edit.distance(first, last) for first, last in d.edit_lines), default=None)
+            for i, d in fixed
+        }
+        known = {i: gap for i, gap in distances.items() if gap is not None}
+        if not known:
+            continue
+        nearest = min(known.values())
+        for i, gap in known.items():
+            if gap == nearest:
+                owners.setdefault(i, []).append(number)
+    return owners
+
+
+def _fixes(path: str, diagnostic: Diagnostic, mine: Sequence[TextEdit]) -> List[dict]:
     if not mine:
         return []
     replacements = [
@@ -72,7 +88,7 @@ def _fixes(path: str, diagnostic: Diagnostic, edits: Sequence[TextEdit]) -> List
     ]
 
 
-def _result(path: str, diagnostic: Diagnostic, edits, rule_index: Dict[str, int]) -> dict:
+def _result(path: str, diagnostic: Diagnostic, mine, rule_index: Dict[str, int]) -> dict:
     region = {
         "startLine": diagnostic.line,
         "startColumn": diagnostic.column,
@@ -91,7 +107,7 @@ def _result(path: str, diagnostic: Diagnostic, edits, rule_index: Dict[str, int]
     }
     if diagnostic.cell is not None:
         result["properties"]["cell"] = diagnostic.cell
-    fixes = _fixes(path, diagnostic, edits)
+    fixes = _fixes(path, diagnostic, mine)
     if fixes:
         result["fixes"] = fixes
     return result
@@ -100,11 +116,12 @@ def _result(path: str, diagnostic: Diagnostic, edits, rule_index: Dict[str, int]
 def sarif_document(outcomes: Sequence[FileOutcome]) -> dict:
     rules = sorted(all_rules(), key=lambda rule: rule.code)
     rule_index = {rule.code: index for index, rule in enumerate(rules)}
-    results = [
-        _result(outcome.path, diagnostic, outcome.edits, rule_index)
-        for outcome in outcomes
-        for diagnostic in outcome.diagnostics
-    ]
+    results = []
+    for outcome in outcomes:
+        owners = _owners(outcome.diagnostics, outcome.edits)
+        for index, diagnostic in enumerate(outcome.diagnostics):
+            mine = [outcome.edits[number] for number in owners.get(index, ())]
+            results.append(_result(outcome.path, diagnostic, mine, rule_index))
     notifications = [
         {
             "level": "error",

@@ -3,7 +3,8 @@
 - fix_NAME.py with fix_NAME.expected.py: the rule rewrites the first into the second;
 - keep_NAME.py: must not change and must not be reported (a hazard the rule respects);
 - report_NAME.py: must not change, but the rule reports a finding (no sound fix here).
-A line `# fixture: key=value ...` sets options: unsafe-fixes (default true), target-torch.
+A line `# fixture: key=value ...` sets options: unsafe-fixes (default true), target-torch,
+select (comma-separated codes, default the folder's rule: shows rules composing).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from optimizer_codemod.torch_version import TorchVersion
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 KINDS = ("fix", "keep", "report")
-_OPTIONS_RE = re.compile(r"#\s*fixture:\s*([\w=.\- ]+)")
+_OPTIONS_RE = re.compile(r"#\s*fixture:\s*([\w=.,\- ]+)")
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ class Fixture:
     def settings(self, all_selected: bool = False) -> Settings:
         options = self.options()
         return Settings(
-            select=("ALL",) if all_selected else (self.code,),
+            select=(
+                ("ALL",) if all_selected else tuple(options.get("select", self.code).split(","))
+            ),
             unsafe_fixes=options.get("unsafe-fixes", "true") == "true",
             target_torch=TorchVersion.parse(options.get("target-torch", "2.4")),
         )

@@ -129,12 +129,42 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
 def without_argument(call: cst.Call, arg: cst.Arg) -> cst.Call:
     """`call` without `arg`, keeping the separators of the remaining arguments."""
     args = list(call.args)
+    if args == [arg]:
+        return call.with_changes(args=[], whitespace_before_args=_emptied_parens(call, arg))
     index = next(i for i, a in enumerate(args) if a is arg)
     del args[index]
     if args and index == len(args):  # removed the last one: the new last keeps its comma style
         previous_last = args[-1]
         args[-1] = previous_last.with_changes(comma=arg.comma)
     return call.with_changes(args=args)
+
+
+def _emptied_parens(call: cst.Call, arg: cst.Arg) -> cst.BaseParenthesizableWhitespace:
+    """The whitespace inside `f()` once its only argument is gone: `()`, or its comments."""
+    comma = arg.comma if isinstance(arg.comma, cst.Comma) else None
+    spaces = [call.whitespace_before_args, arg.whitespace_after_arg]
+    if comma is not None:
+        spaces += [comma.whitespace_before, comma.whitespace_after]
+    broken = [w for w in spaces if isinstance(w, cst.ParenthesizedWhitespace)]
+    comments = [
+        line.comment
+        for w in broken
+        for line in (w.first_line, *w.empty_lines)
+        if line.comment is not None
+    ]
+    if not comments:
+        return cst.SimpleWhitespace("")
+    before = call.whitespace_before_args
+    inner = before.last_line.value if isinstance(before, cst.ParenthesizedWhitespace) else "    "
+    return cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(),
+        empty_lines=[
+            cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(inner), comment=c)
+            for c in comments
+        ],
+        indent=True,
+        last_line=broken[-1].last_line,
+    )
 
 
 def method_name(call: cst.Call) -> Optional[str]:
@@ -149,3 +179,27 @@ def receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
     if isinstance(call.func, cst.Attribute):
         return call.func.value
     return None
+
+
+def with_first_argument(call: cst.Call, value: cst.BaseExpression) -> cst.Call:
+    """`call` with a positional `value` put before its arguments, in the layout they use."""
+    if not call.args:
+        return call.with_changes(args=[cst.Arg(value=value)])
+    before = call.whitespace_before_args
+    after_comma = (
+        _strip_comment(before)
+        if isinstance(before, cst.ParenthesizedWhitespace)  # one argument per line
+        else cst.SimpleWhitespace(" ")
+    )
+    first = cst.Arg(value=value, comma=cst.Comma(whitespace_after=after_comma))
+    return call.with_changes(args=[first, *call.args])
+
+
+def as_keyword(arg: cst.Arg, name: str) -> cst.Arg:
+    """A positional argument passed by keyword instead: `x` becomes `name=x`."""
+    return arg.with_changes(
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+        ),
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -69,6 +69,60 @@ def device_kind(
         if values:
             return _combine(device_kind(facts, v, depth + 1) for v in values)
     return DeviceKind.UNKNOWN
+
+
+def device_types(
+    facts: "ScriptFacts", node: Optional[cst.BaseExpression], depth: int = 0
+) -> Optional[FrozenSet[str]]:
+    """The device types (`cuda`, `cpu`, `mps`...) `node` may name; None when not known.
+
+    Finer than `device_kind` where the kind of accelerator matters: asynchronous copies are
+    sound on CUDA but not on MPS, so a rule may need to know that `mps` is impossible.
+    """
+    if node is None or depth > MAX_DEPTH:
+        return None
+    value = literal(node, None)
+    if isinstance(value, str):
+        return frozenset({value.split(":")[0]}) if value else None
+    prefix = _device_string_prefix(node)
+    if prefix is not None:
+        return frozenset({prefix})
+    if isinstance(node, cst.Call) and facts.imports.qualified_name(node.func) == "torch.device":
+        args = positional(node)
+        first = args[0].value if args else (keyword(node, "type") or keyword(node, "device"))
+        if isinstance(first, cst.Arg):
+            first = first.value
+        return device_types(facts, first, depth + 1)
+    if isinstance(node, cst.IfExp):
+        body = device_types(facts, node.body, depth + 1)
+        orelse = device_types(facts, node.orelse, depth + 1)
+        return body | orelse if body is not None and orelse is not None else None
+    name = dotted_name(node)
+    if name is not None:
+        values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+        if values and not any(a.unpacked for a in facts.assignments_to(name)):
+            found: FrozenSet[str] = frozenset()
+            for value in values:
+                types = device_types(facts, value, depth + 1)
+                if types is None:
+                    return None
+                found |= types
+            return found
+    return None
+
+
+def _device_string_prefix(node: cst.BaseExpression) -> Optional[str]:
+    """`cuda` for `f"cuda:{rank}"`, `"cuda:%d" % rank` and `"cuda:" + str(rank)`."""
+    text = None
+    if isinstance(node, cst.FormattedString) and node.parts:
+        first = node.parts[0]
+        text = first.value if isinstance(first, cst.FormattedStringText) else None
+    elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Modulo, cst.Add)):
+        left = literal(node.left, None)
+        text = left if isinstance(left, str) else None
+    if text and ":" in text and text.split(":")[0]:
+        return text.split(":")[0]
+    return None
 
 
 def copy_target(facts: "ScriptFacts", call: cst.Call) -> Optional[cst.BaseExpression]:

@@ -137,6 +137,10 @@ class ImportTable:
                 return binding.bound
         return None
 
+    def is_bound(self, name: str) -> bool:
+        """Whether anything in the file binds `name` (an import, assignment, def, class...)."""
+        return name in self._targets or name in self._other_bindings
+
     def bindings_of(self, targets: Iterable[str]) -> List[ImportedName]:
         wanted = set(targets)
         return [b for b in self.bindings if CANONICAL.get(b.target, b.target) in wanted]

@@ -1,0 +1,497 @@
+"""DataLoader facts: its options, what its dataset is, where it is iterated and how batches go.
+
+Everything here is conservative in one direction: when the analysis cannot tell, the answer is
+the one that makes a rule leave the loader alone (or only report it).
+"""
+
+from __future__ import annotations
+
+import enum
+import weakref
+from typing import TYPE_CHECKING, List, Optional, Set
+
+import libcst as cst
+import libcst.matchers as m
+
+from optimizer_codemod.analysis.calls import (
+    argument,
+    has_double_star,
+    has_star_args,
+    keyword,
+    positional,
+)
+from optimizer_codemod.analysis.collect import CallSite, Loop, _is_main_guard
+from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.script import DATALOADER
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+MAX_DEPTH = 3
+# DataLoader's positional parameters, in order (torch.utils.data.DataLoader.__init__).
+PARAMETERS = (
+    "dataset batch_size shuffle sampler batch_sampler num_workers collate_fn pin_memory "
+    "drop_last timeout worker_init_fn multiprocessing_context generator"
+).split()
+TENSOR_DATASETS = frozenset(
+    {"torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset"}
+)
+ITERABLE_BASES = frozenset(
+    {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
+)
+# Wrappers whose items are the items of (one of) their first argument.
+SUBSETS = frozenset(
+    {
+        "torch.utils.data.Subset",
+        "torch.utils.data.dataset.Subset",
+        "torch.utils.data.random_split",
+        "torch.utils.data.dataset.random_split",
+    }
+)
+CONCATENATIONS = frozenset(
+    {"torch.utils.data.ConcatDataset", "torch.utils.data.dataset.ConcatDataset"}
+)
+DEFAULT_COLLATES = frozenset(
+    {
+        "torch.utils.data.default_collate",
+        "torch.utils.data.dataloader.default_collate",
+        "torch.utils.data._utils.collate.default_collate",
+    }
+)
+PER_ITEM_PREFIXES = ("torchvision.datasets.",)
+# Calls returning a handle whose state forked worker processes would share.
+HANDLE_OPENERS = frozenset(
+    {
+        "open",
+        "io.open",
+        "h5py.File",
+        "lmdb.open",
+        "sqlite3.connect",
+        "zipfile.ZipFile",
+        "tarfile.open",
+    }
+)
+# Calls that neither have side effects nor change between two evaluations in one statement.
+PURE_FUNCTIONS = frozenset(
+    {
+        "min",
+        "max",
+        "int",
+        "abs",
+        "round",
+        "len",
+        "os.cpu_count",
+        "multiprocessing.cpu_count",
+        "torch.get_num_threads",
+        "os.sched_getaffinity",
+        "torch.cuda.is_available",
+        "torch.cuda.device_count",
+    }
+)
+
+
+class DatasetKind(enum.Enum):
+    """What a loader's dataset is, as far as the file shows."""
+
+    # A map-style dataset whose __getitem__ does work: a class defined here, torchvision's.
+    PER_ITEM = "per-item"
+    # TensorDataset: indexing only; workers add nothing but overhead.
+    TENSORS = "tensors"
+    # An IterableDataset defined here: each worker replays it unless it shards by worker.
+    ITERABLE = "iterable"
+    # Its items may already live on an accelerator.
+    ON_DEVICE = "on-device"
+    # Built elsewhere: the analysis cannot see what its items are.
+    UNKNOWN = "unknown"
+
+
+# Options -------------------------------------------------------------------------------
+def option(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    """The argument bound to DataLoader parameter `name`, by keyword or by position."""
+    if name in PARAMETERS:
+        return argument(call, name, PARAMETERS.index(name))
+    return keyword(call, name)
+
+
+def options_hidden(call: cst.Call) -> bool:
+    """Options arrive through `*args`/`**kwargs`, which may carry any keyword."""
+    return has_double_star(call) or has_star_args(call)
+
+
+def is_pure(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """Evaluating `node` twice gives the same value and does nothing else."""
+    if m.findall(node, m.NamedExpr() | m.Await() | m.Yield() | m.Lambda()):
+        return False
+    for call in m.findall(node, m.Call()):
+        assert isinstance(call, cst.Call)
+        name = facts.qualified_name(call.func) or dotted_name(call.func)
+        if name not in PURE_FUNCTIONS or (
+            "." not in name and facts.imports.is_bound(name)  # a shadowed builtin
+        ):
+            return False
+    return True
+
+
+# Datasets ------------------------------------------------------------------------------
+def dataset_kind(facts: "ScriptFacts", site: CallSite) -> DatasetKind:
+    arg = option(site.node, "dataset")
+    if arg is None or arg.star:
+        return DatasetKind.UNKNOWN
+    if may_live_on_accelerator(facts, arg.value):
+        return DatasetKind.ON_DEVICE
+    return _kind_of(facts, arg.value, 0, [])
+
+
+def _kind_of(
+    facts: "ScriptFacts", node: cst.BaseExpression, depth: int, classes: List[str]
+) -> DatasetKind:
+    if depth > MAX_DEPTH:
+        return DatasetKind.UNKNOWN
+    name = dotted_name(node)
+    if name is not None:
+        assignments = facts.assignments_to(name)
+        kinds = set()
+        for assignment in assignments:
+            value = assignment.value
+            if assignment.unpacked:  # `train, val = random_split(dataset, ...)`
+                split = isinstance(value, cst.Call) and facts.qualified_name(value.func) in SUBSETS
+                if not split:
+                    return DatasetKind.UNKNOWN
+            kinds.add(_kind_of(facts, value, depth + 1, classes))
+        return kinds.pop() if len(kinds) == 1 else DatasetKind.UNKNOWN
+    if not isinstance(node, cst.Call):
+        return DatasetKind.UNKNOWN
+    qualname = facts.qualified_name(node.func)
+    if qualname in TENSOR_DATASETS:
+        return DatasetKind.TENSORS
+    if qualname and qualname.startswith(PER_ITEM_PREFIXES):
+        return DatasetKind.PER_ITEM
+    args = positional(node)
+    if qualname in SUBSETS:
+        return _kind_of(facts, args[0].value, depth + 1, classes) if args else DatasetKind.UNKNOWN
+    if qualname in CONCATENATIONS:
+        parts = args[0].value if args else None
+        if not isinstance(parts, (cst.List, cst.Tuple)) or not parts.elements:
+            return DatasetKind.UNKNOWN
+        kinds = {_kind_of(facts, e.value, depth + 1, classes) for e in parts.elements}
+        return kinds.pop() if len(kinds) == 1 else DatasetKind.UNKNOWN
+    local = dotted_name(node.func)
+    if qualname is None and local in facts.classes:
+        return _class_kind(facts, local, 0, classes)
+    return DatasetKind.UNKNOWN
+
+
+def _class_kind(facts: "ScriptFacts", name: str, depth: int, classes: List[str]) -> DatasetKind:
+    info = facts.classes.get(name)
+    if info is None or depth > MAX_DEPTH:
+        return DatasetKind.UNKNOWN
+    classes.append(name)
+    methods = {
+        statement.name.value
+        for statement in info.node.body.body
+        if isinstance(statement, cst.FunctionDef)
+    }
+    if any(base in ITERABLE_BASES for base in info.bases) or (
+        "__iter__" in methods and "__getitem__" not in methods
+    ):
+        return DatasetKind.ITERABLE
+    if "__getitem__" in methods:
+        return DatasetKind.PER_ITEM
+    for base in info.bases:
+        if base in TENSOR_DATASETS:
+            return DatasetKind.TENSORS
+        if base and base.startswith(PER_ITEM_PREFIXES):
+            return DatasetKind.PER_ITEM
+        if base in facts.classes:
+            return _class_kind(facts, base, depth + 1, classes)
+    return DatasetKind.UNKNOWN
+
+
+def dataset_classes(facts: "ScriptFacts", site: CallSite) -> List[str]:
+    """The classes defined in this file that the loader's dataset is built from."""
+    arg = option(site.node, "dataset")
+    classes: List[str] = []
+    if arg is not None and not arg.star:
+        _kind_of(facts, arg.value, 0, classes)
+    return classes
+
+
+def opens_handles_when_built(facts: "ScriptFacts", class_name: str) -> bool:
+    """`__init__` keeps an open file, HDF5, LMDB or database handle on `self`.
+
+    Forked workers share such a handle's file offset and library state, which corrupts
+    reads; the usual remedy is to open it lazily in `__getitem__`, once per worker.
+    """
+    info = facts.classes.get(class_name)
+    init = next(
+        (
+            statement
+            for statement in (info.node.body.body if info else ())
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__"
+        ),
+        None,
+    )
+    if init is None:
+        return False
+    for assignment in facts.records.assignments:
+        if assignment.site.function is not init or not assignment.target.startswith("self."):
+            continue
+        value = assignment.value
+        while isinstance(value, (cst.Subscript, cst.Attribute)):  # `h5py.File(path)["x"]`
+            value = value.value
+        if isinstance(value, cst.Call):
+            name = facts.qualified_name(value.func) or dotted_name(value.func)
+            if name in HANDLE_OPENERS:
+                return True
+    return False
+
+
+def collate_places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> Optional[bool]:
+    """Whether `collate_fn` may return tensors on an accelerator; None when it is unknown."""
+    arg = option(call, "collate_fn")
+    if arg is None or m.matches(arg.value, m.Name("None")):
+        return False
+    return _callable_places(facts, arg.value, 0)
+
+
+def _callable_places(facts: "ScriptFacts", node: cst.BaseExpression, depth: int):
+    if depth > MAX_DEPTH:
+        return None
+    if isinstance(node, cst.Lambda):
+        return any(places_on_accelerator(facts, c) for c in m.findall(node.body, m.Call()))
+    qualname = facts.qualified_name(node)
+    if qualname in DEFAULT_COLLATES:
+        return False
+    if isinstance(node, cst.Call):
+        func = facts.qualified_name(node.func) or dotted_name(node.func)
+        if func in facts.classes:  # a collator object: `Collator(...)`
+            return facts.class_places_on_accelerator(func) or may_live_on_accelerator(facts, node)
+        if func == "functools.partial" and node.args:
+            inner = _callable_places(facts, node.args[0].value, depth + 1)
+            rest = any(may_live_on_accelerator(facts, a.value) for a in node.args[1:])
+            return None if inner is None else inner or rest
+        return None
+    name = dotted_name(node)
+    if name is None or qualname is not None:
+        return None
+    function = facts.records.functions.get(name)
+    if function is not None and not facts.assignments_to(name):
+        return any(
+            places_on_accelerator(facts, c.node)
+            for c in facts.records.calls
+            if c.site.function is function
+        )
+    values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+    if len(values) == 1:
+        return _callable_places(facts, values[0], depth + 1)
+    return None
+
+
+def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
+    """The dataset is changed from outside after it is built (`ds.set_epoch(e)`, `ds.x = ...`).
+
+    Worker processes hold their own copy of the dataset; persistent ones never see the change.
+    """
+    names = set()
+    arg = option(site.node, "dataset")
+    if arg is not None and dotted_name(arg.value):
+        names.add(dotted_name(arg.value))
+    for loader in loader_names(facts, site):
+        names.add(f"{loader}.dataset")
+    if not names:
+        return False
+    for call in facts.records.calls:
+        if call.receiver in names or any((call.receiver or "").startswith(n + ".") for n in names):
+            return True
+    return any(
+        any(a.target.startswith(n + ".") for n in names)
+        for a in facts.records.assignments
+        if a.site.class_name is None
+    )
+
+
+def loader_names(facts: "ScriptFacts", site: CallSite) -> Set[str]:
+    assignment = facts.assignment_of(site.node)
+    return {assignment.target} if assignment is not None else set()
+
+
+# Iteration -----------------------------------------------------------------------------
+# Per ScriptFacts (one per pass): loops over each loader, and calls by the name they call.
+_LOOPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CALLS_BY_NAME: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def loops_over(facts: "ScriptFacts", site: CallSite) -> List[Loop]:
+    """For loops that iterate this loader: directly, through names, or a function parameter."""
+    table = _LOOPS.get(facts)
+    if table is None:
+        table = {}
+        for loop in facts.records.loops:
+            if not isinstance(loop.node, cst.For):
+                continue
+            direct = facts.loader_of(loop)
+            loaders = [direct] if direct is not None else _loaders_through_parameter(facts, loop)
+            for loader in loaders:
+                table.setdefault(id(loader), []).append(loop)
+        _LOOPS[facts] = table
+    return table.get(id(site), [])
+
+
+def _loaders_through_parameter(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
+    """`def train(model, loader): for batch in loader:` called as `train(model, train_loader)`."""
+    function = loop.function
+    name = facts.iterated_name(loop.iter)
+    if function is None or name is None:
+        return []
+    params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    kwonly = [p.name.value for p in function.params.kwonly_params]
+    if name not in params and name not in kwonly:
+        return []
+    method = bool(params) and params[0] in ("self", "cls")
+    index = params.index(name) - (1 if method else 0) if name in params else None
+    loaders = []
+    for caller in _callers(facts, function):
+        bound = keyword(caller.node, name)
+        if bound is None and index is not None and index >= 0 and not has_star_args(caller.node):
+            args = positional(caller.node)
+            bound = args[index] if index < len(args) else None
+        if bound is None:
+            continue
+        direct = facts.call_site_of.get(bound.value)
+        if direct is not None and direct.qualname == DATALOADER:
+            loaders.append(direct)
+        elif dotted_name(bound.value):
+            named = facts.loader_named(dotted_name(bound.value))
+            if named is not None:
+                loaders.append(named)
+    return loaders
+
+
+def _callers(facts: "ScriptFacts", function: cst.FunctionDef) -> List[CallSite]:
+    """Calls that may run `function`: `train(...)`, `obj.train(...)` for a method, and
+    `Trainer(...)` for `Trainer.__init__`."""
+    table = _CALLS_BY_NAME.get(facts)
+    if table is None:
+        table = {}
+        for call in facts.records.calls:
+            func = call.node.func
+            called = func.attr.value if isinstance(func, cst.Attribute) else dotted_name(func)
+            if called:
+                table.setdefault(called, []).append(call)
+        _CALLS_BY_NAME[facts] = table
+    name = function.name.value
+    if name == "__init__":
+        owners = [
+            owner
+            for owner, info in facts.classes.items()
+            if any(statement is function for statement in info.node.body.body)
+        ]
+        return [call for owner in owners for call in table.get(owner, [])]
+    params = function.params.posonly_params or function.params.params
+    if params and params[0].name.value in ("self", "cls"):
+        return list(table.get(name, []))
+    return [call for call in table.get(name, []) if isinstance(call.node.func, cst.Name)]
+
+
+def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
+    """The same loader object is iterated again and again (once per epoch, typically).
+
+    True when a loop over it sits inside an outer loop, or inside a function called from a
+    loop, and the loader is not rebuilt on each of those repetitions.
+    """
+    built_in = {id(loop) for loop in site.site.loops}
+    for loop in loops_over(facts, site):
+        if any(id(outer) not in built_in for outer in loop.ancestors):
+            return True
+        if loop.function is not None and _called_in_loop(
+            facts, loop.function, site, built_in, 0, set()
+        ):
+            return True
+    return False
+
+
+def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
+    if depth > MAX_DEPTH or function is site.site.function or id(function) in seen:
+        return False  # a loader built inside the function is a new loader on each call
+    seen.add(id(function))
+    for caller in _callers(facts, function):
+        if any(id(loop) not in built_in for loop in caller.site.loops):
+            return True
+        if caller.site.function is not None and _called_in_loop(
+            facts, caller.site.function, site, built_in, depth + 1, seen
+        ):
+            return True
+    return False
+
+
+def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
+    """Some loop over this loader copies (parts of) its batches with `.to(device)`/`.cuda()`."""
+    for loop in loops_over(facts, site):
+        names = facts.names_derived_in(loop, set(loop.targets))
+        for call in facts.loop_calls(loop):
+            func = call.node.func
+            if (
+                call.method in ("to", "cuda")
+                and isinstance(func, cst.Attribute)
+                and facts.derives_from(func.value, names)
+                and places_on_accelerator(facts, call.node)
+            ):
+                return True
+    return False
+
+
+# Processes -----------------------------------------------------------------------------
+def runs_only_under_main_guard(facts: "ScriptFacts", site: CallSite) -> bool:
+    """The loader is built, or every loop over it runs, only when the file is the main program.
+
+    Worker processes started with `spawn` or `forkserver` (the default on macOS, Windows and,
+    since Python 3.14, Linux) import the main module again: a loop over the loader at module
+    level would start workers from inside a worker.
+    """
+    if not facts.records.has_main_guard:
+        return False
+    guarded = _guarded_nodes(facts.module)
+
+    def runs_guarded(node: cst.CSTNode, function: Optional[cst.FunctionDef]) -> bool:
+        if function is None:
+            return node in guarded
+        return _function_guarded(facts, function, guarded, 0)
+
+    if runs_guarded(site.node, site.site.function):
+        return True
+    loops = loops_over(facts, site)
+    return bool(loops) and all(runs_guarded(loop.node, loop.function) for loop in loops)
+
+
+def _function_guarded(facts, function, guarded, depth) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    for caller in _callers(facts, function):
+        if caller.site.function is None:
+            if caller.node not in guarded:
+                return False
+        elif caller.site.function is not function and not _function_guarded(
+            facts, caller.site.function, guarded, depth + 1
+        ):
+            return False
+    return True
+
+
+def _guarded_nodes(module: cst.Module) -> Set[cst.CSTNode]:
+    nodes: Set[cst.CSTNode] = set()
+    for statement in module.body:
+        if isinstance(statement, cst.If) and _is_main_guard(statement):
+            nodes.update(m.findall(statement.body, m.For() | m.While() | m.Call()))
+    return nodes
+
+
+def module_name(facts: "ScriptFacts", module: str) -> Optional[str]:
+    """The local name for `module`, or None when that name is taken by something else.
+
+    When the module is not imported, its own name is returned and the caller adds the import.
+    """
+    bound = facts.imports.name_for_module(module)
+    if bound is not None:
+        return bound
+    return None if facts.imports.is_bound(module) else module

@@ -1,0 +1,128 @@
+"""OPT201: a pinned batch copied to the device with a blocking copy."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import code_of, with_keyword
+from optimizer_codemod.analysis.transfers import blocking_batch_copies
+from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
+from optimizer_codemod.torch_version import TorchVersion
+
+_LOADER = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader\n"
+    "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+    "loader = DataLoader(train_set, batch_size=64, pin_memory=True)\n"
+)
+
+
+class BlockingHostToDeviceCopy(Rule):
+    """
+    What it does:
+        Adds `non_blocking=True` to `x.to(device)`, `x.to(device, dtype)` and `x.cuda()` when
+        `x` is (part of) a batch from a DataLoader built with `pin_memory=True` (or
+        `pin_memory=torch.cuda.is_available()`, which OPT101 adds), inside a training loop,
+        and the device is CUDA or chosen at run time between CUDA and the CPU.
+
+    Why is it slow:
+        A blocking copy makes the Python thread wait until the batch has reached the GPU, and
+        the GPU has to finish all the work queued before it first: the host cannot run ahead
+        and queue the next kernels, and with several tensors per batch each copy waits for the
+        previous one. With a pinned source, `non_blocking=True` only queues the copy on the
+        stream; kernels that use the result still run after it (PyTorch's "A guide on good
+        usage of non_blocking and pin_memory()"; CUDA notes, "Use pinned memory buffers").
+
+    Example:
+        ```python
+        for images, labels in loader:  # DataLoader(..., pin_memory=True)
+            images = images.to(device)
+            labels = labels.cuda()
+        ```
+        becomes
+        ```python
+        for images, labels in loader:
+            images = images.to(device, non_blocking=True)
+            labels = labels.cuda(non_blocking=True)
+        ```
+
+    Fix safety:
+        `safe`: the same values arrive; only the host stops waiting. A host-to-CUDA copy is
+        ordered before every later kernel on the stream, and a copy to the CPU returns the
+        tensor itself. Only copies of tensors taken from the batch (by unpacking, indexing,
+        `.items()`/`.values()`, including `{k: v.to(device) for k, v in batch.items()}`) are
+        changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
+        a name that may already hold a device tensor, since the host could read it before it
+        lands), targets that may be MPS or another non-CUDA device (asynchronous copies there
+        corrupt data, pytorch/pytorch#139550), dtype-only conversions, models and modules,
+        tensors not from the batch, copies outside the training loop, loaders not pinned,
+        copies that already choose `non_blocking` or pass `*args`/`**kwargs`, sources written
+        in place in the loop (the write would race with the copy), and, with a custom
+        `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
+        Reported, not fixed, when the device comes from where the analysis cannot see (an
+        argument, a config value), since it could be MPS.
+
+    Expected gain:
+        Host time per step spent waiting for copies, largest with several tensors per batch
+        and small, fast steps. In PyTorch's tutorial "A guide on good usage of non_blocking
+        and pin_memory()" (https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html),
+        copying 1000 pinned tensors with `non_blocking=True` and one synchronisation is faster
+        than blocking copies; the gain depends on the hardware. Not measurable on a CPU-only
+        machine, where both forms are the same no-op.
+    """
+
+    code = "OPT201"
+    name = "blocking-host-to-device-copy"
+    message = "Pinned batch copied to the device with a blocking copy"
+    fix_title = "Add `non_blocking=True`"
+    safety = Safety.SAFE
+    min_torch = TorchVersion(1, 0)
+    # A pinned torch DataLoader is necessary for a finding; it may be pinned by position.
+    triggers = (r"\bDataLoader\b",)
+    examples = (
+        Example(
+            _LOADER + "for x, y in loader:\n"
+            "    x, y = x.to(device), y.to(device)\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n",
+            _LOADER + "for x, y in loader:\n"
+            "    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n",
+        ),
+        Example(
+            _LOADER + "for x, y in loader:\n"
+            "    loss = model(x.to(torch.float16), y)\n"
+            "    loss.backward()\n"
+        ),
+        Example(
+            _LOADER.replace(", pin_memory=True", "") + "for x, y in loader:\n"
+            "    loss = model(x.to(device), y.to(device))\n"
+            "    loss.backward()\n"
+        ),
+        Example(
+            _LOADER.replace("'cuda' if", "'mps' if") + "for x, y in loader:\n"
+            "    loss = model(x.to(device), y.to(device))\n"
+            "    loss.backward()\n"
+        ),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for copy in blocking_batch_copies(self.facts):
+            call = copy.call.node
+            source = code_of(call.func.value).strip()
+            if copy.async_is_sound:
+                fixed = with_keyword(call, "non_blocking", cst.Name("True"))
+                self.report(
+                    call,
+                    Fix((Replace(call, fixed),)),
+                    message=f"`{source}` comes from a pinned DataLoader but is copied to the "
+                    "device with a blocking copy",
+                )
+            else:
+                self.report(
+                    call,
+                    message=f"`{source}` comes from a pinned DataLoader but is copied with a "
+                    "blocking copy; the device is chosen where the analysis cannot see it: add "
+                    "`non_blocking=True` if it is CUDA (never for MPS, where it corrupts data)",
+                )
