@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange
 
 from optimizer_codemod.rule import Finding, Fix, InsertStatements, Replace
@@ -90,6 +88,11 @@ def apply_fixes(module: cst.Module, fixes: Iterable[Fix]) -> cst.Module:
                 inserts[edit.anchor] = (before + tuple(edit.before), after + tuple(edit.after))
     new_module = module.visit(_EditApplier(replacements, inserts))
     if imports:
+        # Imported here: libcst.codemod pulls in libcst.matchers (~150 ms at start-up), and
+        # most runs add no import.
+        from libcst.codemod import CodemodContext
+        from libcst.codemod.visitors import AddImportsVisitor
+
         context = CodemodContext()
         for spec in imports:
             AddImportsVisitor.add_needed_import(context, spec.module, spec.obj, spec.asname)

@@ -6,8 +6,8 @@ import enum
 from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional
 
 import libcst as cst
-import libcst.matchers as m
 
+from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 
@@ -163,14 +163,14 @@ def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression, dept
     """
     if depth > MAX_DEPTH:
         return True
-    for call in m.findall(node, m.Call()):
+    for call in find_all(node, cst.Call):
         assert isinstance(call, cst.Call)
         if places_on_accelerator(facts, call):
             return True
         constructed = facts.imports.qualified_name(call.func) or dotted_name(call.func)
         if constructed in facts.classes and facts.class_places_on_accelerator(constructed):
             return True
-    for ref in m.findall(node, m.Name() | m.Attribute()):
+    for ref in find_all(node, cst.Name, cst.Attribute):
         name = dotted_name(ref)
         if name is None:
             continue

@@ -11,8 +11,8 @@ import weakref
 from typing import TYPE_CHECKING, List, Optional, Set
 
 import libcst as cst
-import libcst.matchers as m
 
+from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
     has_double_star,
@@ -121,9 +121,9 @@ def options_hidden(call: cst.Call) -> bool:
 
 def is_pure(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
     """Evaluating `node` twice gives the same value and does nothing else."""
-    if m.findall(node, m.NamedExpr() | m.Await() | m.Yield() | m.Lambda()):
+    if find_all(node, cst.NamedExpr, cst.Await, cst.Yield, cst.Lambda):
         return False
-    for call in m.findall(node, m.Call()):
+    for call in find_all(node, cst.Call):
         assert isinstance(call, cst.Call)
         name = facts.qualified_name(call.func) or dotted_name(call.func)
         if name not in PURE_FUNCTIONS or (
@@ -250,7 +250,7 @@ def opens_handles_when_built(facts: "ScriptFacts", class_name: str) -> bool:
 def collate_places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> Optional[bool]:
     """Whether `collate_fn` may return tensors on an accelerator; None when it is unknown."""
     arg = option(call, "collate_fn")
-    if arg is None or m.matches(arg.value, m.Name("None")):
+    if arg is None or is_name(arg.value, "None"):
         return False
     return _callable_places(facts, arg.value, 0)
 
@@ -259,7 +259,7 @@ def _callable_places(facts: "ScriptFacts", node: cst.BaseExpression, depth: int)
     if depth > MAX_DEPTH:
         return None
     if isinstance(node, cst.Lambda):
-        return any(places_on_accelerator(facts, c) for c in m.findall(node.body, m.Call()))
+        return any(places_on_accelerator(facts, c) for c in find_all(node.body, cst.Call))
     qualname = facts.qualified_name(node)
     if qualname in DEFAULT_COLLATES:
         return False
@@ -482,7 +482,7 @@ def _guarded_nodes(module: cst.Module) -> Set[cst.CSTNode]:
     nodes: Set[cst.CSTNode] = set()
     for statement in module.body:
         if isinstance(statement, cst.If) and _is_main_guard(statement):
-            nodes.update(m.findall(statement.body, m.For() | m.While() | m.Call()))
+            nodes.update(find_all(statement.body, cst.For, cst.While, cst.Call))
     return nodes
 
 

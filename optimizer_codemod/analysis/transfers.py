@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
-import libcst.matchers as m
 
+from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
     has_double_star,
     has_star_args,
@@ -125,7 +125,7 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
 
 def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
     arg = option(loader.node, "collate_fn")
-    if arg is None or m.matches(arg.value, m.Name("None")):
+    if arg is None or is_name(arg.value, "None"):
         return False
     return facts.qualified_name(arg.value) not in DEFAULT_COLLATES
 
@@ -258,7 +258,7 @@ def _written(
             if assignment.site.statement is not statement and _base_of(assignment.target) in chain:
                 return True
     own = getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ()
-    for node in m.findall(loop.node.body, m.Assign() | m.AugAssign()):
+    for node in find_all(loop.node.body, cst.Assign, cst.AugAssign):
         if any(small is node for small in own):
             continue
         targets = (
@@ -278,7 +278,7 @@ def _written(
                 return True
     return any(
         isinstance(walrus.target, cst.Name) and walrus.target.value in chain
-        for walrus in m.findall(loop.node.body, m.NamedExpr())
+        for walrus in find_all(loop.node.body, cst.NamedExpr)
     )
 
 
@@ -385,7 +385,7 @@ def parameter_values(
     if not callers or facts.assignments_to(function.name.value):
         return None
     # Used other than by these calls (passed to a thread, stored): its callers are unknown.
-    mentions = m.findall(facts.module, m.Name(function.name.value))
+    mentions = [n for n in find_all(facts.module, cst.Name) if n.value == function.name.value]
     if len(mentions) > len(callers) + 1:
         return None
     values: List[cst.BaseExpression] = []
