@@ -77,12 +77,12 @@ class DataloaderInMainProcess(Rule):
         idle cores; the Performance Tuning Guide gives the rationale ("the main training
         process has to wait for the data to be available"). Measured on CPU (2-core x86_64,
         torch 2.13.0+cpu, 2026-11-21) with `benchmarks/rule_gains/opt102.py`, one epoch of
-        128 items of about 1.5 ms of work each: 195-283 ms in process, 208-291 ms with two
-        workers (x0.86-0.98), because another job kept one of the two cores busy throughout
-        (two copies of the work ran in twice the time of one): with no idle core, workers
-        only add their overhead. Their first epoch, which starts them, took 0.23-0.48 s.
-        Expect a gain on machines with idle cores and an accelerator doing the training
-        step, not on a busy CPU-only box.
+        128 items of about 1.5 ms of work each: on an otherwise idle machine 192 ms in process
+        against 112 ms with two workers (x1.71, `benchmarks/results/rule-gains-cpu.json`);
+        with another job keeping one core busy, 195-283 ms against 208-291 ms (x0.86-0.98):
+        with no idle core, workers only add their overhead. Their first epoch, which starts
+        them, took 0.23-0.48 s. Expect a gain where cores are idle while the training step
+        runs, above all with an accelerator doing that step.
     """
 
     code = "OPT102"
