@@ -137,10 +137,16 @@ def apply(
     if diff:
         for outcome in outcomes:
             if outcome.diff:
-                click.echo(_color_diff(outcome.diff, use_color), nl=False)
+                # color= so that --color always survives a pipe (click strips ANSI otherwise).
+                click.echo(_color_diff(outcome.diff, use_color), nl=False, color=use_color)
     context = ReportContext(outcomes, writing=mode.write, color=use_color)
     if not quiet or output_format != "text":
-        click.echo(FORMATS[output_format](context), nl=False, err=not report_stream_is_stdout)
+        click.echo(
+            FORMATS[output_format](context),
+            nl=False,
+            err=not report_stream_is_stdout,
+            color=use_color,
+        )
     if show_statistics:
         click.echo(statistics(outcomes), nl=False, err=not report_stream_is_stdout)
     if found.missing or any(o.error for o in outcomes):

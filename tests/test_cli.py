@@ -274,6 +274,43 @@ def test_no_progress_bar_when_not_a_terminal(tmp_path: Path) -> None:
     assert "optcodemod [" not in result.stderr and "%" not in result.stderr
 
 
+def test_progress_bar_and_colour_on_a_terminal(tmp_path: Path) -> None:
+    import pty
+
+    for index in range(3):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    leader, follower = pty.openpty()
+    done = subprocess.run(
+        [sys.executable, "-m", "optimizer_codemod", "apply", "--diff", ".", *ONLY_FUSED],
+        cwd=tmp_path,
+        stdout=follower,
+        stderr=follower,
+        timeout=120,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal is closed once everything is read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    shown = b"".join(chunks).decode()
+    assert done.returncode == 1
+    assert "optcodemod" in shown and "100%" in shown  # click's progress bar
+    assert "\x1b[32m+" in shown  # added lines in green
+
+
+def test_colour_is_off_when_piped_and_on_when_asked(script: Path) -> None:
+    piped = run_cli(["apply", "--diff", str(script), *ONLY_FUSED])
+    assert "\x1b[" not in piped.stdout
+    forced = run_cli(["apply", "--diff", "--color", "always", str(script), *ONLY_FUSED])
+    assert "\x1b[32m+" in forced.stdout
+
+
 def test_apply_never_imports_torch(tmp_path: Path) -> None:
     path = tmp_path / "t.py"
     path.write_bytes(TRAINING_SCRIPT)

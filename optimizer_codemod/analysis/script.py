@@ -274,22 +274,7 @@ class ScriptFacts:
 
     def derives_from(self, node: cst.BaseExpression, names: Set[str]) -> bool:
         """`node` is one of `names`, or an element, attribute or items() view of one."""
-        while True:
-            name = dotted_name(node)
-            if name is not None and name in names:
-                return True
-            if isinstance(node, cst.Subscript):
-                node = node.value
-            elif isinstance(node, cst.Attribute):
-                node = node.value
-            elif (
-                isinstance(node, cst.Call)
-                and isinstance(node.func, cst.Attribute)
-                and node.func.attr.value in ("items", "values")
-            ):
-                node = node.func.value
-            else:
-                return False
+        return derived_root(node, names) is not None
 
     # Mixed precision, determinism, anchors ---------------------------------------------
     @cached_property
@@ -323,6 +308,25 @@ def _is_import_line(statement: cst.CSTNode) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )
+
+
+def derived_root(node: cst.BaseExpression, names: Set[str]) -> Optional[str]:
+    """The one of `names` that `node` is, or is an element, attribute or items() view of
+    (`batch` for `batch["x"]`), else None."""
+    while True:
+        name = dotted_name(node)
+        if name is not None and name in names:
+            return name
+        if isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        elif (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in ("items", "values")
+        ):
+            node = node.func.value
+        else:
+            return None
 
 
 def _is_masked_magic(statement: cst.CSTNode) -> bool:

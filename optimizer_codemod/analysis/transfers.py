@@ -35,7 +35,7 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import DEFAULT_COLLATES, loops_over, option
-from optimizer_codemod.analysis.script import DATALOADER
+from optimizer_codemod.analysis.script import DATALOADER, derived_root
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -173,24 +173,6 @@ def _plain_arguments(facts: "ScriptFacts", call: cst.Call, method: str) -> bool:
     return True
 
 
-def _root(node: cst.BaseExpression, names: Set[str]) -> Optional[str]:
-    """The batch name `node` is part of (`batch` for `batch["x"]`, `v` for `v`)."""
-    while True:
-        name = dotted_name(node)
-        if name is not None and name in names:
-            return name
-        if isinstance(node, (cst.Subscript, cst.Attribute)):
-            node = node.value
-        elif (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value in ("items", "values")
-        ):
-            node = node.func.value
-        else:
-            return None
-
-
 def _host_chain(
     facts: "ScriptFacts",
     source: cst.BaseExpression,
@@ -205,7 +187,7 @@ def _host_chain(
     name rebound to `x.to(device)` or `model(x)` may live on the device, and a copy from it
     could be a device-to-host copy.
     """
-    first = _root(source, names)
+    first = derived_root(source, names)
     if first is None:
         return None
     chain: Set[str] = set()
@@ -220,14 +202,14 @@ def _host_chain(
                 continue
             if assignment.augmented:
                 continue  # an in-place update: see _written
-            root = _root(assignment.value, names)
+            root = derived_root(assignment.value, names)
             if root is None:
                 return None
             pending.append(root)
         for comprehension in facts.records.comprehensions:
             if name in comprehension.targets and loop in comprehension.site.loops:
                 if comprehension.site.statement is statement:
-                    root = _root(comprehension.iter, names)
+                    root = derived_root(comprehension.iter, names)
                 else:
                     root = None  # a comprehension elsewhere may compute anything
                 if root is None:
