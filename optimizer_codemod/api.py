@@ -20,7 +20,12 @@ from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
 from optimizer_codemod.engine import RewriteOptions, may_contain_findings, rewrite_bytes
 from optimizer_codemod.errors import OptcodemodError
-from optimizer_codemod.formatting import FormatterUnavailable, black_style_for, format_changed_lines
+from optimizer_codemod.formatting import (
+    FormatterUnavailable,
+    black_style_for,
+    format_changed_lines,
+    wrap_long_calls,
+)
 from optimizer_codemod.noqa import has_skip_file
 from optimizer_codemod.notebook import Notebook
 from optimizer_codemod.sources import compile_check
@@ -57,6 +62,7 @@ def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewr
     if is_notebook(path):
         return _rewrite_notebook(src, path, options)
     result = rewrite_bytes(src, path, options)
+    result.diagnostics.sort(key=_reading_order)
     if not result.changed:
         return SourceRewrite(result.code, False, result.diagnostics)
     encoding = _encoding_of(src, path)
@@ -68,21 +74,33 @@ def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewr
     )
 
 
+def _checked(path: str, unformatted: str, formatted: str) -> str:
+    """`formatted` when it still compiles, else the text the engine verified."""
+    ok, _ = compile_check(formatted.encode("utf-8"), path)
+    return formatted if ok else unformatted
+
+
 def _format_like_project(path: str, old: str, new: str, encoding: str):
     """(text, warning): `new` with its changed lines formatted as the project's black would."""
     style = black_style_for(path)
-    if style is None or encoding != "utf-8" or new.startswith("\ufeff"):
+    if style is None:
+        return _checked(path, new, wrap_long_calls(old, new)), None
+    if encoding != "utf-8" or new.startswith("\ufeff"):
         return new, None
     try:
         formatted = format_changed_lines(old, new, style)
     except FormatterUnavailable as missing:
-        return new, f"{path}: {missing}"
+        return _checked(path, new, wrap_long_calls(old, new)), f"{path}: {missing}"
     except Exception as exc:  # black refusing the file must not cost the user the rewrite
         return new, f"{path}: black could not format the changed lines ({type(exc).__name__})"
     ok, _ = compile_check(formatted.encode("utf-8"), path)
     if not ok:
         return new, f"{path}: black's formatting of the changed lines did not compile; not used"
     return formatted, None
+
+
+def _reading_order(diagnostic: Diagnostic) -> Tuple[int, int, int, str]:
+    return (diagnostic.cell or 0, diagnostic.line, diagnostic.column, diagnostic.code)
 
 
 def _encoding_of(src: bytes, path: str) -> str:
@@ -116,6 +134,7 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
                 cell=cell, line=line, end_line=max(line, end_line), edit_lines=edit_lines
             )
         )
+    diagnostics.sort(key=_reading_order)
     if not result.changed:
         return SourceRewrite(src, False, diagnostics)
     changes = notebook.changed_cells(result.code.decode("utf-8"))

@@ -14,7 +14,10 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,3 +130,83 @@ def format_changed_lines(old: str, new: str, style: BlackStyle) -> str:
         return black.format_file_contents(new, fast=False, mode=mode, lines=ranges)
     except black.NothingChanged:
         return new
+
+
+# Without a formatter configured, a call that a rule made too long is split one argument per
+# line (black's layout), so rewritten code still reads like hand-written code.
+DEFAULT_LINE_LIMIT = 88
+
+
+def wrap_long_calls(old: str, new: str) -> str:
+    """`new` with each changed single-line statement that grew past the limit split up.
+
+    The limit is 88 characters (black's), or the original's longest line when that is longer:
+    a file written to 120 columns stays at 120.
+    """
+    limit = max([DEFAULT_LINE_LIMIT, *(len(line) for line in old.splitlines())])
+    lines = new.splitlines()
+    changed = {n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)}
+    too_long = {n for n in changed if len(lines[n - 1]) > limit}
+    if not too_long:
+        return new
+    module = cst.parse_module(new)
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    outermost: Dict[int, Tuple[cst.Call, int]] = {}
+    for node, where in positions.items():
+        line = where.start.line
+        if (
+            isinstance(node, cst.Call)
+            and line in too_long
+            and where.end.line == line
+            and _can_explode(node)
+            and (line not in outermost or where.start.column < outermost[line][1])
+        ):
+            outermost[line] = (node, where.start.column)
+    if not outermost:
+        return new
+    targets = {node: _indent(lines[line - 1]) for line, (node, _) in outermost.items()}
+    return module.visit(_ArgumentsOnTheirOwnLines(targets)).code
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _can_explode(call: cst.Call) -> bool:
+    # A trailing comma after an unparenthesised generator argument is a syntax error.
+    return bool(call.args) and not any(
+        isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar for arg in call.args
+    )
+
+
+def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
+    return cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(),
+        empty_lines=[],
+        indent=False,
+        last_line=cst.SimpleWhitespace(indent),
+    )
+
+
+class _ArgumentsOnTheirOwnLines(cst.CSTTransformer):
+    def __init__(self, targets: Dict[cst.Call, str]) -> None:
+        super().__init__()
+        self.targets = targets  # call -> indentation of the line it stands on
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        indent = self.targets.get(original_node)
+        if indent is None:
+            return updated_node
+        inner = indent + "    "
+        last = len(updated_node.args) - 1
+        args = [
+            arg.with_changes(
+                whitespace_after_arg=cst.SimpleWhitespace(""),
+                comma=cst.Comma(
+                    whitespace_before=cst.SimpleWhitespace(""),
+                    whitespace_after=_line_break(indent if index == last else inner),
+                ),
+            )
+            for index, arg in enumerate(updated_node.args)
+        ]
+        return updated_node.with_changes(whitespace_before_args=_line_break(inner), args=args)

@@ -6,7 +6,11 @@ import sys
 from pathlib import Path
 
 from conftest import run_cli
-from optimizer_codemod.formatting import black_style_for_directory, changed_line_ranges
+from optimizer_codemod.formatting import (
+    black_style_for_directory,
+    changed_line_ranges,
+    wrap_long_calls,
+)
 
 # Deliberately not black-formatted outside the optimizer line: those lines must survive as-is.
 SCRIPT = """import torch
@@ -20,6 +24,14 @@ for step in range(3):
 """
 WRAPPED = """optimizer = torch.optim.AdamW(
     model.parameters(), lr=1e-3, weight_decay=0.01, betas=(0.9, 0.95), fused=True
+)
+"""
+EXPLODED = """optimizer = torch.optim.AdamW(
+    model.parameters(),
+    lr=1e-3,
+    weight_decay=0.01,
+    betas=(0.9, 0.95),
+    fused=True,
 )
 """
 ONE_LINE = (
@@ -56,12 +68,29 @@ def test_black_line_length_from_the_configuration_is_used(tmp_path: Path) -> Non
     assert ONE_LINE in script.read_text()  # fits in 120: black leaves it on one line
 
 
-def test_without_black_configuration_the_original_layout_is_kept(tmp_path: Path) -> None:
+def test_without_black_a_call_made_too_long_gets_one_argument_per_line(tmp_path: Path) -> None:
     script = _project(tmp_path, "[tool.ruff]\nline-length = 100\n")
     run_cli(["apply", str(script), "--select", "OPT501"])
     text = script.read_text()
-    assert ONE_LINE in text
-    assert text == SCRIPT.replace(ONE_LINE.replace(", fused=True", ""), ONE_LINE)
+    # 110 characters exceed both 88 and the original's longest line (97): black's layout.
+    assert text == SCRIPT.replace(ONE_LINE.replace(", fused=True", ""), EXPLODED)
+
+
+def test_without_black_a_file_written_wide_keeps_its_width() -> None:
+    wide = "x = 1  # " + "w" * 120 + "\n"
+    old = wide + "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)\n"
+    new = old.replace("0.01)", "0.01, fused=True)")
+    assert wrap_long_calls(old, new) == new
+
+
+def test_wrapping_keeps_newlines_and_leaves_generator_arguments_alone() -> None:
+    head = "import torch\r\n"
+    long_call = "total = sum(x * weight_for_each_item_in_the_batch for x in values_with_long_names_for_this)"
+    old = head + "y = f(a)\r\n" + long_call + "\r\n"
+    new = old.replace("f(a)", "f(a, " + "b" * 90 + "=1)").replace("this)", "this_one)")
+    wrapped = wrap_long_calls(old, new)
+    assert "y = f(\r\n    a,\r\n    " + "b" * 90 + "=1,\r\n)\r\n" in wrapped
+    assert long_call.replace("this)", "this_one)") in wrapped  # `sum(... for ...)` unchanged
 
 
 def test_black_settings_are_read_from_the_nearest_pyproject(tmp_path: Path) -> None:
@@ -94,7 +123,7 @@ def test_files_black_excludes_are_not_formatted(tmp_path: Path) -> None:
     script = generated / "train.py"
     script.write_text(SCRIPT)
     run_cli(["apply", str(script), "--select", "OPT501"])
-    assert ONE_LINE in script.read_text()
+    assert EXPLODED in script.read_text()  # optcodemod's own layout, not black's at 100
 
 
 def test_black_configured_but_not_installed_keeps_the_fix_and_says_so(
@@ -104,5 +133,5 @@ def test_black_configured_but_not_installed_keeps_the_fix_and_says_so(
     monkeypatch.setitem(sys.modules, "black", None)  # makes `import black` raise ImportError
     result = run_cli(["apply", str(script), "--select", "OPT501"])
     assert result.exit_code == 1
-    assert ONE_LINE in script.read_text()
+    assert EXPLODED in script.read_text()  # optcodemod's own layout instead
     assert "configures black, but black is not installed" in result.stderr
