@@ -1,4 +1,4 @@
-"""The command line: `optcodemod apply | rules | explain | verify | doctor | generate-docs`.
+"""The command line: `optcodemod` apply, rules, explain, verify, doctor, bench, generate-docs.
 
 Exit codes follow ruff, black and pyupgrade: 0 nothing to change, 1 changes made or (with
 --check/--diff) would be made, 2 usage, configuration or file error.
@@ -324,6 +324,26 @@ def doctor(output_format: str, compile_timeout: float) -> None:
     from optimizer_codemod.verify.doctor import doctor_command
 
     sys.exit(doctor_command(output_format, compile_timeout, echo=click.echo))
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--size", type=click.Choice(["cpu", "gpu"]), default=None, help="Default: --device.")
+@click.option("--steps", type=click.IntRange(min=2), default=20, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=1), help="Seconds allowed for each run.")
+@click.option("--ablate", is_flag=True, help="Also measure each applied rule alone.")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply behaviour-level fixes.")
+@click.option("--output", type=click.Path(file_okay=False), default=".", show_default=True)
+@click.option("--name", help="File name stem of the results [default: bench-DEVICE-SIZE].")
+def bench(path: str, size: Optional[str], **options) -> None:
+    """Run every workload under PATH (folders with train.py) before and after the rewrite."""
+    from optimizer_codemod.verify.bench import bench_command
+
+    size = size or ("gpu" if options["device"] == "cuda" else "cpu")
+    sys.exit(bench_command(path, size=size, echo=click.echo, **options))
 
 
 if __name__ == "__main__":  # pragma: no cover

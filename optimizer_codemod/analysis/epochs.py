@@ -1,0 +1,258 @@
+"""The epoch loop, and work that an indentation slip left after it.
+
+A training script's outer loop runs once per epoch; validation, logging and checkpointing
+usually belong at the end of its body. A block right after the loop that still reads the
+loop variable (`epoch`, or a name the loop body derives from it) was almost always meant to
+run every epoch: after the loop it runs once, with the last epoch's number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple, Union
+
+import libcst as cst
+
+from optimizer_codemod.analysis.collect import Loop
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.precision import _callee_name, _functions_reaching_backward
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+Body = Union[cst.Module, cst.IndentedBlock]
+CELL_MARKER = "__optcodemod_cell_"
+# Words in a callee's name that mark validation, evaluation, logging or saving.
+ACTION_WORDS = frozenset(
+    {
+        "val",
+        "valid",
+        "validate",
+        "validation",
+        "eval",
+        "evaluate",
+        "evaluation",
+        "test",
+        "save",
+        "checkpoint",
+        "log",
+        "print",
+        "info",
+        "scalar",
+        "scalars",
+    }
+)
+_LOOPS = (cst.For, cst.While)
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+@dataclass(frozen=True)
+class StrandedBlock:
+    loop: Loop  # the epoch loop
+    statements: Tuple[cst.BaseStatement, ...]  # the block, in order, right after the loop
+    variable: str  # the loop variable (or a name derived from it) that the block reads
+    problem: Optional[str] = None  # why moving it is not sound, when it is not
+
+
+def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
+    """`for` loops that run training once per iteration: they enclose a loop with a backward
+    call, or call a function of this file that reaches one; or, without an inner loop, they
+    call backward themselves and name their variable after epochs."""
+    training = facts.training_loops
+    reaching = _functions_reaching_backward(facts)
+    found = []
+    for loop in facts.records.loops:
+        if not isinstance(loop.node, cst.For) or not loop.targets:
+            continue
+        # The nearest loop around the training loop; an outer one (over runs, folds) is not
+        # an epoch loop.
+        encloses = any(inner.parent is loop for inner in training)
+        calls_training = any(
+            _callee_name(call.node) in reaching and call.site.loop is loop
+            for call in facts.loop_calls(loop)
+        )
+        full_batch = loop in training and any("epoch" in name.lower() for name in loop.targets)
+        if encloses or calls_training or full_batch:
+            found.append(loop)
+    return found
+
+
+def stranded_blocks(facts: "ScriptFacts") -> List[StrandedBlock]:
+    found = []
+    for loop in epoch_loops(facts):
+        block = _stranded_after(facts, loop)
+        if block is not None:
+            found.append(block)
+    return found
+
+
+def containing_body(root: cst.CSTNode, statement: cst.BaseStatement) -> Optional[Body]:
+    """The module or indented block that holds `statement` directly."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Module, cst.IndentedBlock)) and any(
+            s is statement for s in node.body
+        ):
+            return node
+        stack.extend(node.children)
+    return None
+
+
+def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]:
+    node = loop.node
+    if not isinstance(node.body, cst.IndentedBlock) or node.asynchronous is not None:
+        return None  # `for epoch in ...: train()` on one line; `async for`
+    if node.orelse is not None or _breaks_out(node.body):
+        return None  # `for ... else` and early stopping: what follows is meant to follow
+    body = containing_body(facts.module, node)
+    if body is None:
+        return None
+    statements = list(body.body)
+    after = statements[statements.index(node) + 1 :]
+    candidates: List[cst.BaseStatement] = []
+    for statement in after:
+        if _has_cell_marker(statement) or not _movable(statement):
+            break  # another notebook cell, or code whose meaning a loop body would change
+        candidates.append(statement)
+    variables = _epoch_names(facts, loop)
+    last_use, variable = -1, ""
+    for index, statement in enumerate(candidates):
+        used = _names_read(statement) & variables
+        if used:
+            last_use, variable = index, sorted(used)[0]
+    block = tuple(candidates[: last_use + 1])
+    if not block or not any(_is_action(facts, s) for s in block):
+        return None
+    problem = _eval_mode_problem(facts, loop, block)
+    if _breaks_out(node.body, cst.Continue):
+        problem = "the loop's `continue` would skip it in some epochs"
+    return StrandedBlock(loop, block, variable, problem)
+
+
+def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
+    """The loop's variables and the names its body computes from them (`step = epoch * n`)."""
+    names = set(loop.targets)
+    inside = [
+        a
+        for a in facts.records.assignments
+        if loop in a.site.loops and not a.augmented and "." not in a.target
+    ]
+    changed = True
+    while changed:
+        changed = False
+        for assignment in inside:
+            if assignment.target not in names and _names_read(assignment.value) & names:
+                names.add(assignment.target)
+                changed = True
+    return names
+
+
+def _names_read(tree: cst.CSTNode) -> Set[str]:
+    """Plain names in `tree`, leaving out attribute names (`x.epoch`) and keyword names."""
+    found: Set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.add(node.value)
+        elif isinstance(node, cst.Attribute):
+            stack.append(node.value)
+        elif isinstance(node, cst.Arg):
+            stack.append(node.value)
+        else:
+            stack.extend(node.children)
+    return found
+
+
+def _breaks_out(block: cst.BaseSuite, kind: type = cst.Break) -> bool:
+    """A `break` (or `continue`) of the loop's own (not of an inner loop or nested function)."""
+    stack: List[cst.CSTNode] = [block]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, kind):
+            return True
+        if isinstance(node, _LOOPS):
+            if node.orelse is not None:
+                stack.append(node.orelse)  # an inner loop's `else` belongs to the outer one
+            continue
+        if isinstance(node, _SCOPES):
+            continue
+        stack.extend(node.children)
+    return False
+
+
+def _movable(statement: cst.BaseStatement) -> bool:
+    """Code that means the same at the end of a loop body: no control flow leaving it, no
+    definitions, no scope declarations."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return False
+    stack: List[cst.CSTNode] = [statement]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Return, cst.Global, cst.Nonlocal, cst.Yield, cst.Await)):
+            return False
+        if isinstance(node, (cst.Break, cst.Continue)):
+            return False
+        if isinstance(node, _LOOPS):
+            # break/continue inside an inner loop are that loop's own.
+            stack.extend(
+                n for n in find_all(node.body, cst.Return, cst.Yield, cst.Global, cst.Nonlocal)
+            )
+            if node.orelse is not None:
+                stack.append(node.orelse)
+            stack.extend(c for c in node.children if c is not node.body and c is not node.orelse)
+            continue
+        if isinstance(node, cst.Lambda):
+            continue
+        stack.extend(node.children)
+    return True
+
+
+def _has_cell_marker(statement: cst.BaseStatement) -> bool:
+    lines = getattr(statement, "leading_lines", ())
+    return any(line.comment is not None and CELL_MARKER in line.comment.value for line in lines)
+
+
+def _is_action(facts: "ScriptFacts", statement: cst.BaseStatement) -> bool:
+    for call in find_all(statement, cst.Call):
+        if facts.qualified_name(call.func) == "torch.save":
+            return True
+        name = _callee_name(call)
+        if name and set(name.lower().split("_")) & ACTION_WORDS:
+            return True
+    return False
+
+
+def _eval_mode_problem(
+    facts: "ScriptFacts", loop: Loop, block: Sequence[cst.BaseStatement]
+) -> Optional[str]:
+    """`model.eval()` moved into the loop leaves the next epoch in eval mode unless the loop
+    switches back (`model.train()` in the loop, or in a function of this file it calls)."""
+    switched_back = {c.receiver for c in facts.loop_calls(loop) if c.method == "train"}
+    own = set(facts.records.functions)
+    called = {_callee_name(c.node) for c in facts.loop_calls(loop)} & own
+    trains_inside = any(
+        c.method == "train" and c.site.function is not None
+        for c in facts.records.calls
+        if c.site.function is not None and c.site.function.name.value in called
+    )
+    evaluating = {  # functions of this file that switch a module to eval mode
+        c.site.function.name.value: c
+        for c in facts.records.calls
+        if c.method == "eval" and not c.node.args and c.site.function is not None
+    }
+    for statement in block:
+        for call in find_all(statement, cst.Call):
+            if _callee_name(call) in evaluating and not isinstance(call.func, cst.Attribute):
+                call = evaluating[_callee_name(call)].node
+            if not isinstance(call.func, cst.Attribute) or call.func.attr.value != "eval":
+                continue
+            receiver = dotted_name(call.func.value)
+            if receiver not in switched_back and not trains_inside:
+                return (
+                    f"`{receiver or 'model'}.eval()` would stay in effect for the next epoch's "
+                    f"training: call `{receiver or 'model'}.train()` at the start of the loop"
+                )
+    return None

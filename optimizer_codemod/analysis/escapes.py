@@ -1,0 +1,306 @@
+"""Whether values created inside a block can leave it (and feed code that runs after it).
+
+`torch.inference_mode()` makes every tensor created under it an inference tensor: it can be
+read later, but never saved for backward nor modified in place outside inference mode (nor can
+a view created under it). Replacing `torch.no_grad()` by it is sound only when nothing created
+in the block reaches later code as a tensor. The questions here are answered conservatively:
+when the analysis cannot tell, a value escapes.
+
+- Host values: names whose every binding in a scope is a number, a string, `.item()`,
+  `.tolist()`, `.size()`, `len()`, `float()`... or arithmetic on such names.
+- Reads of a name after a block that cannot see the block's binding, because the name is
+  bound again first (an earlier statement of the same block, a `for` target).
+- Escapes of a block: non-host names read after it, stores into attributes or subscripts,
+  returns, in-place updates, and calls that could keep or replace tensors (anything but the
+  trained model, library functions, builtins, pure tensor methods and loggers).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Union
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import code_of, method_name
+from optimizer_codemod.analysis.collect import target_names
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.syncs import name_uses
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+Scope = Union[cst.Module, cst.FunctionDef]
+_NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+# Calls that return plain Python values, whatever they are called on.
+HOST_METHODS = frozenset({"item", "tolist", "size", "numel", "dim", "nelement", "element_size"})
+HOST_BUILTINS = frozenset({"float", "int", "len", "bool", "str"})
+# Methods of long-lived objects that take values without keeping tensors: loggers and
+# progress bars format or convert what they get.
+LOGGING_METHODS = frozenset(
+    {"add_scalar", "add_scalars", "set_postfix", "set_description", "write", "info", "debug"}
+)
+# Builtins that neither keep nor change tensors.
+SAFE_BUILTINS = frozenset(
+    "print len range zip enumerate float int bool str round abs min max sum sorted list tuple "
+    "dict set isinstance iter next repr format".split()
+)
+# Methods that change nothing the block did not create, and keep no tensor: tensor methods
+# returning new tensors, views or Python values, loggers, dictionary reads, mode switches.
+PURE_METHODS = (
+    HOST_METHODS
+    | LOGGING_METHODS
+    | frozenset(
+        "tril triu clone sum mean std var max min amax amin exp log sqrt abs neg pow sub "
+        "mul div matmul softmax log_softmax sigmoid tanh relu cumsum argmax argmin argsort "
+        "sort topk eq ne lt gt le ge logical_not masked_fill float double half bfloat16 long "
+        "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
+        "permute transpose contiguous expand gather index_select split chunk round "
+        "items keys values get format join eval".split()
+    )
+)
+KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
+# Calls under which autograd is wanted, or that change what `inference_mode` would freeze.
+GRAD_WORDS = ("backward", "enable_grad", "set_grad_enabled", "requires_grad", "autograd")
+
+
+def parents(root: cst.CSTNode) -> Dict[cst.CSTNode, cst.CSTNode]:
+    table: Dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: List[cst.CSTNode] = [root]
+    while stack:
+        current = stack.pop()
+        for child in current.children:
+            table[child] = current
+            stack.append(child)
+    return table
+
+
+def _is_inplace(name: Optional[str]) -> bool:
+    return bool(name) and name.endswith("_") and not name.endswith("__")
+
+
+def is_host_value(node: cst.BaseExpression, host: Set[str]) -> bool:
+    """`node` evaluates to a plain Python value (never a tensor), given the host names."""
+    if isinstance(
+        node,
+        (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString),
+    ) or isinstance(node, cst.FormattedString):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in host or node.value in ("True", "False", "None")
+    if isinstance(node, cst.Call):
+        if method_name(node) in HOST_METHODS:
+            return True
+        return isinstance(node.func, cst.Name) and node.func.value in HOST_BUILTINS
+    if isinstance(node, cst.BinaryOperation):
+        return is_host_value(node.left, host) and is_host_value(node.right, host)
+    if isinstance(node, cst.UnaryOperation):
+        return is_host_value(node.expression, host)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(
+            not isinstance(e, cst.StarredElement) and is_host_value(e.value, host)
+            for e in node.elements
+        )
+    return False
+
+
+def host_names(scope: Scope) -> Set[str]:
+    """Names of `scope` whose every binding there is a host value (greatest fixpoint)."""
+    bindings: Dict[str, List[Optional[cst.BaseExpression]]] = {}
+
+    def bind(name: str, value: Optional[cst.BaseExpression]) -> None:
+        bindings.setdefault(name, []).append(value)
+
+    def bind_target(target: cst.BaseExpression, value: Optional[cst.BaseExpression]) -> None:
+        if isinstance(target, cst.Name):
+            bind(target.value, value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            values = None
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(
+                target.elements
+            ):
+                values = [e.value for e in value.elements]
+            for index, element in enumerate(target.elements):
+                inner = element.value
+                if isinstance(element, cst.StarredElement) or values is None:
+                    for name in target_names(inner):
+                        bind(name, None)
+                else:
+                    bind_target(inner, values[index])
+
+    for node in _scope_nodes(scope):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                bind_target(target.target, node.value)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            bind_target(node.target, node.value)
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            for name in target_names(node.target):
+                bind(name, None)
+        elif isinstance(node, cst.AsName):
+            for name in target_names(node.name):
+                bind(name, None)
+        elif isinstance(node, cst.NamedExpr):
+            for name in target_names(node.target):
+                bind(name, None)
+        elif isinstance(node, cst.Param):
+            bind(node.name.value, None)
+    host = set(bindings)
+    changed = True
+    while changed:
+        changed = False
+        for name in list(host):
+            if not all(v is not None and is_host_value(v, host) for v in bindings[name]):
+                host.discard(name)
+                changed = True
+    return host
+
+
+def _scope_nodes(scope: Scope) -> Iterable[cst.CSTNode]:
+    """Nodes of `scope` outside nested functions and classes (their parameters included)."""
+    stack: List[cst.CSTNode] = [scope]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in node.children:
+            if isinstance(child, _NESTED):
+                continue
+            stack.append(child)
+
+
+def block_escape(
+    facts: "ScriptFacts", block: cst.BaseCompoundStatement, scope: Scope
+) -> Optional[str]:
+    """Why a value created in `block` may reach code after it as a tensor; None when none can.
+
+    Also refuses blocks that want autograd (backward, `enable_grad`, `requires_grad`) or update
+    anything in place (`x.add_(...)`, `p += ...` on a non-host name, `optimizer.step()`).
+    """
+    body = block.body
+    text = code_of(body)
+    for word in GRAD_WORDS:
+        if word in text:
+            return f"the block uses `{word}`"
+    inside = set(find_all(body))
+    host = host_names(scope)
+    bound_inside: Set[str] = set()
+    for node in find_all(
+        body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.AsName
+    ):
+        target = node.name if isinstance(node, cst.AsName) else node.target
+        for name in find_all(target, cst.Name):
+            if isinstance(target, (cst.Attribute, cst.Subscript)):
+                continue
+            bound_inside.add(name.value)
+    runs_model = False
+    trained = _training_callees(facts)
+    for node in find_all(body, cst.Call):
+        method = method_name(node)
+        func_name = method or (node.func.value if isinstance(node.func, cst.Name) else None)
+        if _is_inplace(func_name) or method == "step":
+            return f"`{_short(node)}` updates a tensor in place"
+        if code_of(node.func).strip() in trained:
+            runs_model = True
+            continue
+        if method is not None and method != "eval" and code_of(node.func.value).strip() in trained:
+            # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
+            # be inference tensors.
+            return f"`{_short(node)}` changes a module that the script trains"
+        if facts.qualified_name(node.func) is not None:
+            continue  # torch, numpy, logging libraries: they keep no tensor of the block
+        if method is None:
+            if func_name in SAFE_BUILTINS:
+                continue
+            return f"`{_short(node)}` runs code the analysis cannot see"
+        if method in KEEPING_METHODS and all(is_host_value(a.value, host) for a in node.args):
+            continue  # `losses.append(loss.item())`
+        if method not in PURE_METHODS:
+            return f"`{_short(node)}` may change state that outlives the block"
+    if not runs_model:
+        return "the block does not run a model that the script trains"
+    for node in find_all(body, cst.Assign, cst.AugAssign, cst.AnnAssign):
+        targets = (
+            [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        )
+        for target in targets:
+            for part in find_all(target, cst.Attribute, cst.Subscript):
+                if node.value is not None and not is_host_value(node.value, host):
+                    return f"`{_short(node)}` stores a value from the block"
+                break
+        if isinstance(node, cst.AugAssign) and not is_host_value(node.value, host):
+            return f"`{_short(node)}` updates a value in place"
+    for node in find_all(body, cst.Return, cst.Yield, cst.Global, cst.Nonlocal):
+        value = getattr(node, "value", None)
+        if isinstance(node, (cst.Global, cst.Nonlocal)):
+            return "the block declares global names"
+        if value is not None and not is_host_value(value, host):
+            return f"`{_short(node)}` hands a value from the block to the caller"
+    table = None
+    for name in sorted(bound_inside - host):
+        for use in name_uses(scope, name):
+            if use.node in inside:
+                continue
+            if use.nested:
+                return f"`{name}` is used by a nested function"
+            if use.store:
+                continue
+            table = parents(scope) if table is None else table
+            if not _rebound_before(table, use.node, name, block, scope):
+                return f"`{name}` is used after the block"
+    return None
+
+
+def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
+    """`read` is certain to see a binding made after `block` ran: an earlier statement of one
+    of its enclosing blocks binds `name` (with `block` not in between), or an enclosing
+    `for` or comprehension binds it."""
+    node: cst.CSTNode = read
+    while True:
+        parent = table.get(node)
+        if parent is None or parent is scope and not isinstance(scope, cst.Module):
+            return False
+        if isinstance(parent, _NESTED):
+            return False
+        if isinstance(parent, cst.For) and node is parent.body:
+            if name in target_names(parent.target):
+                return True
+        if isinstance(parent, _COMPREHENSIONS):
+            if any(name in target_names(c.target) for c in find_all(parent, cst.CompFor)):
+                return True
+        siblings = getattr(parent, "body", None)
+        if isinstance(siblings, (list, tuple)) and node in siblings:
+            for statement in reversed(siblings[: siblings.index(node)]):
+                if statement is block or block in find_all(statement, type(block)):
+                    return False
+                if _binds(statement, name):
+                    return True
+        if parent is scope:
+            return False
+        node = parent
+
+
+def _binds(statement: cst.CSTNode, name: str) -> bool:
+    """`statement` is a simple line that always binds `name` with a plain assignment."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Assign) and any(
+            name in target_names(t.target) for t in small.targets
+        ):
+            return True
+    return False
+
+
+def _training_callees(facts: "ScriptFacts") -> Set[str]:
+    """The text of every callee called in a training loop: `model`, `self.net`, `criterion`."""
+    return {
+        code_of(site.node.func).strip()
+        for loop in facts.training_loops
+        for site in facts.loop_calls(loop)
+    }
+
+
+def _short(node: cst.CSTNode, limit: int = 50) -> str:
+    text = code_of(node).strip().splitlines()[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."

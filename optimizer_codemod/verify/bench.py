@@ -1,0 +1,484 @@
+"""`optcodemod bench`: original against rewritten, for every workload in a folder.
+
+A workload is a folder with a `train.py` that accepts `--size cpu|gpu` (the bundled ones are in
+`reference_models/`). For each, the script is rewritten afresh as `optcodemod apply` would
+(every rule at the default levels; behaviour-level fixes too with `unsafe_fixes`), and
+`verify_pair` runs original and rewritten
+alternately and compares their losses with the tolerance of the most permissive level applied.
+With `ablate`, each applied rule is also measured alone (a rewrite with only that rule selected).
+
+A workload whose `train.py` has a line `# bench: twin PATH` is also measured against that
+hand-optimized twin (run after each rewritten run, so the two alternate); the twin itself is not
+benchmarked as a workload.
+
+Results: `<name>.json` (device, torch, date, machine, per workload: step-time medians, speedup,
+loss agreement, peak memory), `<name>.md` (a table) and `<name>.png` (a bar chart; needs
+matplotlib, the `verify` extra).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from optimizer_codemod.verify.equivalence import VerifyReport, verify_pair
+from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, run_probe
+
+SCRIPT = "train.py"
+SNAPSHOT = "train.optimized.py"
+TWIN = re.compile(r"^# bench: twin (\S+)\s*$", re.M)
+DEFAULT_STEPS, DEFAULT_REPEATS, DEFAULT_WARMUP = 20, 3, 5
+
+
+def bench_settings(unsafe_fixes: bool = False):
+    """What `optcodemod apply [--unsafe-fixes]` applies: the speed a user gets by default.
+
+    Behaviour-level fixes are measured only on request: they are opt-in for users too, and
+    some (DataLoader workers on a machine with few cores) can cost more than they save.
+    """
+    from optimizer_codemod.config import Settings
+
+    return Settings(unsafe_fixes=unsafe_fixes)
+
+
+def rewrite_workload(path: str, select: Optional[Sequence[str]] = None, unsafe_fixes: bool = False):
+    """The rewrite of `path` as `apply` writes it (or with only the `select`ed rules)."""
+    from optimizer_codemod.api import rewrite_source
+    from optimizer_codemod.config import RuleSelection
+
+    settings = bench_settings(unsafe_fixes)
+    if select is not None:
+        settings = settings.with_overrides(overrides=(RuleSelection(tuple(select)),))
+    with open(path, "rb") as handle:
+        src = handle.read()
+    return rewrite_source(src, path, settings.options_for(path))
+
+
+def workloads(root: str) -> List[str]:
+    """Folders under `root` (or `root` itself) with a train.py, minus the twins others name."""
+    if os.path.isfile(os.path.join(root, SCRIPT)):
+        return [root]
+    found = sorted(
+        os.path.join(root, name)
+        for name in os.listdir(root)
+        if os.path.isfile(os.path.join(root, name, SCRIPT))
+    )
+    twins = {os.path.normpath(os.path.dirname(t)) for t in map(twin_of, found) if t}
+    return [folder for folder in found if os.path.normpath(folder) not in twins]
+
+
+def twin_of(folder: str) -> Optional[str]:
+    with open(os.path.join(folder, SCRIPT), encoding="utf-8") as handle:
+        found = TWIN.search(handle.read())
+    return os.path.normpath(os.path.join(folder, found.group(1))) if found else None
+
+
+@dataclass
+class WorkloadResult:
+    name: str
+    report: VerifyReport
+    twin: Optional[str] = None
+    twin_runs: List[ProbeRun] = field(default_factory=list)
+    ablation: Dict[str, VerifyReport] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> Optional[float]:
+        return self.report.speedup
+
+    def twin_ratio(self) -> Optional[float]:
+        """Rewritten throughput as a fraction of the twin's (twin step time / rewritten's)."""
+        twin = _median([run.step_time for run in self.twin_runs])
+        rewritten = self.report.step_time(self.report.after)
+        return twin / rewritten if twin and rewritten else None
+
+    def to_json(self) -> Dict[str, Any]:
+        report = self.report
+        data: Dict[str, Any] = {
+            "name": self.name,
+            "fixed": sorted(set(report.fixed)),
+            "level": report.level.label if report.level is not None else None,
+            "unchanged": report.unchanged,
+            "error": report.error,
+            "equivalent": report.equivalent,
+            "max_relative_difference": (
+                report.comparison.max_relative if report.comparison else None
+            ),
+            "effective_rtol": report.effective_rtol,
+            "step_time_before": report.step_time(report.before),
+            "step_time_after": report.step_time(report.after),
+            "step_times_before": [r.step_time for r in report.before],
+            "step_times_after": [r.step_time for r in report.after],
+            "speedup": report.speedup,
+            # Fastest run against fastest run: what a machine shared with other jobs (whose
+            # slow runs are the other jobs' doing) can best tell about the scripts themselves.
+            "speedup_best_runs": _ratio(_fastest(report.before), _fastest(report.after)),
+            "speed_within_noise": report.speed_within_noise,
+            "peak_memory_before": _peak(report.before),
+            "peak_memory_after": _peak(report.after),
+            "last_loss_before": _last_loss(report.before),
+            "last_loss_after": _last_loss(report.after),
+        }
+        if self.twin:
+            data["twin"] = {
+                "script": self.twin,
+                "step_time": _median([run.step_time for run in self.twin_runs]),
+                "step_times": [run.step_time for run in self.twin_runs],
+                "peak_memory": _peak(self.twin_runs),
+                "errors": [run.problem() for run in self.twin_runs if run.problem()],
+                "rewritten_throughput_vs_twin": self.twin_ratio(),
+            }
+        if self.ablation:
+            data["ablation"] = {
+                code: {
+                    "unchanged": r.unchanged,
+                    "step_time_before": r.step_time(r.before),
+                    "step_time_after": r.step_time(r.after),
+                    "speedup": r.speedup,
+                    "equivalent": r.equivalent,
+                    "max_relative_difference": r.comparison.max_relative if r.comparison else None,
+                    "error": r.error,
+                }
+                for code, r in self.ablation.items()
+            }
+        return data
+
+
+def _fastest(runs: List[ProbeRun]) -> Optional[float]:
+    return min((r.step_time for r in runs if r.step_time is not None), default=None)
+
+
+def _ratio(before: Optional[float], after: Optional[float]) -> Optional[float]:
+    return before / after if before and after else None
+
+
+def _median(values: Sequence[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _peak(runs: List[ProbeRun]) -> Optional[int]:
+    return max((r.peak_memory for r in runs if r.peak_memory is not None), default=None)
+
+
+def _last_loss(runs: List[ProbeRun]) -> Optional[float]:
+    losses = runs[0].losses if runs else []
+    return losses[-1] if losses else None
+
+
+def bench_workload(
+    folder: str,
+    *,
+    size: str,
+    env: Dict[str, str],
+    steps: int,
+    repeats: int,
+    warmup: int,
+    timeout: Optional[float],
+    ablate: bool,
+    echo: Callable[..., None],
+    unsafe_fixes: bool = False,
+) -> WorkloadResult:
+    from optimizer_codemod.diagnostics import Status
+    from optimizer_codemod.errors import OptcodemodError
+    from optimizer_codemod.rule import Safety
+
+    name = os.path.basename(os.path.normpath(folder))
+    script = os.path.join(folder, SCRIPT)
+    args = ["--size", size]
+    twin = twin_of(folder)
+    options = ProbeOptions(steps=steps, warmup=warmup, timeout=timeout, env=env)
+    twin_runs: List[ProbeRun] = []
+
+    def progress(run: ProbeRun) -> None:
+        echo(f"  {name}: {run.label} {'ok' if run.ok else 'failed'} in {run.seconds:.1f} s")
+        if twin and run.label == "rewritten":
+            twin_run = run_probe(twin, args, options, label="twin")
+            twin_runs.append(twin_run)
+            echo(f"  {name}: twin {'ok' if twin_run.ok else 'failed'} in {twin_run.seconds:.1f} s")
+
+    def measure(select: Optional[Sequence[str]], on_run) -> VerifyReport:
+        try:
+            result = rewrite_workload(script, select, unsafe_fixes)
+        except (OSError, OptcodemodError) as error:
+            message = error.render() if isinstance(error, OptcodemodError) else str(error)
+            return VerifyReport(script, None, None, error=message)
+        fixed = [d for d in result.diagnostics if d.status is Status.FIXED]
+        if not result.changed:
+            return VerifyReport(script, None, None, unchanged=True)
+        return verify_pair(
+            script,
+            result.new,
+            level=max(d.safety for d in fixed) if fixed else Safety.SAFE,
+            fixed=[d.code for d in fixed],
+            args=args,
+            steps=steps,
+            repeats=repeats,
+            warmup=warmup,
+            timeout=timeout,
+            on_run=on_run,
+        )
+
+    report = measure(None, progress)
+    result = WorkloadResult(name, report, twin, twin_runs)
+    if ablate and not report.unchanged and len(set(report.fixed)) > 1:
+        for code in sorted(set(report.fixed)):
+            echo(f"  {name}: {code} alone")
+            result.ablation[code] = measure([code], None)
+    return result
+
+
+def machine_facts() -> Dict[str, Any]:
+    from optimizer_codemod.verify.doctor import cpu_model
+
+    return {
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def summary(results: List[WorkloadResult]) -> Dict[str, Any]:
+    speedups = [r.speedup for r in results if r.speedup is not None]
+    ratios = [r.twin_ratio() for r in results if r.twin_ratio() is not None]
+    best = [r.to_json()["speedup_best_runs"] for r in results]
+    best = [value for value in best if value is not None]
+    return {
+        "median_speedup": statistics.median(speedups) if speedups else None,
+        "median_speedup_best_runs": statistics.median(best) if best else None,
+        "workloads": len(results),
+        "equivalent": sum(1 for r in results if r.report.equivalent),
+        "rewritten_throughput_vs_twin": ratios[0] if len(ratios) == 1 else ratios or None,
+    }
+
+
+def _first_result(results: List[WorkloadResult], key: str) -> Any:
+    for result in results:
+        for run in result.report.before + result.report.after:
+            if run.result and run.result.get(key) is not None:
+                return run.result[key]
+    return None
+
+
+def to_json(results: List[WorkloadResult], settings: Dict[str, Any]) -> Dict[str, Any]:
+    return {
+        "tool": "optcodemod bench",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": _first_result(results, "device") or settings["device"],
+        "device_name": _first_result(results, "device_name"),
+        "torch": _first_result(results, "torch"),
+        "machine": machine_facts(),
+        "settings": settings,
+        "summary": summary(results),
+        "workloads": [r.to_json() for r in results],
+    }
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _x(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _mib(value: Optional[int]) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def render_markdown(data: Dict[str, Any]) -> str:
+    s = data["settings"]
+    lines = [
+        f"# optcodemod bench: {data['device']} ({data['device_name']})",
+        "",
+        f"torch {data['torch']}, {data['date']}, {data['machine']['platform']}, "
+        f"{data['machine']['cpu_count']} CPU cores; size `{s['size']}`, {s['steps']} steps "
+        f"({s['warmup']} warm-up), {s['repeats']} runs of each version, alternating.",
+        "",
+        "| workload | fixes | step time before | after | speedup | fastest runs | "
+        "losses agree (max rel. diff) | peak memory before | after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w in data["workloads"]:
+        if w["error"]:
+            agree = "error"
+        elif w["unchanged"]:
+            agree = "unchanged"
+        else:
+            diff = w["max_relative_difference"]
+            agree = ("yes" if w["equivalent"] else "**no**") + (
+                f" ({diff:.1e})" if diff is not None else ""
+            )
+        speedup = _x(w["speedup"]) + (" ~" if w.get("speed_within_noise") else "")
+        lines.append(
+            f"| {w['name']} | {', '.join(w['fixed']) or '-'} | {_ms(w['step_time_before'])} "
+            f"| {_ms(w['step_time_after'])} | {speedup} | {_x(w.get('speedup_best_runs'))} "
+            f"| {agree} "
+            f"| {_mib(w['peak_memory_before'])} | {_mib(w['peak_memory_after'])} |"
+        )
+    summary_ = data["summary"]
+    lines += [
+        "",
+        f"Median speedup: **{_x(summary_['median_speedup'])}** (fastest runs: "
+        f"{_x(summary_.get('median_speedup_best_runs'))}).",
+    ]
+    lines.append(
+        "Step times: the median over runs of each run's median step; speedup: original / "
+        "rewritten; fastest runs: the fastest original run against the fastest rewritten one."
+    )
+    if any(w.get("speed_within_noise") for w in data["workloads"]):
+        lines.append("`~`: within run-to-run noise (the runs' step times overlap).")
+    for w in data["workloads"]:
+        twin = w.get("twin")
+        if twin:
+            lines.append(
+                f"\n`{w['name']}` rewritten against its hand-optimized twin "
+                f"(`{os.path.basename(os.path.dirname(twin['script']))}`): twin step time "
+                f"{_ms(twin['step_time'])}, rewritten {_ms(w['step_time_after'])}: the rewrite "
+                f"reaches {_pct(twin['rewritten_throughput_vs_twin'])} of the twin's throughput."
+            )
+    ablated = [w for w in data["workloads"] if w.get("ablation")]
+    if ablated:
+        lines += ["", "## Each rule alone", "", "| workload | rule | speedup | losses agree |"]
+        lines.append("|---|---|---|---|")
+        for w in ablated:
+            for code, a in w["ablation"].items():
+                agree = "error" if a["error"] else ("yes" if a["equivalent"] else "**no**")
+                if a.get("unchanged"):
+                    agree = "unchanged alone (it needs another rule's fix)"
+                lines.append(f"| {w['name']} | {code} | {_x(a['speedup'])} | {agree} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value * 100:.0f}%"
+
+
+def write_chart(data: Dict[str, Any], path: str) -> Optional[str]:
+    """Write the bar chart; returns why not when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no chart: matplotlib is not installed (pip install 'optcodemod[verify]')"
+    bars = [(w["name"], w["speedup"]) for w in data["workloads"] if w["speedup"] is not None]
+    for w in data["workloads"]:
+        for code, a in (w.get("ablation") or {}).items():
+            if a["speedup"] is not None:
+                bars.append((f"{w['name']}\n{code} alone", a["speedup"]))
+    figure, axes = plt.subplots(figsize=(max(4, 1.2 * len(bars) + 1), 4))
+    axes.bar(range(len(bars)), [b[1] for b in bars], color="#4c72b0")
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks(range(len(bars)))
+    axes.set_xticklabels([b[0] for b in bars], rotation=30, ha="right", fontsize=8)
+    axes.set_ylabel("speedup (original / rewritten step time)")
+    axes.set_title(f"optcodemod bench: {data['device']} ({data['device_name']}), {data['date']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return None
+
+
+def bench_command(
+    path: str,
+    *,
+    device: str = "cpu",
+    size: str = "cpu",
+    steps: int = DEFAULT_STEPS,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    timeout: Optional[float] = None,
+    ablate: bool = False,
+    unsafe_fixes: bool = False,
+    output: str = ".",
+    name: Optional[str] = None,
+    echo: Optional[Callable[..., None]] = None,
+) -> int:
+    """What `optcodemod bench` does; exit 0 when every workload ran and its losses agree."""
+    echo = echo or print
+    found = workloads(path)
+    if not found:
+        echo(f"{path}: no workload (a folder with {SCRIPT}) found", err=True)
+        return 2
+    # The scripts pick CUDA when they see it: hide it to measure the CPU on a GPU machine.
+    # (Set in our environment, which every probe subprocess inherits, verify_pair's too.)
+    env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    warmup = min(warmup, steps - 1)
+    results = []
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        for folder in found:
+            echo(f"{os.path.basename(os.path.normpath(folder))}:", err=True)
+            results.append(
+                bench_workload(
+                    folder,
+                    size=size,
+                    env=env,
+                    steps=steps,
+                    repeats=repeats,
+                    warmup=warmup,
+                    timeout=timeout,
+                    ablate=ablate,
+                    unsafe_fixes=unsafe_fixes,
+                    echo=lambda text: echo(text, err=True),
+                )
+            )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    settings = {
+        "device": device,
+        "size": size,
+        "steps": steps,
+        "repeats": repeats,
+        "warmup": warmup,
+        "ablate": ablate,
+        "rewrite": "all rules" + (", unsafe fixes on" if unsafe_fixes else ", default levels"),
+        "command": f"optcodemod bench {path} --device {device} --size {size} --steps {steps} "
+        f"--repeats {repeats} --warmup {warmup}"
+        + (" --ablate" if ablate else "")
+        + (" --unsafe-fixes" if unsafe_fixes else ""),
+    }
+    data = to_json(results, settings)
+    os.makedirs(output, exist_ok=True)
+    stem = os.path.join(output, name or f"bench-{device}-{size}")
+    with open(stem + ".json", "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.write("\n")
+    with open(stem + ".md", "w", encoding="utf-8") as handle:
+        handle.write(render_markdown(data))
+    missing = write_chart(data, stem + ".png")
+    for w in data["workloads"]:
+        state = w["error"] or ("unchanged" if w["unchanged"] else None)
+        if state is None:
+            state = "losses agree" if w["equivalent"] else "LOSSES DISAGREE"
+        echo(
+            f"{w['name']:<20} speedup {_x(w['speedup']):>7} (fastest runs "
+            f"{_x(w['speedup_best_runs'])})  {state.splitlines()[0]}"
+        )
+        if w.get("twin"):
+            ratio = w["twin"]["rewritten_throughput_vs_twin"]
+            echo(f"{'':<20} rewritten reaches {_pct(ratio)} of its twin's throughput")
+    summary_ = data["summary"]
+    echo(
+        f"median speedup: {_x(summary_['median_speedup'])} (fastest runs "
+        f"{_x(summary_['median_speedup_best_runs'])})"
+    )
+    echo(f"wrote {stem}.json, {stem}.md" + ("" if missing else f", {stem}.png"))
+    if missing:
+        echo(missing, err=True)
+    ok = all(r.report.error is None and r.report.equivalent for r in results)
+    return 0 if ok else 1

@@ -1,0 +1,104 @@
+"""`optcodemod bench`: one tiny workload for real, the rest of the machinery on canned data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from optimizer_codemod.verify.bench import render_markdown, twin_of, workloads
+
+pytest.importorskip("torch")
+
+REFERENCE = Path(__file__).resolve().parent.parent / "reference_models"
+
+
+def test_bench_runs_a_workload_and_writes_json_and_markdown(tmp_path: Path) -> None:
+    folder = tmp_path / "workloads" / "sgld_mnist"
+    folder.mkdir(parents=True)
+    shutil.copy(REFERENCE / "sgld_mnist" / "train.py", folder / "train.py")
+    out = tmp_path / "out"
+    result = run_cli(
+        ["bench", str(tmp_path / "workloads"), "--steps", "4", "--repeats", "1", "--warmup", "1"]
+        + ["--output", str(out), "--name", "tiny", "--timeout", "120"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "sgld_mnist" in result.output and "median speedup: " in result.output
+    data = json.loads((out / "tiny.json").read_text())
+    assert data["device"] == "cpu" and data["torch"] and data["date"]
+    assert {"machine", "cpu_count", "platform"} <= set(data["machine"])
+    assert data["settings"]["steps"] == 4 and data["settings"]["size"] == "cpu"
+    (workload,) = data["workloads"]
+    assert workload["name"] == "sgld_mnist" and workload["equivalent"] is True
+    assert "OPT501" not in workload["fixed"]  # SGLD has no fused kernel
+    assert "OPT102" not in workload["fixed"]  # behaviour-level: only with --unsafe-fixes
+    assert workload["step_time_before"] > 0 and workload["step_time_after"] > 0
+    assert workload["speedup"] == pytest.approx(
+        workload["step_time_before"] / workload["step_time_after"]
+    )
+    assert workload["peak_memory_before"] > 0
+    assert data["summary"]["median_speedup"] == workload["speedup"]
+    table = (out / "tiny.md").read_text()
+    assert "| workload | fixes | step time before |" in table
+    assert "| sgld_mnist | OPT101, OPT201" in table and "Median speedup" in table
+    assert [p.name for p in folder.iterdir()] == ["train.py"]  # no temporary file left
+
+
+def test_bench_without_workloads_is_an_error(tmp_path: Path) -> None:
+    result = run_cli(["bench", str(tmp_path)])
+    assert result.exit_code == 2 and "no workload" in result.output
+
+
+def test_the_twin_is_found_and_not_benchmarked_on_its_own() -> None:
+    names = [Path(folder).name for folder in workloads(str(REFERENCE))]
+    assert "naive_gpt" in names and "expert_gpt" not in names
+    assert twin_of(str(REFERENCE / "naive_gpt")) == str(REFERENCE / "expert_gpt" / "train.py")
+    assert twin_of(str(REFERENCE / "sgld_mnist")) is None
+
+
+def test_markdown_shows_twin_ablation_and_failures() -> None:
+    row = {
+        "fixed": ["OPT301", "OPT501"],
+        "unchanged": False,
+        "error": None,
+        "equivalent": True,
+        "max_relative_difference": 1e-7,
+        "step_time_before": 0.02,
+        "step_time_after": 0.01,
+        "speedup": 2.0,
+        "speed_within_noise": False,
+        "peak_memory_before": 2**30,
+        "peak_memory_after": 2**29,
+    }
+    data = {
+        "device": "cuda",
+        "device_name": "NVIDIA H100",
+        "torch": "2.13.0",
+        "date": "2026-11-21 12:00 UTC",
+        "machine": {"platform": "Linux", "cpu_count": 16},
+        "settings": {"size": "gpu", "steps": 20, "warmup": 5, "repeats": 3},
+        "summary": {"median_speedup": 2.0},
+        "workloads": [
+            dict(
+                row,
+                name="naive_gpt",
+                twin={
+                    "script": "reference_models/expert_gpt/train.py",
+                    "step_time": 0.009,
+                    "rewritten_throughput_vs_twin": 0.9,
+                },
+                ablation={"OPT501": {"speedup": 1.5, "equivalent": True, "error": None}},
+            ),
+            dict(row, name="broken", equivalent=False, max_relative_difference=0.5),
+        ],
+    }
+    text = render_markdown(data)
+    assert (
+        "| naive_gpt | OPT301, OPT501 | 20.0 ms | 10.0 ms | 2.00x | n/a | yes (1.0e-07) |" in text
+    )
+    assert "| broken |" in text and "**no** (5.0e-01)" in text
+    assert "reaches 90% of the twin's throughput" in text and "(`expert_gpt`)" in text
+    assert "| naive_gpt | OPT501 | 1.50x | yes |" in text

@@ -1,0 +1,74 @@
+"""The reference workloads: their checked-in rewrites are up to date, and both versions train alike.
+
+Each reference_models/<name>/train.optimized.py is a snapshot of the rewrite `optcodemod bench`
+measures by default (what `optcodemod apply` writes). When a rule changes, regenerate them all with
+
+    .venv/bin/python scripts/update_reference_models.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from optimizer_codemod.diagnostics import Status
+from optimizer_codemod.verify.bench import SCRIPT, SNAPSHOT, rewrite_workload, workloads
+from optimizer_codemod.verify.equivalence import verify_pair
+from optimizer_codemod.verify.runner import ProbeOptions, run_probe
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "reference_models"
+FOLDERS = sorted(p for p in REFERENCE.iterdir() if (p / SCRIPT).is_file())
+REGENERATE = ".venv/bin/python scripts/update_reference_models.py"
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_the_workloads_are_there() -> None:
+    names = {folder.name for folder in FOLDERS}
+    assert {"sgld_mnist", "resnet_cifar", "char_transformer", "naive_gpt", "expert_gpt"} <= names
+    # The expert twin is measured against naive_gpt's rewrite, not as a workload of its own.
+    assert "expert_gpt" not in {Path(f).name for f in workloads(str(REFERENCE))}
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[folder.name for folder in FOLDERS])
+def test_snapshot_is_up_to_date(folder: Path) -> None:
+    expected = rewrite_workload(str(folder / SCRIPT)).new
+    snapshot = folder / SNAPSHOT
+    assert snapshot.exists(), f"{snapshot} is missing: run `{REGENERATE}`"
+    assert snapshot.read_bytes() == expected, (
+        f"{snapshot.relative_to(ROOT)} is stale against the current rules: run `{REGENERATE}` "
+        "and review the diff"
+    )
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[folder.name for folder in FOLDERS])
+def test_both_versions_run_on_cpu_and_agree(folder: Path, monkeypatch) -> None:
+    """A few steps at CPU size; the figures are printed (pytest -s shows them)."""
+    for key, value in CPU_ONLY.items():
+        monkeypatch.setenv(key, value)
+    script = folder / SCRIPT
+    result = rewrite_workload(str(script))
+    args = ["--size", "cpu"]
+    if not result.changed:  # the hand-optimized twin: it must still run
+        run = run_probe(str(script), args, ProbeOptions(steps=3, timeout=120))
+        assert run.problem() is None, run.stderr_tail()
+        return
+    fixed = [d for d in result.diagnostics if d.status is Status.FIXED]
+    report = verify_pair(
+        script,
+        (folder / SNAPSHOT).read_bytes(),
+        level=max(d.safety for d in fixed),
+        fixed=[d.code for d in fixed],
+        args=args,
+        steps=4,
+        repeats=1,
+        warmup=1,
+        timeout=120,
+    )
+    sys.stdout.write(report.render())
+    assert report.error is None, report.error
+    assert report.equivalent, report.render()
+    assert not [p for p in os.listdir(folder) if "optcodemod-verify" in p]

@@ -1,0 +1,176 @@
+"""OPT202: `running += loss.item()` makes the host wait for the device on every step."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.syncs import every_iteration, loss_item_accumulations, loss_items
+from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
+from optimizer_codemod.torch_version import TorchVersion
+
+_SETUP = (
+    "import torch\n"
+    "model = torch.nn.Linear(8, 1)\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+)
+
+
+class LossItemSynchronizesEveryStep(Rule):
+    """
+    What it does:
+        Rewrites the accumulation of a loss's `.item()` in a training loop
+        (`running += loss.item()`, `total += loss.item() * n`,
+        `running = running + loss.item()`, where `loss.backward()` is called in the same
+        loop) into an accumulation on the device, `running += loss.detach().float()`, and
+        turns every place that reads the total into `float(running)`. A `.item()` of the loss
+        that runs on every step for another reason (`print(loss.item())`,
+        `losses.append(loss.item())`) is reported, not rewritten.
+
+    Why is it slow:
+        `.item()` copies the value to the host, so the host must wait until the device has
+        finished the whole step (forward, backward, optimizer step) before it can queue the
+        next step's kernels: the device idles while Python prepares the next batch and
+        launches kernels. PyTorch's Performance Tuning Guide lists `tensor.item()` among the
+        calls that synchronise and should be avoided in the hot loop
+        (https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html, "Avoid unnecessary
+        CPU-GPU synchronization"). Accumulating on the device queues one more tiny kernel
+        instead; the host reads the total only where the script prints or logs it.
+
+    Example:
+        ```python
+        running = 0.0
+        for x, y in loader:
+            ...
+            loss.backward()
+            optimizer.step()
+            running += loss.item()
+        print(f"loss {running / len(loader):.4f}")
+        ```
+        becomes
+        ```python
+        running = 0.0
+        for x, y in loader:
+            ...
+            loss.backward()
+            optimizer.step()
+            running += loss.detach().float()
+        print(f"loss {float(running) / len(loader):.4f}")
+        ```
+
+    Fix safety:
+        `numerics`: the total is summed on the device in float32 instead of in Python
+        floats (float64), so printed and logged values differ in the last digits; the
+        training itself is unchanged. `.float()` keeps a bfloat16 or float16 loss from being
+        summed in its own low precision. Every read of the total becomes `float(total)`, so
+        code that appends, compares, returns or passes it on still sees a Python float (a
+        total never added to stays `0.0`, which `float` accepts). Not rewritten (reported
+        instead) when the total is read on every step of the training loop (that read would
+        wait for the device anyway), when it is bound to anything but number literals and
+        its own accumulations, when the same statement adds `.item()` of something else, or
+        when a nested function, lambda or class uses it. Per-step `.item()` of the loss for
+        other purposes is only reported: printing less often changes what the script shows.
+
+    Expected gain:
+        The host-device round trip of every step, which matters when the device is fast and
+        the host has work to queue (data loading, kernel launches of the next step). On CPU
+        there is nothing to overlap: `benchmarks/rule_gains/opt202.py` (a training step of a
+        256-512-10 MLP, batch 64, with `running += loss.item()` against
+        `running += loss.detach().float()`; 2-core x86_64, torch 2.13.0+cpu, 2026-11-21)
+        measured x0.96, x1.02 and x1.05 in three runs (about 0.4 ms per step either way): no
+        difference beyond noise. The gain needs a CUDA device and was not measured here.
+    """
+
+    code = "OPT202"
+    name = "loss-item-synchronizes-every-step"
+    message = "`.item()` of the loss synchronises with the device on every step"
+    fix_title = "Accumulate `loss.detach().float()` on the device; read it with `float()`"
+    safety = Safety.NUMERICS
+    min_torch = TorchVersion(1, 0)
+    # Every finding is a `.item()` call.
+    triggers = (r"\.\s*item\s*\(",)
+    # Findings are in training loops: the loss's backward is called in them.
+    requires = (BACKWARD_CALL,)
+    examples = (
+        Example(
+            _SETUP + "for epoch in range(3):\n"
+            "    running = 0.0\n"
+            "    for x, y in loader:\n"
+            "        optimizer.zero_grad()\n"
+            "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+            "        loss.backward()\n"
+            "        optimizer.step()\n"
+            "        running += loss.item() * x.size(0)\n"
+            "    print(epoch, running / len(loader.dataset))\n",
+            _SETUP + "for epoch in range(3):\n"
+            "    running = 0.0\n"
+            "    for x, y in loader:\n"
+            "        optimizer.zero_grad()\n"
+            "        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+            "        loss.backward()\n"
+            "        optimizer.step()\n"
+            "        running += loss.detach().float() * x.size(0)\n"
+            "    print(epoch, float(running) / len(loader.dataset))\n",
+        ),
+        Example(
+            _SETUP + "running = 0.0\n"
+            "for step, (x, y) in enumerate(loader):\n"
+            "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
+            "    loss.backward()\n"
+            "    running += loss.item()\n"
+            "    pbar.set_postfix(loss=running / (step + 1))\n"
+        ),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        handled = set()
+        for accumulation in loss_item_accumulations(self.facts):
+            handled.update(accumulation.items)
+            statement = accumulation.statements[0]
+            if accumulation.obstacle is not None:
+                self.report(
+                    statement,
+                    message=f"`{_line(statement)}` synchronises with the device on every step; "
+                    f"not rewritten because {accumulation.obstacle}",
+                )
+                continue
+            edits = [Replace(item, _detached(item)) for item in accumulation.items]
+            edits += [Replace(read, _as_float(read)) for read in accumulation.reads]
+            self.report(
+                statement,
+                Fix(tuple(edits)),
+                message=f"`{_line(statement)}` synchronises with the device on every step",
+            )
+        for loop in self.facts.training_loops:
+            per_step = None
+            for item in loss_items(self.facts, loop):
+                if item.node in handled:
+                    continue
+                per_step = every_iteration(loop) if per_step is None else per_step
+                if item.site.statement in per_step:
+                    self.report(
+                        item.node,
+                        message=f"`{code_of(item.node)}` on every step waits for the device; "
+                        "read the loss less often (every N steps) or accumulate it detached",
+                    )
+
+
+def _detached(item: cst.Call) -> cst.Call:
+    """`loss.item()` as `loss.detach().float()`."""
+    detach = cst.Call(func=item.func.with_changes(attr=cst.Name("detach")))
+    return item.with_changes(func=cst.Attribute(value=detach, attr=cst.Name("float")))
+
+
+def _as_float(read: cst.Name) -> cst.Call:
+    return cst.Call(
+        func=cst.Name("float"),
+        args=[cst.Arg(value=read.with_changes(lpar=(), rpar=()))],
+        lpar=read.lpar,
+        rpar=read.rpar,
+    )
+
+
+def _line(node: cst.CSTNode) -> str:
+    text = code_of(node).strip().splitlines()[0]
+    return text if len(text) <= 60 else text[:57] + "..."

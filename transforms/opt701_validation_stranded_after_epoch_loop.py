@@ -1,0 +1,123 @@
+"""OPT701: validation or checkpointing that an indentation slip left after the epoch loop."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.epochs import StrandedBlock, stranded_blocks
+from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
+
+
+class ValidationStrandedAfterEpochLoop(Rule):
+    """
+    What it does:
+        Finds a block right after the epoch loop (a `for` loop around the training loop, or
+        around a call of a training function of the same file) that validates, evaluates,
+        logs or saves (a call named like `validate`, `evaluate`, `eval`, `test`, `save`,
+        `log`, `print`, `add_scalar`, or `torch.save`) and reads the loop variable (`epoch`,
+        or a name the loop body computes from it). It moves the block to the end of the
+        loop body, re-indented, comments kept.
+
+    Why is it slow:
+        It is a bug, not a slowdown: the block was meant to run every epoch, but it runs once,
+        after training, with the last epoch's number. Validation metrics are never seen while
+        training runs, and a crash loses every epoch since no checkpoint was written.
+
+    Example:
+        ```python
+        for epoch in range(epochs):
+            train_one_epoch(model, loader, optimizer)
+        val_loss = evaluate(model, val_loader)
+        torch.save(model.state_dict(), f"ckpt_{epoch}.pt")
+        ```
+        becomes
+        ```python
+        for epoch in range(epochs):
+            train_one_epoch(model, loader, optimizer)
+            val_loss = evaluate(model, val_loader)
+            torch.save(model.state_dict(), f"ckpt_{epoch}.pt")
+        ```
+
+    Fix safety:
+        `behavior`: the block then runs every epoch (more validation time, one checkpoint
+        per epoch). Always reported; applied with `--unsafe-fixes`. The block starts right
+        after the loop, in the same body, and ends at its last statement that reads the loop
+        variable: a final test pass or final save that does not read it is left alone, and
+        so is everything after a loop with a `break` of its own (early stopping), after a
+        `for ... else`, in another notebook cell, or in another scope. A block with
+        `return`, `yield`, `break`, `continue`, `global`/`nonlocal` or a definition is not
+        moved. Reported without a fix when the block calls `model.eval()` (directly or in a
+        function of the file) and nothing in the loop calls `model.train()` again: the next
+        epoch would train in eval mode; and when the loop's body has a `continue` of its
+        own, which would skip the block in some epochs. Only the loop nearest the training
+        loop counts as the epoch loop (not an outer loop over runs or folds). A
+        summary that reads the loop variable on purpose (`print(f"trained {epoch + 1}
+        epochs")`) is found too: review the diff, or mark it `# noqa: OPT701`.
+
+    Expected gain:
+        None in speed: it is a correctness fix (per-epoch validation and checkpoints). The
+        test `tests/test_issue4_stranded_validation.py` runs a small convolutional script
+        for 3 epochs on CPU: 1 checkpoint before the fix, 3 after.
+    """
+
+    code = "OPT701"
+    name = "validation-stranded-after-epoch-loop"
+    message = "Validation or checkpoint code after the epoch loop reads the loop variable"
+    fix_title = "Move the block to the end of the epoch loop's body"
+    safety = Safety.BEHAVIOR
+    # An epoch loop is a `for` loop, and only training scripts have one.
+    triggers = (r"\bfor\b",)
+    requires = (BACKWARD_CALL,)
+    examples = (
+        Example(
+            "for epoch in range(3):\n"
+            "    for x, y in loader:\n"
+            "        loss_fn(model(x), y).backward()\n"
+            "# checkpoint\n"
+            'torch.save(model.state_dict(), f"ckpt_{epoch}.pt")\n',
+            "for epoch in range(3):\n"
+            "    for x, y in loader:\n"
+            "        loss_fn(model(x), y).backward()\n"
+            "    # checkpoint\n"
+            '    torch.save(model.state_dict(), f"ckpt_{epoch}.pt")\n',
+        ),
+        Example(
+            "for epoch in range(3):\n"
+            "    for x, y in loader:\n"
+            "        loss_fn(model(x), y).backward()\n"
+            'torch.save(model.state_dict(), "final.pt")\n'
+        ),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for block in stranded_blocks(self.facts):
+            first = block.statements[0]
+            message = (
+                f"Validation or checkpoint code after the epoch loop reads `{block.variable}`: "
+                "it runs once, after training"
+            )
+            if block.problem is not None:
+                self.report(first, message=f"{message}; not moved: {block.problem}")
+                continue
+            self.report(first, _move_into_loop(block), message=message)
+
+
+def _move_into_loop(block: StrandedBlock) -> Fix:
+    loop = block.loop.node
+    body = loop.body
+    moved = [s.visit(_BlankLinesUnindented()) for s in block.statements]
+    # Comments under the loop's last statement stay above the moved block.
+    moved[0] = moved[0].with_changes(leading_lines=(*body.footer, *moved[0].leading_lines))
+    new_loop = loop.with_changes(body=body.with_changes(body=(*body.body, *moved), footer=()))
+    removals = tuple(Replace(s, cst.RemovalSentinel.REMOVE) for s in block.statements)
+    return Fix((Replace(loop, new_loop), *removals))
+
+
+class _BlankLinesUnindented(cst.CSTTransformer):
+    """Blank lines printed at the new depth would end in spaces; keep them empty."""
+
+    def leave_EmptyLine(self, original_node: cst.EmptyLine, updated_node: cst.EmptyLine):
+        if updated_node.comment is None and not updated_node.whitespace.value:
+            return updated_node.with_changes(indent=False)
+        return updated_node
