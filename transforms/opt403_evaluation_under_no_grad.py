@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.escapes import block_escape
+from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -92,6 +93,8 @@ class EvaluationUnderNoGrad(Rule):
     safety = Safety.SAFE
     min_torch = TorchVersion(1, 9)
     triggers = (r"\bno_grad\b",)
+    # The block must call a model the training loop also calls: the file trains.
+    requires = (BACKWARD_CALL,)
     examples = (
         Example(
             _TRAIN + "correct = 0\n"
