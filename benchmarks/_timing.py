@@ -14,7 +14,9 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def median_time(function: Callable[[], object], repeats: int, device: str = "cpu", warmup: int = 3) -> float:
+def median_time(
+    function: Callable[[], object], repeats: int, device: str = "cpu", warmup: int = 3
+) -> float:
     for _ in range(warmup):
         function()
     synchronize(device)

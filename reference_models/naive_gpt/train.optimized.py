@@ -77,10 +77,14 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
         k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
         v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        y = (
+            F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=1.0 / math.sqrt(k.size(-1))
+            )
+            .transpose(1, 2)
+            .contiguous()
+            .view(B, T, C)
+        )
         return self.proj(y)
 
 
