@@ -322,3 +322,19 @@ def test_autograd_functions_alone_do_not_pass_the_training_prefilter() -> None:
         b"class Square(torch.autograd.Function):\n    def backward(ctx, g):\n        return g\n"
     )
     assert not may_contain_findings(function, [rule_by_code("OPT301")])
+
+
+@pytest.mark.parametrize(
+    "text, passes",
+    [
+        (b"att = F.softmax(s, dim=-1)\ny = att @ v\n", True),
+        (b"att = s.softmax(dim=-1)\ny = (\n    att\n    @ v\n)\n", True),  # black's split
+        (b"att = torch.softmax(s, -1)\ny = torch.matmul(att, v)\n", True),
+        (b"@torch.no_grad()\ndef f(x):\n    return F.softmax(x, dim=-1)\n", False),  # decorator
+    ],
+)
+def test_attention_prefilter_tells_matrix_products_from_decorators(text, passes) -> None:
+    from optimizer_codemod.engine import may_contain_findings
+    from optimizer_codemod.registry import rule_by_code
+
+    assert may_contain_findings(text, [rule_by_code("OPT406")]) is passes

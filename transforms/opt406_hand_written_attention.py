@@ -82,8 +82,10 @@ class HandWrittenAttention(Rule):
     fix_title = "Use `F.scaled_dot_product_attention`"
     safety = Safety.NUMERICS
     min_torch = TorchVersion(2, 1)
-    triggers = (r"softmax",)
-    requires = (r"@|matmul|bmm",)
+    triggers = (r"softmax\s*\(",)
+    # A matrix product: `@` after an operand on its line, `@ ` opening a continuation line
+    # (black's split), or a matmul call; a decorator (`@name` at a line start) is not one.
+    requires = (r"[\w)\]] *@|\n[ \t]*@[ \t]+[\w(]|\bmatmul\s*\(",)
     examples = (
         Example(
             "import torch.nn.functional as F\n"

@@ -73,7 +73,12 @@ class _Chain:
 
 
 def find_attentions(facts: "ScriptFacts") -> List[Attention]:
-    found = []
+    found: List[Attention] = []
+    if not any(
+        call.qualname in SOFTMAX or (call.method == "softmax" and call.qualname is None)
+        for call in facts.records.calls
+    ):
+        return found  # `softmax` only in text: nothing to match
     for function, klass in _functions(facts.module, None):
         for block in _blocks(function):
             body = list(block.body)
@@ -88,6 +93,19 @@ def find_attentions(facts: "ScriptFacts") -> List[Attention]:
     return found
 
 
+# Only these nodes can hold statements; expressions and simple statements never hold a `def`
+# or a block, so the walks below skip them (most of a large module's nodes).
+_STATEMENT_HOLDERS = (
+    cst.IndentedBlock,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
+
+
 def _functions(node: cst.CSTNode, klass: Optional[cst.ClassDef]):
     """Every function with the class it is a method of (None for other functions)."""
     for child in node.children:
@@ -96,7 +114,7 @@ def _functions(node: cst.CSTNode, klass: Optional[cst.ClassDef]):
             yield from _functions(child.body, None)
         elif isinstance(child, cst.ClassDef):
             yield from _functions(child.body, child)
-        else:
+        elif isinstance(child, _STATEMENT_HOLDERS):
             yield from _functions(child, klass if isinstance(node, cst.IndentedBlock) else None)
 
 
@@ -106,11 +124,11 @@ def _blocks(function: cst.FunctionDef) -> List[cst.IndentedBlock]:
     stack: List[cst.CSTNode] = [function.body]
     while stack:
         node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             continue
         if isinstance(node, cst.IndentedBlock):
             found.append(node)
-        stack.extend(node.children)
+        stack.extend(child for child in node.children if isinstance(child, _STATEMENT_HOLDERS))
     return found
 
 
