@@ -8,7 +8,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import has_double_star, has_star_args
 from optimizer_codemod.analysis.inplace import is_fresh_unsaved
-from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.nodes import find_all, is_name, single_assignment
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -99,13 +99,13 @@ class OutOfPlaceMaskedFillOnTemporary(Rule):
         line = site.site.statement
         if not isinstance(receiver, cst.Name) or not isinstance(line, cst.SimpleStatementLine):
             return False
-        small = _single_assign(line, receiver.value)
+        small = single_assignment(line, receiver.value)
         if small is None or small.value is not call:
             return False
         if sum(is_name(n, receiver.value) for n in find_all(small.value, cst.Name)) != 1:
             return False
         previous = self._previous_statement(line)
-        bound = _single_assign(previous, receiver.value) if previous is not None else None
+        bound = single_assignment(previous, receiver.value) if previous is not None else None
         return bound is not None and is_fresh_unsaved(self.facts, bound.value)
 
     def _previous_statement(self, line: cst.SimpleStatementLine) -> Optional[cst.CSTNode]:
@@ -115,17 +115,3 @@ class OutOfPlaceMaskedFillOnTemporary(Rule):
                 index = body.index(line)
                 return body[index - 1] if index > 0 else None
         return None
-
-
-def _single_assign(line: cst.CSTNode, name: str) -> Optional[cst.Assign]:
-    """The statement `name = value` alone on its line."""
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-        return None
-    small = line.body[0]
-    if (
-        isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and is_name(small.targets[0].target, name)
-    ):
-        return small
-    return None

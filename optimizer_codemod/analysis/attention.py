@@ -17,7 +17,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import argument, code_of, keyword, literal, method_name
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.syncs import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +63,8 @@ class _Chain:
         if not isinstance(node, cst.Name) or self.position < 0:
             return node
         line = self.body[self.position]
-        value = _assigned(line, node.value)
+        assignment = single_assignment(line, node.value)
+        value = assignment.value if assignment is not None else None
         if value is None:
             return node
         self.folded.insert(0, line)
@@ -461,20 +462,6 @@ def _operands_node_left(product):
     if isinstance(product, cst.BinaryOperation):
         return product.left
     return product.args[0].value
-
-
-def _assigned(line: cst.BaseStatement, name: str) -> Optional[cst.BaseExpression]:
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-        return None
-    small = line.body[0]
-    if (
-        isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and isinstance(small.targets[0].target, cst.Name)
-        and small.targets[0].target.value == name
-    ):
-        return small.value
-    return None
 
 
 def _unparen(node):

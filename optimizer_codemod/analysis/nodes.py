@@ -6,7 +6,7 @@ what a whole `apply` over a typical project takes; a plain walk over `children` 
 
 from __future__ import annotations
 
-from typing import List, Type
+from typing import List, Optional, Type
 
 import libcst as cst
 
@@ -25,3 +25,17 @@ def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
 
 def is_name(node: cst.CSTNode, value: str) -> bool:
     return isinstance(node, cst.Name) and node.value == value
+
+
+def single_assignment(line: cst.CSTNode, name: str) -> Optional[cst.Assign]:
+    """The statement `name = value` when it stands alone on `line`, else None."""
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    small = line.body[0]
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and is_name(small.targets[0].target, name)
+    ):
+        return small
+    return None
