@@ -174,6 +174,13 @@ def method_name(call: cst.Call) -> Optional[str]:
     return None
 
 
+def callee_name(call: cst.Call) -> Optional[str]:
+    """`fit` for `fit(...)` and for `trainer.fit(...)`: the called name, without its receiver."""
+    if isinstance(call.func, cst.Name):
+        return call.func.value
+    return method_name(call)
+
+
 def receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
     """`optimizer` for `optimizer.step(...)`."""
     if isinstance(call.func, cst.Attribute):

@@ -122,7 +122,7 @@ def target_names(node: cst.BaseExpression) -> Tuple[str, ...]:
     return (name,) if name else ()
 
 
-def _is_main_guard(node: cst.If) -> bool:
+def is_main_guard(node: cst.If) -> bool:
     test = node.test
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return False
@@ -185,7 +185,7 @@ class Collector(cst.CSTVisitor):
         self._classes.pop()
 
     def visit_If(self, node: cst.If) -> None:
-        if not self._statements[:-1] and _is_main_guard(node):
+        if not self._statements[:-1] and is_main_guard(node):
             self.records.has_main_guard = True
 
     # Loops -----------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import callee_name
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.precision import _callee_name, _functions_reaching_backward
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -60,7 +60,7 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
     call, or call a function of this file that reaches one; or, without an inner loop, they
     call backward themselves and name their variable after epochs."""
     training = facts.training_loops
-    reaching = _functions_reaching_backward(facts)
+    reaching = facts.functions_reaching_backward
     found = []
     for loop in facts.records.loops:
         if not isinstance(loop.node, cst.For) or not loop.targets:
@@ -69,7 +69,7 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
         # an epoch loop.
         encloses = any(inner.parent is loop for inner in training)
         calls_training = any(
-            _callee_name(call.node) in reaching and call.site.loop is loop
+            callee_name(call.node) in reaching and call.site.loop is loop
             for call in facts.loop_calls(loop)
         )
         full_batch = loop in training and any("epoch" in name.lower() for name in loop.targets)
@@ -219,7 +219,7 @@ def _is_action(facts: "ScriptFacts", statement: cst.BaseStatement) -> bool:
     for call in find_all(statement, cst.Call):
         if facts.qualified_name(call.func) == "torch.save":
             return True
-        name = _callee_name(call)
+        name = callee_name(call)
         if name and set(name.lower().split("_")) & ACTION_WORDS:
             return True
     return False
@@ -232,7 +232,7 @@ def _eval_mode_problem(
     switches back (`model.train()` in the loop, or in a function of this file it calls)."""
     switched_back = {c.receiver for c in facts.loop_calls(loop) if c.method == "train"}
     own = set(facts.records.functions)
-    called = {_callee_name(c.node) for c in facts.loop_calls(loop)} & own
+    called = {callee_name(c.node) for c in facts.loop_calls(loop)} & own
     trains_inside = any(
         c.method == "train" and c.site.function is not None
         for c in facts.records.calls
@@ -245,8 +245,8 @@ def _eval_mode_problem(
     }
     for statement in block:
         for call in find_all(statement, cst.Call):
-            if _callee_name(call) in evaluating and not isinstance(call.func, cst.Attribute):
-                call = evaluating[_callee_name(call)].node
+            if callee_name(call) in evaluating and not isinstance(call.func, cst.Attribute):
+                call = evaluating[callee_name(call)].node
             if not isinstance(call.func, cst.Attribute) or call.func.attr.value != "eval":
                 continue
             receiver = dotted_name(call.func.value)

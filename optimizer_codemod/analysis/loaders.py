@@ -20,7 +20,7 @@ from optimizer_codemod.analysis.calls import (
     keyword,
     positional,
 )
-from optimizer_codemod.analysis.collect import CallSite, Loop, _is_main_guard
+from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
@@ -481,7 +481,7 @@ def _function_guarded(facts, function, guarded, depth) -> bool:
 def _guarded_nodes(module: cst.Module) -> Set[cst.CSTNode]:
     nodes: Set[cst.CSTNode] = set()
     for statement in module.body:
-        if isinstance(statement, cst.If) and _is_main_guard(statement):
+        if isinstance(statement, cst.If) and is_main_guard(statement):
             nodes.update(find_all(statement.body, cst.For, cst.While, cst.Call))
     return nodes
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, keyword, literal
+from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
@@ -124,41 +124,15 @@ def runs_as_script(facts: "ScriptFacts") -> bool:
     of whoever imports it."""
     if facts.records.has_main_guard:
         return True
-    training = _functions_reaching_backward(facts)
+    training = facts.functions_reaching_backward
     for call in facts.records.calls:
         if call.site.function is not None or call.site.class_name is not None:
             continue
-        if _callee_name(call.node) in training or any(
+        if callee_name(call.node) in training or any(
             call.node is backward.node for backward in facts.backward_calls
         ):
             return True
     return False
-
-
-def _callee_name(call: cst.Call) -> Optional[str]:
-    if isinstance(call.func, cst.Name):
-        return call.func.value
-    if isinstance(call.func, cst.Attribute):
-        return call.func.attr.value
-    return None
-
-
-def _functions_reaching_backward(facts: "ScriptFacts") -> Set[str]:
-    """Names of the functions and methods of this file that call backward, directly or
-    through other functions of the file (matched by name: a method call `trainer.fit()`
-    counts when some `def fit` reaches backward)."""
-    names = {c.site.function.name.value for c in facts.backward_calls if c.site.function}
-    changed = True
-    while changed:
-        changed = False
-        for call in facts.records.calls:
-            function = call.site.function
-            if function is None or function.name.value in names:
-                continue
-            if _callee_name(call.node) in names:
-                names.add(function.name.value)
-                changed = True
-    return names
 
 
 def first_backward(facts: "ScriptFacts") -> Optional["CallSite"]:

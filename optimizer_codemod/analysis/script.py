@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, keyword, literal
+from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal
 from optimizer_codemod.analysis.collect import (
     Assignment,
     CallSite,
@@ -150,6 +150,24 @@ class ScriptFacts:
     def trains(self) -> bool:
         """The script runs backward passes (and so trains something)."""
         return bool(self.backward_calls)
+
+    @cached_property
+    def functions_reaching_backward(self) -> Set[str]:
+        """Names of the functions and methods of this file that call backward, directly or
+        through other functions of the file (matched by name: a method call `trainer.fit()`
+        counts when some `def fit` reaches backward)."""
+        names = {c.site.function.name.value for c in self.backward_calls if c.site.function}
+        changed = True
+        while changed:
+            changed = False
+            for call in self.records.calls:
+                function = call.site.function
+                if function is None or function.name.value in names:
+                    continue
+                if callee_name(call.node) in names:
+                    names.add(function.name.value)
+                    changed = True
+        return names
 
     @cached_property
     def training_loops(self) -> List[Loop]:
