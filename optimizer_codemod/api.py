@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
-from optimizer_codemod.engine import RewriteOptions, may_contain_findings, rewrite_bytes
+from optimizer_codemod.engine import PRECISIONS, RewriteOptions, may_contain_findings, rewrite_bytes
 from optimizer_codemod.errors import OptcodemodError
 from optimizer_codemod.formatting import (
     FormatterUnavailable,
@@ -161,6 +161,7 @@ def rewrite(
     extend_select: Optional[Iterable[str]] = None,
     unsafe_fixes: Optional[bool] = None,
     target_torch: Optional[str] = None,
+    precision: Optional[str] = None,
     settings: Optional[Settings] = None,
 ) -> Rewritten:
     """Rewrite Python source (or notebook JSON when `path` ends in .ipynb).
@@ -169,6 +170,8 @@ def rewrite(
     override. Raises `OptcodemodError` with the path, line and problem on bad input.
     """
     base = settings or Settings()
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     layer = RuleSelection(
         tuple(validate_codes(list(select), "select")) if select is not None else None,
         tuple(validate_codes(list(extend_select or ()), "extend-select")),
@@ -178,6 +181,7 @@ def rewrite(
         overrides=(*base.overrides, layer),
         unsafe_fixes=unsafe_fixes,
         target_torch=TorchVersion.parse(target_torch) if target_torch is not None else None,
+        precision=precision,
     )
     as_text = isinstance(source, str)
     src = source.encode("utf-8") if as_text else source

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pathspec
 
-from optimizer_codemod.engine import RewriteOptions
+from optimizer_codemod.engine import DEFAULT_PRECISION, PRECISIONS, RewriteOptions
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.registry import all_rules, is_known_prefix, matches_prefix, select_rules
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
@@ -67,6 +67,7 @@ class Settings:
     extend_safe_fixes: Tuple[str, ...] = ()
     extend_unsafe_fixes: Tuple[str, ...] = ()
     target_torch: TorchVersion = DEFAULT_TARGET
+    precision: str = DEFAULT_PRECISION
     exclude: Tuple[str, ...] = ()
     respect_gitignore: bool = True
     overrides: Tuple[RuleSelection, ...] = ()  # command-line or API layers, in order
@@ -94,6 +95,7 @@ class Settings:
             rules=self.rules_for(path),
             target_torch=self.target_torch,
             unsafe_fixes=self.unsafe_fixes,
+            precision=self.precision,
             extend_safe_fixes=self.extend_safe_fixes,
             extend_unsafe_fixes=self.extend_unsafe_fixes,
         )
@@ -212,6 +214,12 @@ def _strings(path: str, key: str, value: Any) -> Tuple[str, ...]:
     return tuple(value)
 
 
+def _precision(path: str, key: str, value: Any) -> str:
+    if value not in PRECISIONS:
+        raise _fail(path, key, f"expected one of {', '.join(map(repr, PRECISIONS))}")
+    return value
+
+
 def _version(path: str, key: str, value: Any) -> TorchVersion:
     if isinstance(value, float):
         raise _fail(path, key, f'write the version as a string, for example "{value}"')
@@ -238,6 +246,7 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "extend-safe-fixes": ("extend_safe_fixes", _codes),
     "extend-unsafe-fixes": ("extend_unsafe_fixes", _codes),
     "target-torch": ("target_torch", _version),
+    "precision": ("precision", _precision),
     "exclude": ("exclude", _strings),
     "respect-gitignore": ("respect_gitignore", _bool),
 }

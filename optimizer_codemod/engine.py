@@ -33,6 +33,10 @@ from optimizer_codemod.sources import check_reproducible, compile_check, parse_s
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
 
 MAX_PASSES = 10
+# The 16-bit type autocast computes in: bfloat16 needs no loss scaling; float16 (for GPUs
+# without bfloat16) comes with a GradScaler.
+PRECISIONS = ("bf16", "fp16")
+DEFAULT_PRECISION = "bf16"
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class RewriteOptions:
     # numerics-level fixes need it (ruff's extend-safe-fixes / extend-unsafe-fixes).
     extend_safe_fixes: Tuple[str, ...] = ()
     extend_unsafe_fixes: Tuple[str, ...] = ()
-    precision: str = "bf16"
+    precision: str = DEFAULT_PRECISION
 
     def may_apply(self, code: str, safety: Safety) -> bool:
         if safety is Safety.SUGGEST:
@@ -69,6 +73,10 @@ class FileContext:
     @property
     def target_torch(self) -> TorchVersion:
         return self.options.target_torch
+
+    @property
+    def precision(self) -> str:
+        return self.options.precision
 
     @cached_property
     def facts(self):

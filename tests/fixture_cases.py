@@ -64,6 +64,7 @@ class Fixture:
             ),
             unsafe_fixes=options.get("unsafe-fixes", "true") == "true",
             target_torch=TorchVersion.parse(options.get("target-torch", "2.4")),
+            precision=options.get("precision", "bf16"),
         )
 
 

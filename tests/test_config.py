@@ -48,6 +48,7 @@ def test_nearest_pyproject_with_the_table_is_used(tmp_path: Path) -> None:
         ('per-file-ignores = ["x"]', "per-file-ignores: expected a table of glob = [codes]"),
         ('per-file-ignores = {"t/*.py" = ["NOPE1"]}', "unknown rule code or prefix 'NOPE1'"),
         ("exclude = [1]", "exclude: expected a list of strings"),
+        ('precision = "fp8"', "precision: expected one of 'bf16', 'fp16'"),
         ("select = [", "cannot read the configuration"),
     ],
 )
@@ -58,6 +59,31 @@ def test_bad_configuration_names_the_key(tmp_path: Path, table: str, words: str)
     assert words in result.stderr
     assert str(tmp_path / "pyproject.toml") in result.stderr
     assert source.read_bytes() == TRAINING_SCRIPT
+
+
+FP16_SCRIPT = b"""import torch
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torch.nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in batches:
+    loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_precision_from_the_file_and_the_command_line(tmp_path: Path) -> None:
+    source = project(tmp_path, 'select = ["OPT302"]\nprecision = "fp16"')
+    source.write_bytes(FP16_SCRIPT)
+    assert run_cli(["apply", str(source)]).exit_code == 1  # files were fixed
+    text = source.read_text()
+    assert "torch.autocast(device.type, dtype=torch.float16)" in text
+    assert "scaler.scale(loss).backward()" in text and "scaler.update()" in text
+    source.write_bytes(FP16_SCRIPT)
+    assert run_cli(["apply", "--precision", "bf16", str(source)]).exit_code == 1
+    text = source.read_text()
+    assert "dtype=torch.bfloat16" in text and "GradScaler" not in text
 
 
 def test_per_file_ignores(tmp_path: Path) -> None:

