@@ -1,20 +1,24 @@
 """Rule pages, generated from each rule's docstring, metadata and examples (Fixit's habit).
 
 `optcodemod explain CODE` prints a page; `optcodemod generate-docs` writes docs/rules/;
-a test fails when the committed pages are stale.
+a test fails when the committed pages are stale. Each page's Expected gain section ends with
+the figures the committed results files hold about the rule (measured_gains.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
+from optimizer_codemod.measured_gains import Results, load_results, render_measured
 from optimizer_codemod.rule import DOCSTRING_SECTIONS, SAFETY_DESCRIPTIONS, Rule
 
 INDEX = "index.md"
 
 
-def render_rule_page(rule: type) -> str:
+def render_rule_page(rule: type, results: Optional[Results] = None) -> str:
+    """The page of `rule`; `results` defaults to the checkout's benchmarks/results/."""
+    results = results if results is not None else load_results()
     sections = rule.doc_sections()
     missing = [s for s in DOCSTRING_SECTIONS if s not in sections]
     if missing:
@@ -34,6 +38,8 @@ def render_rule_page(rule: type) -> str:
     ]
     for heading in DOCSTRING_SECTIONS:
         lines += [f"## {heading}", "", sections[heading], ""]
+        if heading == "Expected gain":
+            lines += [render_measured(rule.code, results), ""]
     if rule.examples:
         lines += ["## Cases", "", "Checked by the test suite on every run.", ""]
         for number, example in enumerate(rule.examples, 1):
@@ -90,16 +96,17 @@ def render_index(rules: Sequence[type]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def expected_pages(rules: Sequence[type]) -> Dict[str, str]:
-    pages = {f"{rule.code}.md": render_rule_page(rule) for rule in rules}
+def expected_pages(rules: Sequence[type], results: Optional[Results] = None) -> Dict[str, str]:
+    results = results if results is not None else load_results()
+    pages = {f"{rule.code}.md": render_rule_page(rule, results) for rule in rules}
     pages[INDEX] = render_index(rules)
     return pages
 
 
-def write_docs(folder: Path, rules: Sequence[type]) -> List[str]:
+def write_docs(folder: Path, rules: Sequence[type], results: Optional[Results] = None) -> List[str]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    pages = expected_pages(rules)
+    pages = expected_pages(rules, results)
     for name, text in pages.items():
         target = folder / name
         if not target.exists() or target.read_text(encoding="utf-8") != text:
@@ -112,8 +119,10 @@ def write_docs(folder: Path, rules: Sequence[type]) -> List[str]:
     return written
 
 
-def stale_pages(folder: Path, rules: Sequence[type]) -> List[str]:
-    pages = expected_pages(rules)
+def stale_pages(
+    folder: Path, rules: Sequence[type], results: Optional[Results] = None
+) -> List[str]:
+    pages = expected_pages(rules, results)
     stale = [
         name
         for name, text in pages.items()
