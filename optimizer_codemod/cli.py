@@ -23,9 +23,11 @@ from optimizer_codemod.config import (
     validate_codes,
 )
 from optimizer_codemod.discovery import discover
+from optimizer_codemod.engine import PRECISIONS
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.registry import all_rules, rule_by_code
 from optimizer_codemod.report import FORMATS, ReportContext, statistics
+from optimizer_codemod.measured_gains import load_results
 from optimizer_codemod.rule_docs import render_rule_page, stale_pages, write_docs
 from optimizer_codemod.runner import Mode, process_bytes, run
 from optimizer_codemod.torch_version import TorchVersion
@@ -80,6 +82,11 @@ def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
 )
 @click.option("--target-torch", callback=_target, help="Oldest torch the output must run on.")
 @click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    help="16-bit type for autocast (default bf16; fp16 adds a GradScaler).",
+)
+@click.option(
     "--output-format", type=click.Choice(sorted(FORMATS)), default="text", show_default=True
 )
 @click.option("--statistics", "show_statistics", is_flag=True, help="Count findings per rule.")
@@ -97,6 +104,7 @@ def apply(
     extend_select,
     unsafe_fixes: Optional[bool],
     target_torch: Optional[TorchVersion],
+    precision: Optional[str],
     output_format: str,
     show_statistics: bool,
     jobs: int,
@@ -114,6 +122,7 @@ def apply(
         overrides=(RuleSelection(select, tuple(extend_select or ()), tuple(ignore or ())),),
         unsafe_fixes=unsafe_fixes,
         target_torch=target_torch,
+        precision=precision,
     )
     if "-" in paths:
         if len(paths) > 1:
@@ -252,15 +261,22 @@ def explain(code: str) -> None:
 @main.command("generate-docs", hidden=True)
 @click.option("--output", type=click.Path(file_okay=False), default="docs/rules")
 @click.option("--check", is_flag=True, help="Exit 1 when the pages are stale.")
-def generate_docs(output: str, check: bool) -> None:
-    """Write docs/rules/ from the rules' docstrings and examples."""
+@click.option(
+    "--results",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Folder of bench / rule-gains JSON results (default: the checkout's benchmarks/results).",
+)
+def generate_docs(output: str, check: bool, results: Optional[str]) -> None:
+    """Write docs/rules/ from the rules' docstrings, examples and committed results."""
     folder = Path(output)
+    measured = load_results(Path(results) if results else None)
     if check:
-        stale = stale_pages(folder, all_rules())
+        stale = stale_pages(folder, all_rules(), measured)
         for name in stale:
             click.echo(f"{folder / name}: stale", err=True)
         sys.exit(EXIT_CHANGES if stale else EXIT_CLEAN)
-    for name in write_docs(folder, all_rules()):
+    for name in write_docs(folder, all_rules(), measured):
         click.echo(f"wrote {folder / name}")
 
 
@@ -293,8 +309,13 @@ def generate_docs(output: str, check: bool) -> None:
 @click.option("--extend-select", multiple=True, callback=_split_codes, help="Add to select.")
 @click.option("--unsafe-fixes/--no-unsafe-fixes", default=None, help="Also apply behaviour fixes.")
 @click.option("--target-torch", callback=_target, help="Oldest torch the output must run on.")
+@click.option("--precision", type=click.Choice(PRECISIONS), help="16-bit type for autocast.")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds allowed for each run.")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, help="Run under torchrun.")
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    help="Processes under torchrun [default: the script's `# bench: torchrun` line, else 1].",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all results.")
 @click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
 def verify(script, script_args, select, ignore, extend_select, config, **options) -> None:
@@ -312,6 +333,7 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
         overrides=(RuleSelection(select, tuple(extend_select or ()), tuple(ignore or ())),),
         unsafe_fixes=options.pop("unsafe_fixes"),
         target_torch=options.pop("target_torch"),
+        precision=options.pop("precision"),
     )
     sys.exit(verify_command(script, script_args, settings, echo=click.echo, **options))
 

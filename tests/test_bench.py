@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from optimizer_codemod.verify.bench import render_markdown, twin_of, workloads
+from optimizer_codemod.verify import bench
+from optimizer_codemod.verify.bench import bench_workload, render_markdown, twin_of, workloads
+from optimizer_codemod.verify.equivalence import VerifyReport
 
 pytest.importorskip("torch")
 
@@ -59,6 +61,26 @@ def test_the_twin_is_found_and_not_benchmarked_on_its_own() -> None:
     assert twin_of(str(REFERENCE / "sgld_mnist")) is None
 
 
+def test_bench_launches_a_workload_as_its_torchrun_line_says(monkeypatch) -> None:
+    """mmdit_ddp says `# bench: torchrun --nproc-per-node 2`: both versions run that way.
+
+    (tests/test_reference_models.py runs it for real under torchrun; here only the launch.)
+    """
+    launched = []
+
+    def fake_verify_pair(script, rewritten, **options):
+        launched.append(options["nproc_per_node"])
+        return VerifyReport(script, None, None, fixed=["OPT801"])
+
+    monkeypatch.setattr(bench, "verify_pair", fake_verify_pair)
+    common = dict(size="cpu", env={}, steps=4, repeats=1, warmup=1, timeout=None)
+    folder = str(REFERENCE / "mmdit_ddp")
+    result = bench_workload(folder, ablate=False, echo=lambda text: None, **common)
+    assert launched == [2] and result.to_json()["processes"] == 2
+    bench_workload(str(REFERENCE / "sgld_mnist"), ablate=False, echo=lambda text: None, **common)
+    assert launched == [2, 1]
+
+
 def test_markdown_shows_twin_ablation_and_failures() -> None:
     row = {
         "fixed": ["OPT301", "OPT501"],
@@ -93,6 +115,7 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
                 ablation={"OPT501": {"speedup": 1.5, "equivalent": True, "error": None}},
             ),
             dict(row, name="broken", equivalent=False, max_relative_difference=0.5),
+            dict(row, name="mmdit_ddp", processes=2),
         ],
     }
     text = render_markdown(data)
@@ -102,3 +125,5 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
     assert "| broken |" in text and "**no** (5.0e-01)" in text
     assert "reaches 90% of the twin's throughput" in text and "(`expert_gpt`)" in text
     assert "| naive_gpt | OPT501 | 1.50x | yes |" in text
+    assert "| mmdit_ddp (torchrun, 2 processes) | OPT301, OPT501 |" in text
+    assert "Workloads run under torchrun: rank 0's" in text

@@ -27,7 +27,13 @@ from optimizer_codemod.verify.equivalence import (
     tolerance_for,
     verify_pair,
 )
-from optimizer_codemod.verify.runner import ProbeOptions, run_probe
+from optimizer_codemod.verify.runner import (
+    ProbeOptions,
+    ProbeRun,
+    declared_processes,
+    kill_run,
+    run_probe,
+)
 
 pytest.importorskip("torch")
 
@@ -117,7 +123,7 @@ for step in range(50):
 """
 
 
-DISTRIBUTED = """
+DISTRIBUTED = """# bench: torchrun --nproc-per-node 2
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -134,6 +140,38 @@ for step in range(100):
     loss.backward()
     optimizer.step()
 dist.destroy_process_group()
+"""
+
+# Rank 1 never reaches the barrier: rank 0 waits in it until the run's timeout.
+HANGS_ON_RANK_1 = """
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}-{os.getpid()}"), "w"):
+    pass
+if dist.get_rank() == 1:
+    time.sleep(600)
+dist.barrier()
+"""
+
+# torchrun's way of starting workers: each in a session of its own, sharing our stdout.
+LAUNCHER = """
+import subprocess
+import sys
+
+children = [
+    subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    for _ in range(2)
+]
+print(" ".join(str(child.pid) for child in children), flush=True)
+for child in children:
+    child.wait()
 """
 
 
@@ -212,12 +250,80 @@ def _alive(pid: int) -> bool:
     return "zombie" not in state and "(dead)" not in state
 
 
-def test_probe_runs_a_distributed_script_under_torchrun(tmp_path: Path) -> None:
-    script = _write(tmp_path, "train.py", DISTRIBUTED)
-    options = ProbeOptions(steps=3, warmup=1, cwd=tmp_path, timeout=120, nproc_per_node=2)
-    run = run_probe(str(script), [], options)
-    assert run.ok, run.stderr
-    assert run.result["rank"] == 0 and run.result["steps"] == 3 and len(run.losses) == 3
+def test_verify_runs_a_script_that_declares_torchrun_on_every_rank(tmp_path: Path) -> None:
+    _write(tmp_path, "train.py", DISTRIBUTED)
+    report_file = tmp_path / "report.json"
+    result = run_cli(
+        ["verify", "train.py", "--steps", "3", "--warmup", "1", "--repeats", "1"]
+        + ["--timeout", "120", "--json", str(report_file)],
+        cwd=tmp_path,
+    )
+    assert result.exit_code == 0, result.output
+    assert "; torchrun, 2 processes; cpu" in result.stdout
+    report = json.loads(report_file.read_text())
+    assert report["processes"] == 2 and report["equivalent"]
+    for run in report["before"] + report["after"]:
+        rank0 = run["result"]
+        assert rank0["rank"] == 0 and rank0["status"] == "stopped"
+        assert rank0["steps"] == 3 and len(rank0["losses"]) == 3
+        # Every rank stopped after the same step, so none waits in a collective.
+        (rank1,) = rank0["other_ranks"]
+        assert rank1["rank"] == 1 and rank1["status"] == "stopped" and rank1["steps"] == 3
+        assert run["returncode"] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "train.py"]
+
+
+def test_declared_processes(tmp_path: Path) -> None:
+    assert declared_processes(str(_write(tmp_path, "a.py", DISTRIBUTED))) == 2
+    other = _write(tmp_path, "b.py", "# bench: torchrun --nproc_per_node=4\nimport torch\n")
+    assert declared_processes(str(other)) == 4
+    assert declared_processes(str(_write(tmp_path, "c.py", PRINTS_ITS_LOSSES))) is None
+    assert declared_processes(str(tmp_path / "missing.py")) is None
+
+
+def test_a_run_fails_when_another_rank_failed() -> None:
+    ok = {"status": "stopped", "steps": 3, "other_ranks": [{"rank": 1, "status": "stopped"}]}
+    assert ProbeRun("train.py", 0, ok, "", "", 1.0).ok
+    failed = dict(
+        ok, other_ranks=[{"rank": 1, "status": "error"}, {"rank": 2, "status": "no result"}]
+    )
+    run = ProbeRun("train.py", 1, failed, "", "", 1.0, label="rewritten")
+    assert not run.ok
+    assert run.problem() == (
+        "rewritten script failed on other ranks (rank 1: error, rank 2: no result; exit code 1)"
+    )
+
+
+def test_a_timeout_under_torchrun_ends_every_rank(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", HANGS_ON_RANK_1)
+    marks = tmp_path / "ranks"
+    marks.mkdir()
+    options = ProbeOptions(steps=3, cwd=tmp_path, timeout=15, nproc_per_node=2)
+    run = run_probe(str(script), [str(marks)], options)
+    assert run.timed_out and not run.ok and "did not finish in 15 s" in run.problem()
+    # The workers hold the output pipes: had one survived, reading them would have waited.
+    assert run.seconds < 15 + 8
+    pids = [int(p.name.split("-")[1]) for p in marks.iterdir()]
+    assert pids, "no rank started within the timeout"
+    for pid in pids:
+        assert not _alive(pid), f"rank process {pid} outlived the timeout"
+
+
+def test_kill_run_ends_workers_in_sessions_of_their_own(tmp_path: Path) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids = [int(pid) for pid in launcher.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    kill_run(launcher)
+    launcher.communicate(timeout=10)  # no worker holds the pipe any more
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
 
 
 def test_probe_reports_the_scripts_own_error(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ With `ablate`, each applied rule is also measured alone (a rewrite with only tha
 
 A workload whose `train.py` has a line `# bench: twin PATH` is also measured against that
 hand-optimized twin (run after each rewritten run, so the two alternate); the twin itself is not
-benchmarked as a workload.
+benchmarked as a workload. A line `# bench: torchrun --nproc-per-node N` runs the workload (both
+versions; a twin by its own line) under torchrun with N processes, rank 0 measured.
 
 Results: `<name>.json` (device, torch, date, machine, per workload: step-time medians, speedup,
 loss agreement, peak memory), `<name>.md` (a table) and `<name>.png` (a bar chart; needs
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from optimizer_codemod.verify.equivalence import VerifyReport, verify_pair
-from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, run_probe
+from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, declared_processes, run_probe
 
 SCRIPT = "train.py"
 SNAPSHOT = "train.optimized.py"
@@ -86,6 +87,7 @@ class WorkloadResult:
     twin: Optional[str] = None
     twin_runs: List[ProbeRun] = field(default_factory=list)
     ablation: Dict[str, VerifyReport] = field(default_factory=dict)
+    processes: int = 1  # per run; more than 1 under torchrun
 
     @property
     def speedup(self) -> Optional[float]:
@@ -101,6 +103,7 @@ class WorkloadResult:
         report = self.report
         data: Dict[str, Any] = {
             "name": self.name,
+            "processes": self.processes,
             "fixed": sorted(set(report.fixed)),
             "level": report.level.label if report.level is not None else None,
             "unchanged": report.unchanged,
@@ -192,7 +195,14 @@ def bench_workload(
     script = os.path.join(folder, SCRIPT)
     args = ["--size", size]
     twin = twin_of(folder)
-    options = ProbeOptions(steps=steps, warmup=warmup, timeout=timeout, env=env)
+    processes = declared_processes(script) or 1
+    options = ProbeOptions(
+        steps=steps,
+        warmup=warmup,
+        timeout=timeout,
+        env=env,
+        nproc_per_node=(declared_processes(twin) or 1) if twin else 1,
+    )
     twin_runs: List[ProbeRun] = []
 
     def progress(run: ProbeRun) -> None:
@@ -221,11 +231,12 @@ def bench_workload(
             repeats=repeats,
             warmup=warmup,
             timeout=timeout,
+            nproc_per_node=processes,
             on_run=on_run,
         )
 
     report = measure(None, progress)
-    result = WorkloadResult(name, report, twin, twin_runs)
+    result = WorkloadResult(name, report, twin, twin_runs, processes=processes)
     if ablate and not report.unchanged and len(set(report.fixed)) > 1:
         for code in sorted(set(report.fixed)):
             echo(f"  {name}: {code} alone")
@@ -317,8 +328,11 @@ def render_markdown(data: Dict[str, Any]) -> str:
                 f" ({diff:.1e})" if diff is not None else ""
             )
         speedup = _x(w["speedup"]) + (" ~" if w.get("speed_within_noise") else "")
+        name = w["name"]
+        if (w.get("processes") or 1) > 1:
+            name += f" (torchrun, {w['processes']} processes)"
         lines.append(
-            f"| {w['name']} | {', '.join(w['fixed']) or '-'} | {_ms(w['step_time_before'])} "
+            f"| {name} | {', '.join(w['fixed']) or '-'} | {_ms(w['step_time_before'])} "
             f"| {_ms(w['step_time_after'])} | {speedup} | {_x(w.get('speedup_best_runs'))} "
             f"| {agree} "
             f"| {_mib(w['peak_memory_before'])} | {_mib(w['peak_memory_after'])} |"
@@ -335,6 +349,8 @@ def render_markdown(data: Dict[str, Any]) -> str:
     )
     if any(w.get("speed_within_noise") for w in data["workloads"]):
         lines.append("`~`: within run-to-run noise (the runs' step times overlap).")
+    if any((w.get("processes") or 1) > 1 for w in data["workloads"]):
+        lines.append("Workloads run under torchrun: rank 0's losses, step times and memory.")
     for w in data["workloads"]:
         twin = w.get("twin")
         if twin:

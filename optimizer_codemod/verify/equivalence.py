@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from optimizer_codemod.rule import Safety
-from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, run_probe
+from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, declared_processes, run_probe
 
 EXIT_EQUIVALENT, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 DEFAULT_STEPS, DEFAULT_REPEATS, DEFAULT_WARMUP = 20, 3, 3
@@ -136,6 +136,7 @@ class VerifyReport:
     unchanged: bool = False
     steps: int = DEFAULT_STEPS
     warmup: int = DEFAULT_WARMUP
+    processes: int = 1  # per run: more than 1 under torchrun
 
     @property
     def effective_rtol(self) -> Optional[float]:
@@ -215,6 +216,7 @@ class VerifyReport:
             "step_time_before": self.step_time(self.before),
             "step_time_after": self.step_time(self.after),
             "speedup": self.speedup,
+            "processes": self.processes,
             "before": runs(self.before),
             "after": runs(self.after),
         }
@@ -233,18 +235,28 @@ def verify_pair(
     seed: Optional[int] = 0,
     timeout: Optional[float] = None,
     cwd: Optional[str] = None,
-    nproc_per_node: int = 1,
+    nproc_per_node: Optional[int] = None,
     on_run: Optional[Callable[[ProbeRun], None]] = None,
 ) -> VerifyReport:
     """Run `original` and the `rewritten` text of it alternately; compare at `level`'s tolerance.
 
     The rewritten text is written to a temporary file in the original's folder, removed after.
+    `nproc_per_node` None: as the original declares (`# bench: torchrun --nproc-per-node N`),
+    else one process.
     """
     original = os.fspath(original)
+    if nproc_per_node is None:
+        nproc_per_node = declared_processes(original) or 1
     warmup = min(DEFAULT_WARMUP if warmup is None else warmup, steps - 1)
     tolerance = tolerance_for(level)
     report = VerifyReport(
-        original, level, tolerance, list(fixed), steps=steps, warmup=max(warmup, 0)
+        original,
+        level,
+        tolerance,
+        list(fixed),
+        steps=steps,
+        warmup=max(warmup, 0),
+        processes=nproc_per_node,
     )
     options = ProbeOptions(
         steps=steps,
@@ -337,7 +349,7 @@ def verify_script(
     warmup: Optional[int] = None,
     seed: Optional[int] = 0,
     timeout: Optional[float] = None,
-    nproc_per_node: int = 1,
+    nproc_per_node: Optional[int] = None,
     on_run: Optional[Callable[[ProbeRun], None]] = None,
 ) -> VerifyReport:
     """Rewrite `path` with `settings` (defaults: the built-in ones) and verify the result."""
@@ -435,9 +447,10 @@ def render(report: VerifyReport) -> str:
         device = _first(report.before + report.after, "device", "?")
         name = _first(report.before + report.after, "device_name", "")
         torch = _first(report.before + report.after, "torch", "?")
+        launch = f"; torchrun, {report.processes} processes" if report.processes > 1 else ""
         lines.append(
             f"runs: {len(report.before)} original, {len(report.after)} rewritten, alternating; "
-            f"{report.steps} steps each ({report.warmup} warm-up); "
+            f"{report.steps} steps each ({report.warmup} warm-up){launch}; "
             f"{device} ({name}), torch {torch}"
         )
     if report.error:
@@ -551,7 +564,7 @@ def verify_command(
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
     timeout: Optional[float] = None,
-    nproc_per_node: int = 1,
+    nproc_per_node: Optional[int] = None,
     json_path: Optional[str] = None,
     echo: Optional[Callable[..., None]] = None,
 ) -> int:

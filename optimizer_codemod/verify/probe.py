@@ -19,6 +19,10 @@ set them) after these hooks are installed:
   script's `except Exception:` does not swallow it); the probe catches it, writes the result,
   and lets the script's DataLoader iterators be collected so their workers shut down.
 
+Under torchrun every process runs the probe and stops after the same step (DDP keeps the
+ranks in step, so no collective is left waiting); each then destroys the process group the
+script left. Rank 0 (env RANK) writes `--out`, rank N writes `--out` + `.rankN`.
+
 The JSON result holds `losses`, `step_times` (seconds, measured steps only), `steps`, `warmup`,
 `measured_seconds` (synchronised window), `step_time` (the figure to compare, see `_step_time`),
 `device`, `torch`, `peak_memory` with `peak_memory_kind`, `status` (`stopped` after the requested
@@ -349,9 +353,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if error:
         sys.stderr.write(error if error.endswith("\n") else error + "\n")
     shut_down_data_loader_workers()
+    if status in ("stopped", "finished"):
+        tear_down_process_group(torch)
     del recorder
     gc.collect()
     return code
+
+
+def tear_down_process_group(torch: Any) -> None:
+    """Destroy the process group a stopped script left behind (torchrun runs).
+
+    Every rank stops after the same optimizer step, where DDP has no collective in flight, so
+    destroying the group is local and exits cleanly (nccl warns about a group left alive).
+    After a failure it is left alone: the launcher ends the other ranks.
+    """
+    try:
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            distributed.destroy_process_group()
+    except Exception:  # teardown must not turn a measured run into a failure
+        pass
 
 
 def shut_down_data_loader_workers() -> None:
