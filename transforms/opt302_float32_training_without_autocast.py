@@ -103,11 +103,13 @@ class Float32TrainingWithoutAutocast(Rule):
         no loss scaling is needed. Backward stays outside the autocast region. Not applied
         when the script already chose a precision (autocast, `.half()`, 16-bit dtypes), when
         the model is never placed on a device (a CPU-only script), or when the loss is not
-        computed in the same block as backward. `BCELoss` and `binary_cross_entropy` raise
-        under CUDA autocast: the rule reports them (compute logits and use
-        `BCEWithLogitsLoss`) instead of writing a script that crashes; custom autograd
-        Functions are reported too (they need `torch.amp.custom_fwd`). GPUs without bfloat16
-        (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
+        computed in the same block as backward. An evaluation forward in a function where the
+        device variable is not bound (a sampler that only receives the model) stays in
+        float32: the autocast written there would raise NameError. `BCELoss` and
+        `binary_cross_entropy` raise under CUDA autocast: the rule reports them (compute
+        logits and use `BCEWithLogitsLoss`) instead of writing a script that crashes; custom
+        autograd Functions are reported too (they need `torch.amp.custom_fwd`). GPUs without
+        bfloat16 (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -160,6 +162,14 @@ class Float32TrainingWithoutAutocast(Rule):
             return
         anchor = steps[0].forward[0]
         if self._reports_hazard(anchor):
+            return
+        if not all(visible_at(facts, device, step.forward[0]) for step in steps):
+            self.report(
+                anchor,
+                message="Float32 training without autocast; the device the model is placed on "
+                "is not visible where the loss is computed: pass it (or its type) there and "
+                "wrap forward and loss in `torch.autocast(device.type, dtype=torch.bfloat16)`",
+            )
             return
         torch_name = facts.imports.name_for_module("torch")
         imports = () if torch_name else (ImportSpec("torch"),)
@@ -231,6 +241,8 @@ class Float32TrainingWithoutAutocast(Rule):
         optimizer = optimizer_name(facts, model)
         construction = model.optimizer.site.statement
         if optimizer is None or not isinstance(construction, cst.SimpleStatementLine):
+            return None
+        if not visible_at(facts, device, construction):
             return None
         scaler = "scaler" if not facts.imports.is_bound("scaler") else "grad_scaler"
         if facts.imports.is_bound(scaler):

@@ -11,6 +11,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_device,
     the_trained_model,
+    visible_at,
 )
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -105,7 +106,7 @@ class ModelTrainedWithoutCompile(Rule):
             return
         anchor = model_built(facts, model)
         device = model_device(facts, model)
-        if anchor is None or device is None:
+        if anchor is None or device is None or not visible_at(facts, device, anchor):
             return
         device_type = device_type_code(facts, device)
         compile_call = f"{model.name}.compile()"
