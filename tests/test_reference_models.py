@@ -17,7 +17,7 @@ import pytest
 from optimizer_codemod.diagnostics import Status
 from optimizer_codemod.verify.bench import SCRIPT, SNAPSHOT, rewrite_workload, workloads
 from optimizer_codemod.verify.equivalence import verify_pair
-from optimizer_codemod.verify.runner import ProbeOptions, run_probe
+from optimizer_codemod.verify.runner import ProbeOptions, declared_processes, run_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "reference_models"
@@ -28,7 +28,16 @@ CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 
 def test_the_workloads_are_there() -> None:
     names = {folder.name for folder in FOLDERS}
-    assert {"sgld_mnist", "resnet_cifar", "char_transformer", "naive_gpt", "expert_gpt"} <= names
+    assert {
+        "sgld_mnist",
+        "resnet_cifar",
+        "char_transformer",
+        "naive_gpt",
+        "expert_gpt",
+        "mmdit_ddp",
+        "sudoku_diffusion",
+        "vision_bdh",
+    } <= names
     # The expert twin is measured against naive_gpt's rewrite, not as a workload of its own.
     assert "expert_gpt" not in {Path(f).name for f in workloads(str(REFERENCE))}
 
@@ -46,14 +55,20 @@ def test_snapshot_is_up_to_date(folder: Path) -> None:
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=[folder.name for folder in FOLDERS])
 def test_both_versions_run_on_cpu_and_agree(folder: Path, monkeypatch) -> None:
-    """A few steps at CPU size; the figures are printed (pytest -s shows them)."""
+    """A few steps at CPU size; the figures are printed (pytest -s shows them).
+
+    A workload with a `# bench: torchrun --nproc-per-node N` line runs under torchrun, as bench
+    runs it (mmdit_ddp: 2 gloo processes).
+    """
     for key, value in CPU_ONLY.items():
         monkeypatch.setenv(key, value)
     script = folder / SCRIPT
+    processes = declared_processes(str(script)) or 1
     result = rewrite_workload(str(script))
     args = ["--size", "cpu"]
     if not result.changed:  # the hand-optimized twin: it must still run
-        run = run_probe(str(script), args, ProbeOptions(steps=3, timeout=120))
+        options = ProbeOptions(steps=3, timeout=120, nproc_per_node=processes)
+        run = run_probe(str(script), args, options)
         assert run.problem() is None, run.stderr_tail()
         return
     fixed = [d for d in result.diagnostics if d.status is Status.FIXED]
@@ -71,4 +86,7 @@ def test_both_versions_run_on_cpu_and_agree(folder: Path, monkeypatch) -> None:
     sys.stdout.write(report.render())
     assert report.error is None, report.error
     assert report.equivalent, report.render()
+    assert report.processes == processes
+    for run in report.before + report.after:  # every rank stopped after the same step
+        assert [r["steps"] for r in run.result.get("other_ranks", [])] == [4] * (processes - 1)
     assert not [p for p in os.listdir(folder) if "optcodemod-verify" in p]

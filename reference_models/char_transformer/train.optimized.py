@@ -101,6 +101,8 @@ def main():
     model = CharTransformer(
         len(vocab), size["context"], size["width"], size["layers"], size["heads"]
     ).to(device)
+    if device.type == "cuda":
+        model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
 
     step = 0
@@ -108,8 +110,9 @@ def main():
         model.train()
         for x, y in loader:
             x, y = x.to(device), y.to(device)
-            logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = model(x)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -124,7 +127,8 @@ def main():
     with torch.inference_mode():
         for x, y in val_loader:
             x, y = x.to(device), y.to(device)
-            logits = model(x)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = model(x)
             total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).item()
             batches += 1
             if batches >= 10:

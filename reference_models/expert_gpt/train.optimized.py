@@ -21,7 +21,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 SIZES = {
-    "cpu": {"vocab": 256, "context": 32, "width": 32, "layers": 2, "heads": 2, "batch_size": 8},
+    "cpu": {
+        "vocab": 2048,
+        "context": 128,
+        "width": 256,
+        "layers": 4,
+        "heads": 4,
+        "batch_size": 8,
+    },
     "gpu": {
         "vocab": 50304,
         "context": 1024,

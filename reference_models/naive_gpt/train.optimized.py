@@ -24,7 +24,14 @@ from torch.utils.data import DataLoader, Dataset
 torch.set_float32_matmul_precision("high")
 
 SIZES = {
-    "cpu": {"vocab": 256, "context": 32, "width": 32, "layers": 2, "heads": 2, "batch_size": 8},
+    "cpu": {
+        "vocab": 2048,
+        "context": 128,
+        "width": 256,
+        "layers": 4,
+        "heads": 4,
+        "batch_size": 8,
+    },
     "gpu": {
         "vocab": 50304,
         "context": 1024,
@@ -146,24 +153,30 @@ def main():
     )
     model = GPT(size["vocab"], size["context"], size["width"], size["layers"], size["heads"])
     model = model.to(device)
+    if device.type == "cuda":
+        model.compile()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True
     )
 
     step = 0
     for epoch in range(args.epochs):
+        running_loss = 0.0
         for x, y in loader:
             x, y = x.to(device), y.to(device)
-            loss = model(x, y)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(x, y)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+            running_loss += loss.detach().float()
             step += 1
             if args.steps and step >= args.steps:
                 return
             if step % 50 == 0:
-                print(f"step {step}: loss {loss.item():.4f}")
+                print(f"step {step}: loss {float(running_loss) / 50:.4f}")
+                running_loss = 0.0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 SIZES = {
-    "cpu": {"vocab": 256, "context": 32, "width": 32, "layers": 2, "heads": 2, "batch_size": 8},
+    "cpu": {
+        "vocab": 2048,
+        "context": 128,
+        "width": 256,
+        "layers": 4,
+        "heads": 4,
+        "batch_size": 8,
+    },
     "gpu": {
         "vocab": 50304,
         "context": 1024,
@@ -144,6 +151,7 @@ def main():
 
     step = 0
     for epoch in range(args.epochs):
+        running_loss = 0.0
         for x, y in loader:
             x, y = x.to(device), y.to(device)
             loss = model(x, y)
@@ -151,11 +159,13 @@ def main():
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+            running_loss += loss.item()
             step += 1
             if args.steps and step >= args.steps:
                 return
             if step % 50 == 0:
-                print(f"step {step}: loss {loss.item():.4f}")
+                print(f"step {step}: loss {running_loss / 50:.4f}")
+                running_loss = 0.0
 
 
 if __name__ == "__main__":

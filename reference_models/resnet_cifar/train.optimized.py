@@ -104,6 +104,9 @@ def main():
         pin_memory=torch.cuda.is_available(),
     )
     model = ResNet(size["widths"], size["blocks"]).to(device)
+    if device.type == "cuda":
+        model.compile()
+    model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, fused=True
     )

@@ -95,6 +95,8 @@ def main():
         train_set, batch_size=size["batch_size"], shuffle=True, pin_memory=torch.cuda.is_available()
     )
     model = MLP(size["hidden"]).to(device)
+    if device.type == "cuda":
+        model.compile()
     # Temperature 1/N: the posterior of the whole training set, sampled one batch at a time.
     optimizer = SGLD(model.parameters(), lr=1e-3, temperature=1.0 / len(train_set))
 
@@ -105,7 +107,8 @@ def main():
             data = data.to(device, non_blocking=True)
             target = target.to(device, non_blocking=True)
             optimizer.zero_grad()
-            loss = F.nll_loss(model(data), target)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = F.nll_loss(model(data), target)
             loss.backward()
             optimizer.step()
             step += 1
