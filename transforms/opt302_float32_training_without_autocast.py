@@ -115,7 +115,10 @@ class Float32TrainingWithoutAutocast(Rule):
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
         training step (width 256, 4 layers, context 128, batch 8) took 85 ms with bfloat16
         autocast against 172 ms in float32; the tiny CPU-size GPT (width 32) became slower
-        (4.1 ms against 3.0 ms), casts outweighing the smaller matrix products. On GPUs,
+        (4.1 ms against 3.0 ms), casts outweighing the smaller matrix products. On that CPU,
+        `F.scaled_dot_product_attention` forward+backward under bfloat16 autocast is 2 to 4
+        times slower than in float32 (non-causal, head dim 12 to 64: the CPU kernel, not
+        the rule), so a script that also gets OPT406 can lose there (sudoku_diffusion). On GPUs,
         NVIDIA reports mixed-precision training speedups of 1.5x to 5.5x on Volta-class tensor
         cores (Micikevicius et al., "Mixed Precision Training", ICLR 2018; NVIDIA Deep
         Learning Performance Guide).

@@ -175,21 +175,30 @@ def unwrapped(facts: "ScriptFacts", name: str) -> Tuple[str, Optional[str]]:
     return name, None
 
 
-def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> Set[str]:
-    """Names whose `.parameters()` (or `named_parameters()`) reach `node`."""
+def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression) -> Set[str]:
+    """Names whose `.parameters()` (or `named_parameters()`) reach `node`, directly or through
+    names assigned up to MAX_DEPTH steps away (`params = list(model.parameters())`). Each name
+    is followed once: library code reassigns the same names many times."""
     owners: Set[str] = set()
-    if depth > MAX_DEPTH:
-        return owners
-    for call in find_all(node, cst.Call):
-        if callee_name(call) in ("parameters", "named_parameters"):
-            inner = receiver(call)
-            name = dotted_name(inner) if inner is not None else None
-            if name is not None:
-                owners.add(name.removesuffix(".module"))
-    for name_node in find_all(node, cst.Name):
-        for assignment in facts.assignments_to(name_node.value):
-            if not assignment.unpacked:
-                owners |= _parameter_owners(facts, assignment.value, depth + 1)
+    seen: Set[str] = set()
+    frontier = [node]
+    for _ in range(MAX_DEPTH + 1):
+        following: List[cst.BaseExpression] = []
+        for expression in frontier:
+            for call in find_all(expression, cst.Call):
+                if callee_name(call) in ("parameters", "named_parameters"):
+                    inner = receiver(call)
+                    name = dotted_name(inner) if inner is not None else None
+                    if name is not None:
+                        owners.add(name.removesuffix(".module"))
+            for name_node in find_all(expression, cst.Name):
+                if name_node.value in seen:
+                    continue
+                seen.add(name_node.value)
+                following.extend(
+                    a.value for a in facts.assignments_to(name_node.value) if not a.unpacked
+                )
+        frontier = following
     return owners
 
 
