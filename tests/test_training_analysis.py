@@ -1,0 +1,151 @@
+"""analysis/training.py: which model is trained, where, on which device, and at what cost."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from optimizer_codemod.analysis.script import ScriptFacts
+from optimizer_codemod.analysis.training import (
+    device_type_code,
+    model_built,
+    model_device,
+    the_trained_model,
+    trained_models,
+    training_steps,
+    visible_at,
+)
+
+
+def facts_of(*parts: str) -> ScriptFacts:
+    return ScriptFacts.of(cst.parse_module("".join(textwrap.dedent(p) for p in parts)))
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node).strip()
+
+
+LOOP = """
+for x, y in loader:
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_model_rebound_by_placement_and_wrapped_in_ddp() -> None:
+    facts = facts_of(
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = Net()
+        model = model.to(device)
+        model = DDP(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        class Net(torch.nn.Module):
+            pass
+        """,
+        LOOP,
+    )
+    model = the_trained_model(facts)
+    assert (model.name, model.wrapped_as) == ("model", "model")
+    assert code(model_built(facts, model)) == "model = model.to(device)"
+    assert code(model_device(facts, model)) == "device"
+
+
+def test_custom_optimizer_and_parameters_through_a_name() -> None:
+    facts = facts_of(
+        """
+        import torch
+        class SGLD(torch.optim.Optimizer):
+            pass
+        net = torch.nn.Linear(4, 1)
+        params = list(net.parameters())
+        optimizer = SGLD(params, lr=0.1)
+        """,
+        LOOP.replace("model(", "net("),
+    )
+    assert [m.name for m in trained_models(facts)] == ["net"]
+
+
+def test_two_models_have_no_single_trained_model() -> None:
+    facts = facts_of(
+        """
+        import torch
+        g = torch.nn.Linear(4, 4)
+        d = torch.nn.Linear(4, 1)
+        opt_g = torch.optim.Adam(g.parameters())
+        opt_d = torch.optim.Adam(d.parameters())
+        """,
+        LOOP,
+    )
+    assert {m.name for m in trained_models(facts)} == {"g", "d"}
+    assert the_trained_model(facts) is None
+
+
+def test_training_step_spans_forward_to_loss_before_backward() -> None:
+    facts = facts_of("""
+        import torch
+        model = torch.nn.Linear(4, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            x = x.to(device)
+            out = model(x)
+            loss = loss_fn(out, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+        """)
+    (step,) = training_steps(facts, the_trained_model(facts))
+    assert [code(s) for s in step.forward] == ["out = model(x)", "loss = loss_fn(out, y)"]
+    assert (step.loss, step.scaler) == ("loss", "scaler")
+
+
+@pytest.mark.parametrize(
+    "assignment, expected",
+    [
+        ('device = torch.device("cuda" if torch.cuda.is_available() else "cpu")', "device.type"),
+        ('device = "cuda" if torch.cuda.is_available() else "cpu"', "device"),
+        ('device = f"cuda:{rank}"', "torch.device(device).type"),
+        ("device = args.device", "torch.device(device).type"),
+    ],
+)
+def test_device_type_code(assignment: str, expected: str) -> None:
+    facts = facts_of(f"import torch\n{assignment}\nmodel = torch.nn.Linear(4, 1).to(device)\n")
+    device = cst.parse_expression("device")
+    assert device_type_code(facts, device) == expected
+
+
+def test_device_visible_only_where_it_is_bound() -> None:
+    module = cst.parse_module(textwrap.dedent("""
+        def solve(model, puzzles):
+            probs = model(puzzles)
+
+        def evaluate(model, loader, device):
+            logits = model(loader)
+
+        def main():
+            device = "cpu"
+            out = model(x)
+        """))
+    facts = ScriptFacts(module, ScriptFacts.of(module).records)
+    functions = {f.name.value: f for f in module.body}
+    device = cst.parse_expression("device")
+    visible = {name: visible_at(facts, device, f.body.body[-1]) for name, f in functions.items()}
+    assert visible == {"solve": False, "evaluate": True, "main": True}
+
+
+def test_parameter_owners_follow_each_name_once(monkeypatch) -> None:
+    # Library code reassigns the same names many times; following every assignment of every
+    # name again at each depth made one torch source file take minutes.
+    lines = ["import torch", "p0 = model.parameters()"]
+    for i in range(1, 12):
+        lines += [f"p{i} = p{i - 1} + p{i - 1}", f"p{i} = [p{i - 1}, p{i - 1}]"]
+    lines += ["optimizer = torch.optim.SGD(p11)", "model = torch.nn.Linear(4, 1)", LOOP]
+    facts = facts_of("\n".join(lines))
+    calls = []
+    original = facts.assignments_to
+    monkeypatch.setattr(facts, "assignments_to", lambda name: calls.append(name) or original(name))
+    trained_models(facts)
+    assert len(calls) < 60, f"{len(calls)} lookups"
