@@ -580,3 +580,53 @@ def model_output_names(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
         for assignment in facts.records.assignments
         if isinstance(assignment.value, cst.Call) and dotted_name(assignment.value.func) in names
     }
+
+
+# Gradient accumulation ------------------------------------------------------------------------
+def accumulation_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingStep]:
+    """Like training_steps, for rules that wrap the whole step: the loss may also be divided
+    by the accumulation count (`(loss / accum).backward()`, `scaler.scale(loss / accum)...`)
+    and assigned under a `with` (`with torch.autocast(...): loss = ...`)."""
+    steps: List[TrainingStep] = []
+    model_names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+    for backward in facts.backward_calls:
+        loop = backward.site.loop
+        statement = backward.site.statement
+        if loop is None or backward.method != "backward":
+            continue
+        inner = receiver(backward.node)
+        scaler = None
+        if (
+            isinstance(inner, cst.Call)
+            and callee_name(inner) == "scale"
+            and len(inner.args) == 1
+            and isinstance(inner.func, cst.Attribute)
+        ):
+            scaler = dotted_name(inner.func.value)
+            inner = inner.args[0].value
+        if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Divide):
+            inner = inner.left
+        loss = dotted_name(inner) if inner is not None else None
+        block = enclosing_block(loop.node, statement)
+        if loss is None or block is None:
+            continue
+        index = next(i for i, s in enumerate(block) if s is statement)
+        last = max((i for i in range(index) if _assigns_within(block[i], loss)), default=None)
+        if last is None:
+            continue
+        first = next(
+            (i for i in range(last + 1) if any(_mentions(block[i], n) for n in model_names)),
+            None,
+        )
+        if first is not None:
+            steps.append(
+                TrainingStep(loop, backward, loss, scaler, block, tuple(block[first : last + 1]))
+            )
+    return steps
+
+
+def _assigns_within(statement: cst.CSTNode, name: str) -> bool:
+    """_assigns, looking through the bodies of `with` statements."""
+    if isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock):
+        return any(_assigns_within(inner, name) for inner in statement.body.body)
+    return _assigns(statement, name)

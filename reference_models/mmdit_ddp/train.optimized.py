@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+import contextlib
 
 SIZES = {
     "cpu": {
@@ -285,11 +286,13 @@ def main():
             for batch_images, batch_captions in loader:
                 batch_images = batch_images.to(device)
                 batch_captions = batch_captions.to(device)
-                with torch.amp.autocast("cuda", dtype=torch.float16):
-                    loss = flow_matching_loss(model, batch_images, batch_captions)
-                scaler.scale(loss / ACCUMULATION).backward()
                 micro_step += 1
-                if micro_step % ACCUMULATION != 0:
+                sync = micro_step % ACCUMULATION == 0
+                with contextlib.nullcontext() if sync else model.no_sync():
+                    with torch.amp.autocast("cuda", dtype=torch.float16):
+                        loss = flow_matching_loss(model, batch_images, batch_captions)
+                    scaler.scale(loss / ACCUMULATION).backward()
+                if not sync:
                     continue
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
