@@ -149,3 +149,18 @@ def test_parameter_owners_follow_each_name_once(monkeypatch) -> None:
     monkeypatch.setattr(facts, "assignments_to", lambda name: calls.append(name) or original(name))
     trained_models(facts)
     assert len(calls) < 60, f"{len(calls)} lookups"
+
+
+def test_training_step_with_a_divided_loss_assigned_under_a_with() -> None:
+    facts = facts_of("""
+        import torch
+        model = torch.nn.Linear(4, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            with torch.enable_grad():
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss / accumulation).backward()
+        """)
+    (step,) = training_steps(facts, the_trained_model(facts))
+    assert (step.loss, step.scaler) == ("loss", "scaler")
+    assert [code(s).splitlines()[0] for s in step.forward] == ["with torch.enable_grad():"]

@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
+from optimizer_codemod.analysis.nodes import under_with
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -272,7 +273,11 @@ class Float32TrainingWithoutAutocast(Rule):
                     backward,
                     backward.with_changes(
                         func=backward.func.with_changes(
-                            value=cst.parse_expression(f"{scaler}.scale({step.loss})")
+                            value=cst.Call(
+                                func=cst.parse_expression(f"{scaler}.scale"),
+                                # `(loss / 4).backward()`: as an argument the division needs no parentheses
+                                args=[cst.Arg(backward.func.value.with_changes(lpar=(), rpar=()))],
+                            )
                         )
                     ),
                 )
@@ -298,12 +303,6 @@ class Float32TrainingWithoutAutocast(Rule):
 
 def wrapped_in(statements: Tuple[cst.BaseStatement, ...], context: str) -> List[Edit]:
     """Edits that put consecutive `statements` under `with context:`, comments kept."""
-    first = statements[0]
-    block = cst.With(
-        items=[cst.WithItem(cst.parse_expression(context))],
-        body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *statements[1:]]),
-        leading_lines=first.leading_lines,
-    )
-    edits: List[Edit] = [Replace(first, block)]
+    edits: List[Edit] = [Replace(statements[0], under_with(statements, context))]
     edits.extend(Replace(statement, cst.RemovalSentinel.REMOVE) for statement in statements[1:])
     return edits

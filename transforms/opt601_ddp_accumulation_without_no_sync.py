@@ -9,15 +9,15 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import positional
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     GRADIENT_CLIPPING,
     TrainedModel,
     TrainingStep,
-    accumulation_steps,
     optimizer_name,
     the_trained_model,
+    training_steps,
     wrapper_assignments,
     visible_at,
 )
@@ -210,11 +210,10 @@ class DDPAccumulationWithoutNoSync(Rule):
         optimizer = optimizer_name(facts, model)
         if optimizer is None:
             return
-        for step in accumulation_steps(facts, model):
+        for step in training_steps(facts, model):
             self._check_step(model, step, optimizer)
 
     def _check_step(self, model: TrainedModel, step: TrainingStep, optimizer: str) -> None:
-        facts = self.facts
         wrapper = model.wrapped_as
         assert wrapper is not None
         receivers = {optimizer} | ({step.scaler} if step.scaler else set())
@@ -406,20 +405,15 @@ class DDPAccumulationWithoutNoSync(Rule):
     ) -> List[Edit]:
         contextlib = self.facts.imports.name_for_module("contextlib") or "contextlib"
         first = region[0]
-        block = cst.With(
-            items=[
-                cst.WithItem(
-                    cst.parse_expression(
-                        f"{contextlib}.nullcontext() if {sync} else {wrapper}.{NO_SYNC}()"
-                    )
-                )
-            ],
-            body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *region[1:]]),
+        block = under_with(
+            region, f"{contextlib}.nullcontext() if {sync} else {wrapper}.{NO_SYNC}()"
         )
         statements = [*before, block]
-        statements[0] = statements[0].with_changes(
-            leading_lines=[*first.leading_lines, *statements[0].leading_lines]
-        )
+        if before:
+            statements[0] = statements[0].with_changes(
+                leading_lines=[*first.leading_lines, *statements[0].leading_lines]
+            )
+            statements[-1] = block.with_changes(leading_lines=())
         edits: List[Edit] = [Replace(first, cst.FlattenSentinel(statements))]
         edits.extend(Replace(s, cst.RemovalSentinel.REMOVE) for s in region[1:])
         return edits

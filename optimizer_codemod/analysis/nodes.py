@@ -6,7 +6,7 @@ what a whole `apply` over a typical project takes; a plain walk over `children` 
 
 from __future__ import annotations
 
-from typing import List, Optional, Type
+from typing import List, Optional, Sequence, Type
 
 import libcst as cst
 
@@ -39,3 +39,14 @@ def single_assignment(line: cst.CSTNode, name: str) -> Optional[cst.Assign]:
     ):
         return small
     return None
+
+
+def under_with(statements: Sequence[cst.BaseStatement], context: str) -> cst.With:
+    """`with context:` holding consecutive `statements`; the comments and blank lines above
+    the first statement move above the `with`."""
+    first = statements[0]
+    return cst.With(
+        items=[cst.WithItem(cst.parse_expression(context))],
+        body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *statements[1:]]),
+        leading_lines=first.leading_lines,
+    )

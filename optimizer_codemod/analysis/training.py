@@ -367,21 +367,34 @@ def _assigns(statement: cst.CSTNode, name: str) -> bool:
     return False
 
 
+def _assigns_within(statement: cst.CSTNode, name: str) -> bool:
+    """_assigns, looking through the bodies of `with` statements."""
+    if isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock):
+        return any(_assigns_within(inner, name) for inner in statement.body.body)
+    return _assigns(statement, name)
+
+
 def _backward_subject(call: cst.Call) -> Tuple[Optional[str], Optional[str]]:
-    """(loss, scaler) for `loss.backward()` and `scaler.scale(loss).backward()`."""
+    """(loss, scaler) for `loss.backward()` and `scaler.scale(loss).backward()`, the loss
+    possibly divided first (`(loss / accumulation).backward()`)."""
     inner = receiver(call)
+    scaler = None
     if (
         isinstance(inner, cst.Call)
         and callee_name(inner) == "scale"
         and len(inner.args) == 1
         and isinstance(inner.func, cst.Attribute)
     ):
-        return dotted_name(inner.args[0].value), dotted_name(inner.func.value)
-    return (dotted_name(inner) if inner is not None else None), None
+        scaler = dotted_name(inner.func.value)
+        inner = inner.args[0].value
+    if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Divide):
+        inner = inner.left
+    return (dotted_name(inner) if inner is not None else None), scaler
 
 
 def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingStep]:
-    """Every backward call in a loop whose loss is computed from `model` in the same block."""
+    """Every backward call in a loop whose loss is computed from `model` in the same block
+    (the loss may be assigned under a `with`: `with ctx: loss = ...`)."""
     steps: List[TrainingStep] = []
     model_names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
     for backward in facts.backward_calls:
@@ -394,7 +407,7 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
         if loss is None or block is None:
             continue
         index = next(i for i, s in enumerate(block) if s is statement)
-        last = max((i for i in range(index) if _assigns(block[i], loss)), default=None)
+        last = max((i for i in range(index) if _assigns_within(block[i], loss)), default=None)
         if last is None:
             continue
         first = next(
@@ -580,53 +593,3 @@ def model_output_names(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
         for assignment in facts.records.assignments
         if isinstance(assignment.value, cst.Call) and dotted_name(assignment.value.func) in names
     }
-
-
-# Gradient accumulation ------------------------------------------------------------------------
-def accumulation_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingStep]:
-    """Like training_steps, for rules that wrap the whole step: the loss may also be divided
-    by the accumulation count (`(loss / accum).backward()`, `scaler.scale(loss / accum)...`)
-    and assigned under a `with` (`with torch.autocast(...): loss = ...`)."""
-    steps: List[TrainingStep] = []
-    model_names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
-    for backward in facts.backward_calls:
-        loop = backward.site.loop
-        statement = backward.site.statement
-        if loop is None or backward.method != "backward":
-            continue
-        inner = receiver(backward.node)
-        scaler = None
-        if (
-            isinstance(inner, cst.Call)
-            and callee_name(inner) == "scale"
-            and len(inner.args) == 1
-            and isinstance(inner.func, cst.Attribute)
-        ):
-            scaler = dotted_name(inner.func.value)
-            inner = inner.args[0].value
-        if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Divide):
-            inner = inner.left
-        loss = dotted_name(inner) if inner is not None else None
-        block = enclosing_block(loop.node, statement)
-        if loss is None or block is None:
-            continue
-        index = next(i for i, s in enumerate(block) if s is statement)
-        last = max((i for i in range(index) if _assigns_within(block[i], loss)), default=None)
-        if last is None:
-            continue
-        first = next(
-            (i for i in range(last + 1) if any(_mentions(block[i], n) for n in model_names)),
-            None,
-        )
-        if first is not None:
-            steps.append(
-                TrainingStep(loop, backward, loss, scaler, block, tuple(block[first : last + 1]))
-            )
-    return steps
-
-
-def _assigns_within(statement: cst.CSTNode, name: str) -> bool:
-    """_assigns, looking through the bodies of `with` statements."""
-    if isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock):
-        return any(_assigns_within(inner, name) for inner in statement.body.body)
-    return _assigns(statement, name)
