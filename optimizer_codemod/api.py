@@ -18,7 +18,13 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
-from optimizer_codemod.engine import PRECISIONS, RewriteOptions, may_contain_findings, rewrite_bytes
+from optimizer_codemod.engine import (
+    PRECISIONS,
+    TARGET_DEVICES,
+    RewriteOptions,
+    may_contain_findings,
+    rewrite_bytes,
+)
 from optimizer_codemod.errors import OptcodemodError
 from optimizer_codemod.formatting import (
     FormatterUnavailable,
@@ -162,6 +168,7 @@ def rewrite(
     unsafe_fixes: Optional[bool] = None,
     target_torch: Optional[str] = None,
     precision: Optional[str] = None,
+    target_device: Optional[str] = None,
     settings: Optional[Settings] = None,
 ) -> Rewritten:
     """Rewrite Python source (or notebook JSON when `path` ends in .ipynb).
@@ -172,6 +179,9 @@ def rewrite(
     base = settings or Settings()
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if target_device is not None and target_device not in TARGET_DEVICES:
+        choices = ", ".join(TARGET_DEVICES)
+        raise ValueError(f"target_device must be one of {choices}, not {target_device!r}")
     layer = RuleSelection(
         tuple(validate_codes(list(select), "select")) if select is not None else None,
         tuple(validate_codes(list(extend_select or ()), "extend-select")),
@@ -182,6 +192,7 @@ def rewrite(
         unsafe_fixes=unsafe_fixes,
         target_torch=TorchVersion.parse(target_torch) if target_torch is not None else None,
         precision=precision,
+        target_device=target_device,
     )
     as_text = isinstance(source, str)
     src = source.encode("utf-8") if as_text else source

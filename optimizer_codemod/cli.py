@@ -23,7 +23,7 @@ from optimizer_codemod.config import (
     validate_codes,
 )
 from optimizer_codemod.discovery import discover
-from optimizer_codemod.engine import PRECISIONS
+from optimizer_codemod.engine import PRECISIONS, TARGET_DEVICES
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.registry import all_rules, rule_by_code
 from optimizer_codemod.report import FORMATS, ReportContext, statistics
@@ -87,6 +87,11 @@ def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
     help="16-bit type for autocast (default bf16; fp16 adds a GradScaler).",
 )
 @click.option(
+    "--target-device",
+    type=click.Choice(TARGET_DEVICES),
+    help="Where the script will train: what the output is tuned for (default cuda).",
+)
+@click.option(
     "--output-format", type=click.Choice(sorted(FORMATS)), default="text", show_default=True
 )
 @click.option("--statistics", "show_statistics", is_flag=True, help="Count findings per rule.")
@@ -105,6 +110,7 @@ def apply(
     unsafe_fixes: Optional[bool],
     target_torch: Optional[TorchVersion],
     precision: Optional[str],
+    target_device: Optional[str],
     output_format: str,
     show_statistics: bool,
     jobs: int,
@@ -123,6 +129,7 @@ def apply(
         unsafe_fixes=unsafe_fixes,
         target_torch=target_torch,
         precision=precision,
+        target_device=target_device,
     )
     if "-" in paths:
         if len(paths) > 1:
@@ -230,6 +237,7 @@ def rules(output_format: str) -> None:
                 "name": r.name,
                 "safety": r.safety.label,
                 "min_torch": str(r.min_torch),
+                "target_devices": list(r.target_devices),
                 "summary": r.message,
                 "fix": r.fix_title,
             }
@@ -238,12 +246,17 @@ def rules(output_format: str) -> None:
         click.echo(json.dumps(records, indent=2))
         return
     rows = [("code", "name", "safety", "torch", "summary")]
-    rows += [(r.code, r.name, r.safety.label, str(r.min_torch), r.message) for r in table]
+    rows += [(r.code, r.name, r.safety.label, str(r.min_torch), _summary(r)) for r in table]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         click.echo(
             "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
         )
+
+
+def _summary(rule: type) -> str:
+    limit = rule.device_limit()
+    return f"{rule.message} ({limit})" if limit else rule.message
 
 
 @main.command()
@@ -310,6 +323,11 @@ def generate_docs(output: str, check: bool, results: Optional[str]) -> None:
 @click.option("--unsafe-fixes/--no-unsafe-fixes", default=None, help="Also apply behaviour fixes.")
 @click.option("--target-torch", callback=_target, help="Oldest torch the output must run on.")
 @click.option("--precision", type=click.Choice(PRECISIONS), help="16-bit type for autocast.")
+@click.option(
+    "--target-device",
+    type=click.Choice(TARGET_DEVICES),
+    help="Where the script will train: what the rewrite is tuned for (default cuda).",
+)
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds allowed for each run.")
 @click.option(
     "--nproc-per-node",
@@ -334,6 +352,7 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
         unsafe_fixes=options.pop("unsafe_fixes"),
         target_torch=options.pop("target_torch"),
         precision=options.pop("precision"),
+        target_device=options.pop("target_device"),
     )
     sys.exit(verify_command(script, script_args, settings, echo=click.echo, **options))
 

@@ -12,7 +12,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pathspec
 
-from optimizer_codemod.engine import DEFAULT_PRECISION, PRECISIONS, RewriteOptions
+from optimizer_codemod.engine import (
+    DEFAULT_PRECISION,
+    DEFAULT_TARGET_DEVICE,
+    PRECISIONS,
+    TARGET_DEVICES,
+    RewriteOptions,
+)
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.registry import all_rules, is_known_prefix, matches_prefix, select_rules
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
@@ -68,6 +74,7 @@ class Settings:
     extend_unsafe_fixes: Tuple[str, ...] = ()
     target_torch: TorchVersion = DEFAULT_TARGET
     precision: str = DEFAULT_PRECISION
+    target_device: str = DEFAULT_TARGET_DEVICE
     exclude: Tuple[str, ...] = ()
     respect_gitignore: bool = True
     overrides: Tuple[RuleSelection, ...] = ()  # command-line or API layers, in order
@@ -88,7 +95,9 @@ class Settings:
             for pattern, codes in self.per_file_ignores:
                 if _glob_spec((pattern,)).match_file(relative):
                     file_ignores.extend(codes)
-        return _selected(self.selection_layers, tuple(file_ignores), self.target_torch)
+        return _selected(
+            self.selection_layers, tuple(file_ignores), self.target_torch, self.target_device
+        )
 
     def options_for(self, path: str) -> RewriteOptions:
         return RewriteOptions(
@@ -96,6 +105,7 @@ class Settings:
             target_torch=self.target_torch,
             unsafe_fixes=self.unsafe_fixes,
             precision=self.precision,
+            target_device=self.target_device,
             extend_safe_fixes=self.extend_safe_fixes,
             extend_unsafe_fixes=self.extend_unsafe_fixes,
         )
@@ -112,7 +122,10 @@ class Settings:
 
 @lru_cache(maxsize=256)
 def _selected(
-    layers: Tuple[RuleSelection, ...], file_ignores: Tuple[str, ...], target: TorchVersion
+    layers: Tuple[RuleSelection, ...],
+    file_ignores: Tuple[str, ...],
+    target: TorchVersion,
+    device: str = DEFAULT_TARGET_DEVICE,
 ) -> Tuple[type, ...]:
     current: List[type] = []
     for layer in layers:
@@ -128,7 +141,9 @@ def _selected(
     return tuple(
         rule
         for rule in sorted(current, key=lambda r: r.code)
-        if rule.min_torch <= target and not any(matches_prefix(rule.code, p) for p in file_ignores)
+        if rule.min_torch <= target
+        and device in rule.target_devices
+        and not any(matches_prefix(rule.code, p) for p in file_ignores)
     )
 
 
@@ -220,6 +235,14 @@ def _precision(path: str, key: str, value: Any) -> str:
     return value
 
 
+def _target_device(path: str, key: str, value: Any) -> str:
+    if value not in TARGET_DEVICES:
+        raise _fail(
+            path, key, f"expected one of {', '.join(map(repr, TARGET_DEVICES))}, got {value!r}"
+        )
+    return value
+
+
 def _version(path: str, key: str, value: Any) -> TorchVersion:
     if isinstance(value, float):
         raise _fail(path, key, f'write the version as a string, for example "{value}"')
@@ -247,6 +270,7 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "extend-unsafe-fixes": ("extend_unsafe_fixes", _codes),
     "target-torch": ("target_torch", _version),
     "precision": ("precision", _precision),
+    "target-device": ("target_device", _target_device),
     "exclude": ("exclude", _strings),
     "respect-gitignore": ("respect_gitignore", _bool),
 }

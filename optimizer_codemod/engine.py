@@ -37,6 +37,10 @@ MAX_PASSES = 10
 # without bfloat16) comes with a GradScaler.
 PRECISIONS = ("bf16", "fp16")
 DEFAULT_PRECISION = "bf16"
+# Where the rewritten script will train: the output runs on both, but is tuned for this one
+# (fused attention under bfloat16 autocast is fast on CUDA and slow on CPU).
+TARGET_DEVICES = ("cuda", "cpu")
+DEFAULT_TARGET_DEVICE = "cuda"
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class RewriteOptions:
     extend_safe_fixes: Tuple[str, ...] = ()
     extend_unsafe_fixes: Tuple[str, ...] = ()
     precision: str = DEFAULT_PRECISION
+    target_device: str = DEFAULT_TARGET_DEVICE
 
     def may_apply(self, code: str, safety: Safety) -> bool:
         if safety is Safety.SUGGEST:
@@ -77,6 +82,10 @@ class FileContext:
     @property
     def precision(self) -> str:
         return self.options.precision
+
+    @property
+    def target_device(self) -> str:
+        return self.options.target_device
 
     @cached_property
     def facts(self):

@@ -142,6 +142,10 @@ class Rule(cst.BatchableCSTVisitor):
     fix_title: ClassVar[str]
     safety: ClassVar[Safety]
     min_torch: ClassVar[TorchVersion] = TorchVersion.parse("1.0")
+    # The `target-device` values (engine.TARGET_DEVICES) the rule runs for: a rule whose
+    # rewrite only pays off on one device is not selected for the other (config.py), as a
+    # rule newer than target-torch is not.
+    target_devices: ClassVar[Tuple[str, ...]] = ("cuda", "cpu")
     # Regular expressions over the raw file bytes: a file matching none of the selected rules'
     # triggers is never parsed. Keep them necessary conditions for a finding, and cheap.
     triggers: ClassVar[Tuple[str, ...]]
@@ -203,6 +207,13 @@ class Rule(cst.BatchableCSTVisitor):
         return cls.message
 
     @classmethod
+    def device_limit(cls) -> Optional[str]:
+        """`CUDA targets only` and the like, for a rule limited to some `target-device`s."""
+        if set(Rule.target_devices) <= set(cls.target_devices):
+            return None
+        return " and ".join(d.upper() for d in cls.target_devices) + " targets only"
+
+    @classmethod
     def doc_sections(cls) -> dict:
         return parse_doc_sections(cls.__doc__ or "")
 
@@ -241,6 +252,8 @@ def _validate_rule_class(cls: type) -> None:
         raise TypeError(f"rule {cls.code}: triggers must be a non-empty tuple of patterns")
     if isinstance(cls.requires, (str, bytes)):
         raise TypeError(f"rule {cls.code}: requires must be a tuple of patterns")
+    if isinstance(cls.target_devices, (str, bytes)) or not cls.target_devices:
+        raise TypeError(f"rule {cls.code}: target_devices must be a non-empty tuple")
     for pattern in (*cls.triggers, *cls.requires):
         re.compile(pattern.encode())
 

@@ -33,6 +33,7 @@ def render_rule_page(rule: type, results: Optional[Results] = None) -> str:
         f"| Fix | {rule.fix_title} |",
         f"| Safety | `{rule.safety.label}`: {SAFETY_DESCRIPTIONS[rule.safety]} |",
         f"| Minimum torch | {rule.min_torch} |",
+        *([f"| Target device | {rule.device_limit()} |"] if rule.device_limit() else []),
         f"| Family | {FAMILIES.get(rule.code[:4], 'other')} |",
         "",
     ]
@@ -91,7 +92,9 @@ def render_index(rules: Sequence[type]) -> str:
     for rule in rules:
         lines.append(
             f"| [{rule.code}]({rule.code}.md) | {rule.name} | `{rule.safety.label}` | "
-            f"{rule.min_torch} | {rule.message} |"
+            f"{rule.min_torch} | {rule.message}"
+            + (f" ({rule.device_limit()})" if rule.device_limit() else "")
+            + " |"
         )
     return "\n".join(lines) + "\n"
 

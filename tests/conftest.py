@@ -22,6 +22,33 @@ for step in range(3):
     optimizer.step()
 """
 FUSED_LINE = b"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)"
+# Hand-written attention in a float32 training loop: OPT302 adds autocast, OPT406 fuses the
+# attention unless the target device is the CPU (where fused attention under autocast is slow).
+ATTENTION_SCRIPT = b"""import torch
+import torch.nn.functional as F
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.qkv = torch.nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = F.softmax(q @ k.transpose(-2, -1) * x.size(-1) ** -0.5, dim=-1)
+        return att @ v
+
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = Attention(16).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(4, 8, 16, device=device)
+    loss = model(x).square().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
 
 
 def run_cli(

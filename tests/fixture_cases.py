@@ -4,7 +4,8 @@
 - keep_NAME.py: must not change and must not be reported (a hazard the rule respects);
 - report_NAME.py: must not change, but the rule reports a finding (no sound fix here).
 A line `# fixture: key=value ...` sets options: unsafe-fixes (default true), target-torch,
-select (comma-separated codes, default the folder's rule: shows rules composing).
+precision, target-device (default cuda), select (comma-separated codes, default the folder's
+rule: shows rules composing).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Fixture:
             unsafe_fixes=options.get("unsafe-fixes", "true") == "true",
             target_torch=TorchVersion.parse(options.get("target-torch", "2.4")),
             precision=options.get("precision", "bf16"),
+            target_device=options.get("target-device", "cuda"),
         )
 
 

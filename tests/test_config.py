@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FUSED_LINE, TRAINING_SCRIPT, run_cli
-from optimizer_codemod.config import CONFIG_KEYS, find_config, load_settings
+from conftest import ATTENTION_SCRIPT, FUSED_LINE, TRAINING_SCRIPT, run_cli
+from optimizer_codemod import rewrite
+from optimizer_codemod.config import CONFIG_KEYS, Settings, find_config, load_settings
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -49,6 +50,7 @@ def test_nearest_pyproject_with_the_table_is_used(tmp_path: Path) -> None:
         ('per-file-ignores = {"t/*.py" = ["NOPE1"]}', "unknown rule code or prefix 'NOPE1'"),
         ("exclude = [1]", "exclude: expected a list of strings"),
         ('precision = "fp8"', "precision: expected one of 'bf16', 'fp16'"),
+        ('target-device = "tpu"', "target-device: expected one of 'cuda', 'cpu', got 'tpu'"),
         ("select = [", "cannot read the configuration"),
     ],
 )
@@ -137,3 +139,78 @@ def test_settings_from_the_python_side_raise_config_errors() -> None:
         from optimizer_codemod.config import parse_table
 
         parse_table({"unsafe-fixes": "yes"}, "pyproject.toml")
+
+
+def test_target_device_from_the_file(tmp_path: Path) -> None:
+    source = project(tmp_path, 'target-device = "cpu"')
+    settings = load_settings(find_config(str(source)))
+    assert settings.target_device == "cpu"
+    assert settings.options_for(str(source)).target_device == "cpu"
+    source.write_bytes(ATTENTION_SCRIPT)
+    assert run_cli(["apply", str(source)]).exit_code == 1  # other rules still apply
+    text = source.read_text()
+    assert "torch.autocast(device.type" in text and "scaled_dot_product_attention" not in text
+    assert "model.compile()" not in text  # OPT402 is not selected for a CPU target
+
+
+def test_target_device_on_the_command_line(tmp_path: Path) -> None:
+    source = tmp_path / "train.py"
+    source.write_bytes(ATTENTION_SCRIPT)
+    result = run_cli(["apply", "--check", "--target-device", "cpu", str(source)])
+    assert "OPT302" in result.stdout  # autocast is added: the attention will run in bfloat16
+    assert "OPT406" not in result.stdout and "OPT402" not in result.stdout
+    result = run_cli(["apply", "--check", str(source)])  # default: tuned for CUDA
+    assert "OPT406" in result.stdout and "OPT402" in result.stdout
+    result = run_cli(["apply", "--check", "--target-device", "tpu", str(source)])
+    assert result.exit_code == 2 and "tpu" in result.stderr
+    assert source.read_bytes() == ATTENTION_SCRIPT
+
+
+def test_cpu_target_fuses_attention_that_stays_in_float32() -> None:
+    source = ATTENTION_SCRIPT.decode()
+    alone = rewrite(source, select=["OPT406"], target_device="cpu")
+    assert "scaled_dot_product_attention" in alone.source  # no autocast anywhere: fused wins
+    with_autocast = source.replace(
+        "    loss = model(x)",
+        '    with torch.autocast("cpu", dtype=torch.bfloat16):\n        loss = model(x)',
+    )
+    kept = rewrite(with_autocast, select=["OPT406"], target_device="cpu")
+    assert kept.source == with_autocast and not kept.diagnostics
+    fused = rewrite(with_autocast, select=["OPT406"])
+    assert "scaled_dot_product_attention" in fused.source
+    # OPT302 selected but not allowed to apply (extend-unsafe-fixes): no autocast comes.
+    settings = Settings(extend_unsafe_fixes=("OPT302",))
+    rewritten = rewrite(source, select=["OPT302", "OPT406"], target_device="cpu", settings=settings)
+    assert "scaled_dot_product_attention" in rewritten.source and "autocast" not in rewritten.source
+    with pytest.raises(ValueError, match="target_device"):
+        rewrite(source, target_device="tpu")
+
+
+def test_rules_limited_to_a_device_are_not_selected_for_the_other() -> None:
+    cpu = [rule.code for rule in Settings(target_device="cpu").rules_for("train.py")]
+    cuda = [rule.code for rule in Settings().rules_for("train.py")]
+    assert "OPT402" in cuda and "OPT402" not in cpu
+    assert set(cuda) - set(cpu) == {"OPT101", "OPT201", "OPT301", "OPT401", "OPT402"}
+    listing = run_cli(["rules"]).stdout
+    (line,) = [line for line in listing.splitlines() if line.startswith("OPT402")]
+    assert line.endswith("(CUDA targets only)")
+    assert "CUDA targets only" not in run_cli(["explain", "OPT501"]).stdout
+    assert "| Target device | CUDA targets only |" in run_cli(["explain", "OPT402"]).stdout
+
+
+def test_verify_passes_the_target_device_to_the_rewrite(tmp_path: Path, monkeypatch) -> None:
+    from optimizer_codemod.verify import equivalence
+
+    seen = []
+
+    def fake_verify_command(script, script_args, settings, echo, **options):
+        seen.append(settings.options_for(script))
+        return 0
+
+    monkeypatch.setattr(equivalence, "verify_command", fake_verify_command)
+    source = tmp_path / "train.py"
+    source.write_bytes(ATTENTION_SCRIPT)
+    assert run_cli(["verify", "--target-device", "cpu", str(source)]).exit_code == 0
+    assert run_cli(["verify", str(source)]).exit_code == 0
+    assert [options.target_device for options in seen] == ["cpu", "cuda"]
+    assert "OPT402" not in [rule.code for rule in seen[0].rules]

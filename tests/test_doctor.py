@@ -16,9 +16,11 @@ from optimizer_codemod.verify.doctor import (
     PAYS_OFF,
     CudaDevice,
     Machine,
+    advice,
     assess,
     check_compile,
     payoff_for,
+    render,
 )
 
 torch = pytest.importorskip("torch")
@@ -104,6 +106,12 @@ def test_cpu_machine_facts_decide_workers_and_fused_optimizers() -> None:
     assert _verdicts(_machine(torch="2.4.0"))["OPT501"] == PAYS_OFF
 
 
+def test_compile_pays_off_only_where_it_is_emitted() -> None:
+    assert _verdicts(_machine())["OPT402"] == NO_GAIN  # CPU: OPT402 emits nothing there
+    assert _verdicts(_cuda_machine((8, 0)))["OPT402"] == PAYS_OFF
+    assert _verdicts(_machine())["OPT407"] == PAYS_OFF  # channels_last needs no compiler
+
+
 def test_most_specific_entry_wins_and_families_cover_new_rules() -> None:
     assert payoff_for("OPT301").prefix == "OPT301"
     assert payoff_for("opt399").prefix == "OPT3"
@@ -135,3 +143,12 @@ def test_doctor_without_torch_says_how_to_install_it() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2
     assert "pip install 'optcodemod[verify]'" in done.stderr
+
+
+def test_doctor_advises_a_cpu_target_only_without_cuda() -> None:
+    cpu, gpu = _machine(), _cuda_machine((9, 0))
+    (line,) = advice(cpu)
+    assert 'target-device = "cpu"' in line and "--target-device cpu" in line
+    assert line in render(cpu, assess(cpu, all_rules())).splitlines()
+    assert advice(gpu) == []
+    assert "target-device" not in render(gpu, assess(gpu, all_rules()))

@@ -24,6 +24,7 @@ def test_rule_example(rule, example) -> None:
         unsafe_fixes=True,
         target_torch=options.get("target-torch"),
         precision=options.get("precision"),
+        target_device=options.get("target-device"),
     )
     if example.changes:
         assert result.source == example.after

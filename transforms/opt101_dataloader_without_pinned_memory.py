@@ -73,6 +73,8 @@ class DataloaderWithoutPinnedMemory(Rule):
     message = "DataLoader feeds an accelerator from pageable memory"
     fix_title = "Add `pin_memory=torch.cuda.is_available()`"
     safety = Safety.SAFE
+    # Pinned memory only speeds up copies to an accelerator; a CPU target gains nothing.
+    target_devices = ("cuda",)
     # A construction is a call of the class, or of the alias an import gives it.
     triggers = (r"\bDataLoader\s*(?:\(|as\b)",)
     requires = (BACKWARD_CALL,)  # only a script that trains gets pinned batches

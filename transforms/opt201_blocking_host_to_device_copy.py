@@ -77,6 +77,8 @@ class BlockingHostToDeviceCopy(Rule):
     fix_title = "Add `non_blocking=True`"
     safety = Safety.SAFE
     min_torch = TorchVersion(1, 0)
+    # A non-blocking copy only overlaps with an accelerator's work; on a CPU target it changes nothing.
+    target_devices = ("cuda",)
     # A pinned torch DataLoader is necessary for a finding; it may be pinned by position.
     triggers = (r"\bDataLoader\b",)
     examples = (

@@ -99,6 +99,8 @@ class Float32MatmulWithoutTF32(Rule):
     fix_title = 'Add `torch.set_float32_matmul_precision("high")` after the imports'
     safety = Safety.NUMERICS
     min_torch = TorchVersion(1, 12)
+    # "high" leaves CPU matmuls bit-identical (torch 2.13 CPU): a CPU target gains nothing.
+    target_devices = ("cuda",)
     triggers = (BACKWARD_CALL,)
     examples = (
         Example(

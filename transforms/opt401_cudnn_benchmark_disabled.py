@@ -78,6 +78,8 @@ class CudnnBenchmarkDisabled(Rule):
     message = "Convolutional training without the cuDNN autotuner (`cudnn.benchmark`)"
     fix_title = "Add `torch.backends.cudnn.benchmark = True` after the imports"
     safety = Safety.NUMERICS
+    # cuDNN is CUDA's; on a CPU target the flag changes nothing.
+    target_devices = ("cuda",)
     triggers = (r"[Cc]onv", r"torchvision")
     requires = (BACKWARD_CALL,)
     examples = (

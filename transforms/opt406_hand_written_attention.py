@@ -8,10 +8,13 @@ import libcst as cst
 
 from optimizer_codemod.analysis.attention import Attention, find_attentions
 from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
 FUNCTIONAL = "torch.nn.functional"
+# OPT302 adds autocast to the training step; compared by code so that rules stay independent.
+AUTOCAST_RULE = "OPT302"
 
 
 class HandWrittenAttention(Rule):
@@ -74,6 +77,16 @@ class HandWrittenAttention(Rule):
         2.13.0+cpu, 2026-11-21) measured x1.51, x1.55 and x1.34 in three runs (about 31 ms
         against 21 ms). The memory saved (no T x T score matrices kept for backward) grows
         with T squared.
+
+        On CPU under bfloat16 autocast the fused kernel loses: its backward is the slow part
+        (2-core AMD EPYC with AVX-512 BF16, torch 2.13.0+cpu, 2026-11-22; forward and
+        backward, B,H,T,D = 64,8,128,64: written out in bf16 34 ms, fused in float32 69 ms,
+        fused in bf16 143 ms; 64,4,81,12: 4.8, 9.1 and 35.2 ms). On the sudoku_diffusion
+        workload the other rules gave x2.45 and adding this one x1.11; vision_bdh x1.69 and
+        x1.30. So with `target-device = "cpu"` the attention is left as written when it will
+        run under reduced precision: the file already uses autocast or 16-bit types, or
+        OPT302 (which adds autocast) is selected. On CUDA (the default target) the fused
+        kernel under bfloat16 is the fastest combination.
     """
 
     code = "OPT406"
@@ -101,10 +114,20 @@ class HandWrittenAttention(Rule):
             "    att = F.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)\n"
             "    return att @ v, att\n"
         ),
+        Example(
+            "import torch\n"
+            "import torch.nn.functional as F\n"
+            "def attend(q, k, v, scale):\n"
+            "    with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+            "        return F.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v\n",
+            options=(("target-device", "cpu"),),
+        ),
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if self.context.target_torch < self.min_torch:
+            return
+        if self.context.target_device == "cpu" and self._reduced_precision():
             return
         for match in find_attentions(self.facts):
             if match.additive is not None:
@@ -120,6 +143,17 @@ class HandWrittenAttention(Rule):
                 continue
             module, imports = binding
             self.report(match.statement, Fix(self._edits(match, module), imports))
+
+    def _reduced_precision(self) -> bool:
+        """The attention will run under autocast or 16-bit types: the file already does, or
+        OPT302 will add autocast (it runs in this same pass, so ask whether it may apply)."""
+        options = self.context.options
+        if any(
+            rule.code == AUTOCAST_RULE and options.may_apply(rule.code, rule.safety)
+            for rule in options.rules
+        ):
+            return True
+        return uses_reduced_precision(self.facts)
 
     def _functional(self) -> Optional[Tuple[str, Tuple[ImportSpec, ...]]]:
         """The name of torch.nn.functional in the script, and the import it needs."""

@@ -37,23 +37,29 @@ TWIN = re.compile(r"^# bench: twin (\S+)\s*$", re.M)
 DEFAULT_STEPS, DEFAULT_REPEATS, DEFAULT_WARMUP = 20, 3, 5
 
 
-def bench_settings(unsafe_fixes: bool = False):
-    """What `optcodemod apply [--unsafe-fixes]` applies: the speed a user gets by default.
+def bench_settings(unsafe_fixes: bool = False, target_device: str = "cuda"):
+    """What `optcodemod apply [--unsafe-fixes] --target-device D` applies: the speed a user
+    training on D gets by default.
 
     Behaviour-level fixes are measured only on request: they are opt-in for users too, and
     some (DataLoader workers on a machine with few cores) can cost more than they save.
     """
     from optimizer_codemod.config import Settings
 
-    return Settings(unsafe_fixes=unsafe_fixes)
+    return Settings(unsafe_fixes=unsafe_fixes, target_device=target_device)
 
 
-def rewrite_workload(path: str, select: Optional[Sequence[str]] = None, unsafe_fixes: bool = False):
+def rewrite_workload(
+    path: str,
+    select: Optional[Sequence[str]] = None,
+    unsafe_fixes: bool = False,
+    target_device: str = "cuda",
+):
     """The rewrite of `path` as `apply` writes it (or with only the `select`ed rules)."""
     from optimizer_codemod.api import rewrite_source
     from optimizer_codemod.config import RuleSelection
 
-    settings = bench_settings(unsafe_fixes)
+    settings = bench_settings(unsafe_fixes, target_device)
     if select is not None:
         settings = settings.with_overrides(overrides=(RuleSelection(tuple(select)),))
     with open(path, "rb") as handle:
@@ -186,6 +192,7 @@ def bench_workload(
     ablate: bool,
     echo: Callable[..., None],
     unsafe_fixes: bool = False,
+    target_device: str = "cuda",
 ) -> WorkloadResult:
     from optimizer_codemod.diagnostics import Status
     from optimizer_codemod.errors import OptcodemodError
@@ -214,7 +221,7 @@ def bench_workload(
 
     def measure(select: Optional[Sequence[str]], on_run) -> VerifyReport:
         try:
-            result = rewrite_workload(script, select, unsafe_fixes)
+            result = rewrite_workload(script, select, unsafe_fixes, target_device)
         except (OSError, OptcodemodError) as error:
             message = error.render() if isinstance(error, OptcodemodError) else str(error)
             return VerifyReport(script, None, None, error=message)
@@ -311,7 +318,12 @@ def render_markdown(data: Dict[str, Any]) -> str:
         "",
         f"torch {data['torch']}, {data['date']}, {data['machine']['platform']}, "
         f"{data['machine']['cpu_count']} CPU cores; size `{s['size']}`, {s['steps']} steps "
-        f"({s['warmup']} warm-up), {s['repeats']} runs of each version, alternating.",
+        f"({s['warmup']} warm-up), {s['repeats']} runs of each version, alternating"
+        + (
+            f"; rewritten for target-device `{s['target_device']}`."
+            if "target_device" in s
+            else "."
+        ),
         "",
         "| workload | fixes | step time before | after | speedup | fastest runs | "
         "losses agree (max rel. diff) | peak memory before | after |",
@@ -446,6 +458,8 @@ def bench_command(
                     timeout=timeout,
                     ablate=ablate,
                     unsafe_fixes=unsafe_fixes,
+                    # The rewrite is tuned for the device it is measured on.
+                    target_device=device,
                     echo=lambda text: echo(text, err=True),
                 )
             )
@@ -457,6 +471,7 @@ def bench_command(
                 os.environ[key] = value
     settings = {
         "device": device,
+        "target_device": device,
         "size": size,
         "steps": steps,
         "repeats": repeats,
