@@ -45,7 +45,9 @@ def test_bench_runs_a_workload_and_writes_json_and_markdown(tmp_path: Path) -> N
     assert data["summary"]["median_speedup"] == workload["speedup"]
     table = (out / "tiny.md").read_text()
     assert "| workload | fixes | step time before |" in table
-    assert "| sgld_mnist | OPT101, OPT201" in table and "Median speedup" in table
+    # --device cpu rewrites for a CPU target: pinning (OPT101) changes nothing there.
+    assert "OPT101" not in workload["fixed"] and "OPT302" in workload["fixed"]
+    assert "| sgld_mnist | OPT302" in table and "Median speedup" in table
     assert [p.name for p in folder.iterdir()] == ["train.py"]  # no temporary file left
 
 
@@ -127,3 +129,29 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
     assert "| naive_gpt | OPT501 | 1.50x | yes |" in text
     assert "| mmdit_ddp (torchrun, 2 processes) | OPT301, OPT501 |" in text
     assert "Workloads run under torchrun: rank 0's" in text
+
+
+def test_bench_rewrites_for_the_device_it_measures(tmp_path: Path, monkeypatch) -> None:
+    from conftest import ATTENTION_SCRIPT
+
+    folder = tmp_path / "workloads" / "attention"
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_bytes(ATTENTION_SCRIPT)
+    fixed = []
+
+    def fake_verify_pair(script, rewritten, **options):
+        fixed.append(options["fixed"])
+        return VerifyReport(script, None, None, fixed=options["fixed"])
+
+    monkeypatch.setattr(bench, "verify_pair", fake_verify_pair)
+    out = tmp_path / "out"
+    for device in ("cpu", "cuda"):
+        args = ["bench", str(tmp_path / "workloads"), "--device", device, "--size", "cpu"]
+        run_cli(args + ["--output", str(out), "--name", device, "--steps", "2"])
+    cpu, cuda = fixed
+    assert "OPT302" in cpu and "OPT406" not in cpu and "OPT402" not in cpu
+    assert "OPT406" in cuda and "OPT402" in cuda
+    for device in ("cpu", "cuda"):
+        data = json.loads((out / f"{device}.json").read_text())
+        assert data["settings"]["target_device"] == device
+        assert f"rewritten for target-device `{device}`" in (out / f"{device}.md").read_text()

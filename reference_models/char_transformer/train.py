@@ -16,7 +16,14 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 SIZES = {
-    "cpu": {"chars": 20000, "context": 32, "width": 32, "layers": 2, "heads": 2, "batch_size": 16},
+    "cpu": {
+        "chars": 100000,
+        "context": 64,
+        "width": 256,
+        "layers": 2,
+        "heads": 4,
+        "batch_size": 16,
+    },
     "gpu": {
         "chars": 2000000,
         "context": 256,

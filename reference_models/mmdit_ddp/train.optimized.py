@@ -24,7 +24,7 @@ process on an in-process store, so the DDP code path is the same either way.
 The data is generated from a seed, nothing is downloaded: images are per-class patterns at one
 of four brightness levels plus noise, and each caption names the class and the brightness among
 random filler words, so the model learns to denoise from the caption and the loss falls.
-16x16 RGB images and a 2-block model at `--size cpu`; 32x32x4 latents, patch 2, width 768 and
+32x32 RGB images, width 128 and 2 blocks at `--size cpu`; 32x32x4 latents, patch 2, width 768 and
 12 blocks at `--size gpu`. Checkpoints go to `--checkpoint-dir`, by default a temporary folder
 removed when the script ends.
 """
@@ -47,15 +47,15 @@ import contextlib
 
 SIZES = {
     "cpu": {
-        "image": 16,
+        "image": 32,
         "channels": 3,
         "patch": 4,
         "caption": 8,
         "vocab": 64,
         "classes": 10,
-        "width": 32,
+        "width": 128,
         "layers": 2,
-        "heads": 2,
+        "heads": 4,
         "micro_batch": 8,
         "pairs": 2048,
         "checkpoint_every": 5,

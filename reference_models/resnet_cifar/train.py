@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 SIZES = {
-    "cpu": {"samples": 1024, "widths": (8, 16, 32), "blocks": 1, "batch_size": 32},
+    "cpu": {"samples": 2048, "widths": (16, 32, 64), "blocks": 1, "batch_size": 64},
     "gpu": {"samples": 50000, "widths": (64, 128, 256), "blocks": 2, "batch_size": 256},
 }
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 torch.set_float32_matmul_precision("high")
 
 SIZES = {
-    "cpu": {"samples": 4096, "hidden": 256, "batch_size": 32},
+    "cpu": {"samples": 4096, "hidden": 1200, "batch_size": 100},
     "gpu": {"samples": 60000, "hidden": 1200, "batch_size": 100},
 }
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 SIZES = {
-    "cpu": {"samples": 4096, "hidden": 256, "batch_size": 32},
+    "cpu": {"samples": 4096, "hidden": 1200, "batch_size": 100},
     "gpu": {"samples": 60000, "hidden": 1200, "batch_size": 100},
 }
 

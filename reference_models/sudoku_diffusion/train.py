@@ -25,7 +25,7 @@ CELLS = 81
 DIGITS = 9
 BLANK = DIGITS  # classes 0-8 are the digits 1-9; class 9 is the absorbing (blank) state
 SIZES = {
-    "cpu": {"grids": 2048, "width": 48, "layers": 2, "heads": 4, "batch_size": 32, "lr": 3e-3},
+    "cpu": {"grids": 2048, "width": 96, "layers": 3, "heads": 4, "batch_size": 32, "lr": 3e-3},
     "gpu": {"grids": 200000, "width": 384, "layers": 8, "heads": 6, "batch_size": 256, "lr": 1e-3},
 }
 

@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader, Dataset
 SIZES = {
     "cpu": {
         "samples": 1024,
-        "width": 32,
-        "heads": 2,
+        "width": 128,
+        "heads": 4,
         "multiplier": 4,
         "depth": 2,
-        "patch": 8,
+        "patch": 4,
         "batch_size": 32,
     },
     "gpu": {
