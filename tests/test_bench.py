@@ -12,6 +12,8 @@ from conftest import run_cli
 from optimizer_codemod.verify import bench
 from optimizer_codemod.verify.bench import bench_workload, render_markdown, twin_of, workloads
 from optimizer_codemod.verify.equivalence import VerifyReport
+from optimizer_codemod.verify.peaks import dense_bf16_peak
+from optimizer_codemod.verify.runner import ProbeRun
 
 pytest.importorskip("torch")
 
@@ -155,3 +157,48 @@ def test_bench_rewrites_for_the_device_it_measures(tmp_path: Path, monkeypatch) 
         data = json.loads((out / f"{device}.json").read_text())
         assert data["settings"]["target_device"] == device
         assert f"rewritten for target-device `{device}`" in (out / f"{device}.md").read_text()
+
+
+def _probe_run(label: str, step_time: float, **result) -> ProbeRun:
+    data = {"status": "stopped", "step_time": step_time, "losses": [1.0], "device": "cuda"}
+    return ProbeRun("train.py", 0, dict(data, **result), "", "", 1.0, label=label)
+
+
+def test_model_flops_utilisation_against_the_devices_bf16_peak() -> None:
+    flops = 4 * 10**12
+    name = "NVIDIA H100 80GB HBM3"
+    report = VerifyReport("naive_gpt/train.py", None, None, fixed=["OPT302"])
+    report.before = [_probe_run("original", 0.4, flops_per_step=flops, device_name=name)]
+    report.after = [_probe_run("rewritten", 0.01, device_name=name)]
+    twin_runs = [_probe_run("twin", 0.008, device_name=name)]
+    result = bench.WorkloadResult("naive_gpt", report, "expert_gpt/train.py", twin_runs)
+    data = bench.to_json([result], {"size": "gpu", "steps": 20, "warmup": 5, "repeats": 1})
+    assert data["dense_bf16_peak"]["flops"] == 989e12
+    (w,) = data["workloads"]
+    assert w["flops_per_step"] == flops
+    assert w["flop_rate_before"] == pytest.approx(10e12)
+    assert w["mfu_after"] == pytest.approx(400e12 / 989e12)
+    assert w["twin"]["mfu"] == pytest.approx(500e12 / 989e12)
+    text = render_markdown(data)
+    assert "| naive_gpt | 4000.00 | 10.000 | 400.000 | 1.0% | 40.4% |" in text
+    assert "model FLOPs utilisation: rewritten 40%, twin 51%, original 1%." in text
+
+
+def test_no_utilisation_where_no_peak_is_known() -> None:
+    report = VerifyReport("w/train.py", None, None, fixed=["OPT302"])
+    report.before = [_probe_run("original", 0.2, flops_per_step=10**9, device_name="AMD EPYC")]
+    report.after = [_probe_run("rewritten", 0.1, device_name="AMD EPYC")]
+    data = bench.to_json([bench.WorkloadResult("w", report)], {"size": "cpu", "steps": 4})
+    assert data["dense_bf16_peak"] is None and "mfu_after" not in data["workloads"][0]
+    text = render_markdown(
+        dict(data, settings={"size": "cpu", "steps": 4, "warmup": 2, "repeats": 1})
+    )
+    assert "| w | 1.00 | 0.005 | 0.010 | n/a | n/a |" in text
+    assert "no bf16 peak is known for this device" in text
+
+
+def test_peaks_prefer_the_specific_model() -> None:
+    assert dense_bf16_peak("NVIDIA H100 PCIe")[0] == 756e12
+    assert dense_bf16_peak("NVIDIA H200")[0] == 989e12
+    assert dense_bf16_peak("NVIDIA A100-SXM4-80GB")[0] == 312e12
+    assert dense_bf16_peak("AMD EPYC 9B14") is None and dense_bf16_peak(None) is None

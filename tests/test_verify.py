@@ -211,6 +211,42 @@ def test_probe_passes_arguments_and_reports_a_script_that_ends_first(tmp_path: P
     assert run.result["steps"] == 8 and len(run.losses) == 8
 
 
+LINEAR_LAYER = """
+import torch
+model = torch.nn.Linear(64, 32, bias=False)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    loss = model(torch.randn(16, 64)).square().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_probe_counts_one_warm_up_steps_flops(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", LINEAR_LAYER)
+    counted = run_probe(str(script), [], ProbeOptions(steps=4, warmup=2, count_flops=True))
+    assert counted.ok, counted.stderr
+    # Forward 16x64 @ 64x32, backward the weight's gradient only (the input needs none).
+    assert counted.flops_per_step == 2 * (2 * 16 * 64 * 32)
+    assert len(counted.result["step_times"]) == 2  # the counted step is not timed
+    plain = run_probe(str(script), [], ProbeOptions(steps=4, warmup=2))
+    assert plain.flops_per_step is None
+    # Counting would slow a timed step: with one warm-up step nothing is counted.
+    timed = run_probe(str(script), [], ProbeOptions(steps=4, warmup=1, count_flops=True))
+    assert timed.ok and timed.flops_per_step is None
+
+
+def test_verify_counts_flops_in_the_originals_runs_only(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", LINEAR_LAYER)
+    rewritten = LINEAR_LAYER.replace("lr=0.1)", "lr=0.1, foreach=False)")
+    report = verify_pair(script, rewritten, steps=4, repeats=1, warmup=2, count_flops=True)
+    assert report.error is None, report.error
+    assert [r.flops_per_step for r in report.before] == [2 * 2 * 16 * 64 * 32]
+    assert [r.flops_per_step for r in report.after] == [None]
+    assert report.flops_per_step == 2 * 2 * 16 * 64 * 32
+
+
 def test_probe_records_the_loss_before_grad_scaler_scaling(tmp_path: Path) -> None:
     script = _write(tmp_path, "train.py", GRAD_SCALER)
     run = run_probe(str(script), [], ProbeOptions(steps=3, warmup=1, cwd=tmp_path))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from optimizer_codemod.verify.equivalence import VerifyReport, verify_pair
+from optimizer_codemod.verify.peaks import dense_bf16_peak
 from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, declared_processes, run_probe
 
 SCRIPT = "train.py"
@@ -132,6 +133,10 @@ class WorkloadResult:
             "peak_memory_after": _peak(report.after),
             "last_loss_before": _last_loss(report.before),
             "last_loss_after": _last_loss(report.after),
+            # Counted on the original (the rewrite trains the same model): FLOP/s per version.
+            "flops_per_step": report.flops_per_step,
+            "flop_rate_before": _rate(report.flops_per_step, report.step_time(report.before)),
+            "flop_rate_after": _rate(report.flops_per_step, report.step_time(report.after)),
         }
         if self.twin:
             data["twin"] = {
@@ -141,6 +146,9 @@ class WorkloadResult:
                 "peak_memory": _peak(self.twin_runs),
                 "errors": [run.problem() for run in self.twin_runs if run.problem()],
                 "rewritten_throughput_vs_twin": self.twin_ratio(),
+                "flop_rate": _rate(
+                    report.flops_per_step, _median([run.step_time for run in self.twin_runs])
+                ),
             }
         if self.ablation:
             data["ablation"] = {
@@ -173,6 +181,10 @@ def _median(values: Sequence[Optional[float]]) -> Optional[float]:
 
 def _peak(runs: List[ProbeRun]) -> Optional[int]:
     return max((r.peak_memory for r in runs if r.peak_memory is not None), default=None)
+
+
+def _rate(flops: Optional[int], seconds: Optional[float]) -> Optional[float]:
+    return flops / seconds if flops and seconds else None
 
 
 def _last_loss(runs: List[ProbeRun]) -> Optional[float]:
@@ -240,6 +252,7 @@ def bench_workload(
             timeout=timeout,
             nproc_per_node=processes,
             on_run=on_run,
+            count_flops=select is None,  # once per workload; the ablations train the same model
         )
 
     report = measure(None, progress)
@@ -286,17 +299,31 @@ def _first_result(results: List[WorkloadResult], key: str) -> Any:
 
 
 def to_json(results: List[WorkloadResult], settings: Dict[str, Any]) -> Dict[str, Any]:
+    device_name = _first_result(results, "device_name")
+    workloads = [r.to_json() for r in results]
+    peak = dense_bf16_peak(device_name)
+    if peak is not None:
+        for w in workloads:
+            w["mfu_before"] = _share(w["flop_rate_before"], peak[0])
+            w["mfu_after"] = _share(w["flop_rate_after"], peak[0])
+            if w.get("twin"):
+                w["twin"]["mfu"] = _share(w["twin"]["flop_rate"], peak[0])
     return {
         "tool": "optcodemod bench",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": _first_result(results, "device") or settings["device"],
-        "device_name": _first_result(results, "device_name"),
+        "device_name": device_name,
+        "dense_bf16_peak": {"flops": peak[0], "source": peak[1]} if peak else None,
         "torch": _first_result(results, "torch"),
         "machine": machine_facts(),
         "settings": settings,
         "summary": summary(results),
-        "workloads": [r.to_json() for r in results],
+        "workloads": workloads,
     }
+
+
+def _share(rate: Optional[float], peak: float) -> Optional[float]:
+    return rate / peak if rate else None
 
 
 def _ms(seconds: Optional[float]) -> str:
@@ -370,8 +397,15 @@ def render_markdown(data: Dict[str, Any]) -> str:
                 f"\n`{w['name']}` rewritten against its hand-optimized twin "
                 f"(`{os.path.basename(os.path.dirname(twin['script']))}`): twin step time "
                 f"{_ms(twin['step_time'])}, rewritten {_ms(w['step_time_after'])}: the rewrite "
-                f"reaches {_pct(twin['rewritten_throughput_vs_twin'])} of the twin's throughput."
+                f"reaches {_pct(twin['rewritten_throughput_vs_twin'])} of the twin's throughput"
+                + (
+                    f"; model FLOPs utilisation: rewritten {_pct(w.get('mfu_after'))}, twin "
+                    f"{_pct(twin.get('mfu'))}, original {_pct(w.get('mfu_before'))}."
+                    if data.get("dense_bf16_peak")
+                    else "."
+                )
             )
+    lines += _flops_section(data)
     ablated = [w for w in data["workloads"] if w.get("ablation")]
     if ablated:
         lines += ["", "## Each rule alone", "", "| workload | rule | speedup | losses agree |"]
@@ -385,8 +419,43 @@ def render_markdown(data: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pct(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value * 100:.0f}%"
+def _flops_section(data: Dict[str, Any]) -> List[str]:
+    counted = [w for w in data["workloads"] if w.get("flops_per_step")]
+    if not counted:
+        return []
+    peak = data.get("dense_bf16_peak")
+    lines = [
+        "",
+        "## Model FLOPs",
+        "",
+        "One step's floating-point operations, counted by `torch.utils.flop_counter` in a warm-up "
+        "step of the original (forward and backward; the rewrite trains the same model), "
+        "divided by each version's step time"
+        + (
+            f"; utilisation (MFU) against the dense bf16 peak, {peak['flops'] / 1e12:.0f} "
+            f"TFLOPS ({peak['source']})."
+            if peak
+            else "; no bf16 peak is known for this device, so no utilisation."
+        ),
+        "",
+        "| workload | GFLOP per step | TFLOP/s before | after | MFU before | after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w in counted:
+        lines.append(
+            f"| {w['name']} | {w['flops_per_step'] / 1e9:.2f} | {_tflops(w['flop_rate_before'])} "
+            f"| {_tflops(w['flop_rate_after'])} | {_pct(w.get('mfu_before'), 1)} "
+            f"| {_pct(w.get('mfu_after'), 1)} |"
+        )
+    return lines
+
+
+def _tflops(rate: Optional[float]) -> str:
+    return "n/a" if rate is None else f"{rate / 1e12:.3f}"
+
+
+def _pct(value: Optional[float], digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value * 100:.{digits}f}%"
 
 
 def write_chart(data: Dict[str, Any], path: str) -> Optional[str]:

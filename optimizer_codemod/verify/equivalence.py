@@ -15,7 +15,7 @@ import math
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from optimizer_codemod.rule import Safety
@@ -139,6 +139,11 @@ class VerifyReport:
     processes: int = 1  # per run: more than 1 under torchrun
 
     @property
+    def flops_per_step(self) -> Optional[int]:
+        """One step's floating-point operations, counted in the original's runs."""
+        return next((r.flops_per_step for r in self.before if r.flops_per_step), None)
+
+    @property
     def effective_rtol(self) -> Optional[float]:
         if self.tolerance is None:
             return None
@@ -237,12 +242,15 @@ def verify_pair(
     cwd: Optional[str] = None,
     nproc_per_node: Optional[int] = None,
     on_run: Optional[Callable[[ProbeRun], None]] = None,
+    count_flops: bool = False,
 ) -> VerifyReport:
     """Run `original` and the `rewritten` text of it alternately; compare at `level`'s tolerance.
 
     The rewritten text is written to a temporary file in the original's folder, removed after.
     `nproc_per_node` None: as the original declares (`# bench: torchrun --nproc-per-node N`),
-    else one process.
+    else one process. `count_flops`: the original's runs count one warm-up step's floating-point
+    operations (the rewrite computes the same model; it may compile, which the counter must
+    not watch).
     """
     original = os.fspath(original)
     if nproc_per_node is None:
@@ -275,7 +283,9 @@ def verify_pair(
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
-        _run_alternately(report, original, temporary, args, options, max(repeats, 1), on_run)
+        _run_alternately(
+            report, original, temporary, args, options, max(repeats, 1), on_run, count_flops
+        )
     finally:
         os.unlink(temporary)
     if report.error is None:
@@ -291,13 +301,17 @@ def _run_alternately(
     options: ProbeOptions,
     repeats: int,
     on_run: Optional[Callable[[ProbeRun], None]],
+    count_flops: bool = False,
 ) -> None:
-    scripts = {"original": (original, report.before), "rewritten": (temporary, report.after)}
+    scripts = {
+        "original": (original, report.before, replace(options, count_flops=count_flops)),
+        "rewritten": (temporary, report.after, options),
+    }
     for repeat in range(repeats):
         order = ("original", "rewritten") if repeat % 2 == 0 else ("rewritten", "original")
         for label in order:
-            path, runs = scripts[label]
-            run = run_probe(path, args, options, label=label)
+            path, runs, run_options = scripts[label]
+            run = run_probe(path, args, run_options, label=label)
             runs.append(run)
             if on_run is not None:
                 on_run(run)

@@ -25,7 +25,9 @@ script left. Rank 0 (env RANK) writes `--out`, rank N writes `--out` + `.rankN`.
 
 The JSON result holds `losses`, `step_times` (seconds, measured steps only), `steps`, `warmup`,
 `measured_seconds` (synchronised window), `step_time` (the figure to compare, see `_step_time`),
-`device`, `torch`, `peak_memory` with `peak_memory_kind`, `status` (`stopped` after the requested
+`device`, `torch`, `peak_memory` with `peak_memory_kind`, `flops_per_step` (with `--count-flops`:
+the floating-point operations of the second step, counted by `torch.utils.flop_counter`; that step
+is a warm-up step, left out of the timing, so at least 2 warm-up steps are needed), `status` (`stopped` after the requested
 steps, `finished` when the script ended first, `error`, `exit`) and `error` (the traceback).
 """
 
@@ -48,6 +50,9 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
 UNSCALED_ATTRIBUTE = "_optcodemod_unscaled"
+# With --count-flops, the operations between the end of step 1 and the end of step 2 are counted:
+# step 1 has already built lazily created state (optimizer moments, caches).
+FLOP_COUNTED_STEP = 2
 
 
 class StopProbe(BaseException):
@@ -57,8 +62,12 @@ class StopProbe(BaseException):
 class Recorder:
     """What the hooks record while the script runs."""
 
-    def __init__(self, torch: Any, steps: int, warmup: int) -> None:
+    def __init__(self, torch: Any, steps: int, warmup: int, count_flops: bool = False) -> None:
         self.torch = torch
+        # The counter slows the step it watches: only a warm-up step may be counted.
+        self.count_flops = count_flops and warmup >= FLOP_COUNTED_STEP
+        self.flops_per_step: Optional[int] = None
+        self._flop_counter: Optional[Any] = None
         self.max_steps = steps
         self.warmup = warmup
         self.losses: List[Any] = []  # detached device tensors; converted once, at the end
@@ -114,11 +123,38 @@ class Recorder:
             self.other_optimizer_steps += 1
             return
         self.steps += 1
+        self._count_flops_around(self.steps)
         if self.steps in (self.warmup, self.max_steps):
             self.synchronize()
         self.stamps.append(time.perf_counter())
         if self.steps >= self.max_steps:
             raise StopProbe(self.steps)
+
+    def _count_flops_around(self, steps_done: int) -> None:
+        if not self.count_flops:
+            return
+        if steps_done == FLOP_COUNTED_STEP - 1 and self._flop_counter is None:
+            try:
+                from torch.utils.flop_counter import FlopCounterMode
+
+                self._flop_counter = FlopCounterMode(display=False)
+                self._flop_counter.__enter__()
+            except Exception:  # counting is an extra: never break the script for it
+                self._flop_counter = None
+                self.count_flops = False
+        elif steps_done == FLOP_COUNTED_STEP:
+            self.stop_counting_flops(keep=True)
+
+    def stop_counting_flops(self, keep: bool = False) -> None:
+        counter, self._flop_counter = self._flop_counter, None
+        if counter is None:
+            return
+        try:
+            counter.__exit__(None, None, None)
+            if keep:
+                self.flops_per_step = int(counter.get_total_flops())
+        except Exception:
+            pass
 
     def synchronize(self) -> None:
         torch = self.torch
@@ -130,6 +166,7 @@ class Recorder:
                 synchronize()
 
     def result(self) -> Dict[str, Any]:
+        self.stop_counting_flops()  # the script ended inside the counted step
         self.synchronize()
         losses = [_to_float(loss) for loss in self.losses]
         start = self.started if self.warmup == 0 else None
@@ -154,6 +191,7 @@ class Recorder:
             "python": platform.python_version(),
             "peak_memory": peak,
             "peak_memory_kind": kind,
+            "flops_per_step": self.flops_per_step,
         }
 
 
@@ -295,6 +333,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, required=True, help="stop after this many steps")
     parser.add_argument("--warmup", type=int, default=1, help="steps left out of the timing")
     parser.add_argument("--seed", type=int, help="seed random, numpy and torch first")
+    parser.add_argument(
+        "--count-flops",
+        action="store_true",
+        help="count the floating-point operations of step 2 (a warm-up step: needs --warmup 2+)",
+    )
     parser.add_argument("--out", required=True, help="where to write the JSON result")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -313,7 +356,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     script = os.path.abspath(ns.script)
     import torch
 
-    recorder = Recorder(torch, ns.steps, ns.warmup)
+    recorder = Recorder(torch, ns.steps, ns.warmup, count_flops=ns.count_flops)
     install_hooks(torch, recorder)
     if ns.seed is not None:
         seed_everything(ns.seed, torch)

@@ -76,6 +76,10 @@ class ProbeRun:
     def peak_memory(self) -> Optional[int]:
         return self.result.get("peak_memory") if self.result else None
 
+    @property
+    def flops_per_step(self) -> Optional[int]:
+        return self.result.get("flops_per_step") if self.result else None
+
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return "\n".join(self.stderr.rstrip().splitlines()[-lines:])
 
@@ -110,6 +114,8 @@ class ProbeOptions:
     # More than 1: start the script under torchrun (`torch.distributed.run --standalone`) with
     # this many processes; rank 0's result is the run's result.
     nproc_per_node: int = 1
+    # Count one warm-up step's floating-point operations (the probe's --count-flops).
+    count_flops: bool = False
 
 
 def probe_command(script: str, args: Sequence[str], options: ProbeOptions, out: str) -> List[str]:
@@ -121,6 +127,8 @@ def probe_command(script: str, args: Sequence[str], options: ProbeOptions, out: 
     command += ["--warmup", str(options.warmup), "--out", out]
     if options.seed is not None:
         command += ["--seed", str(options.seed)]
+    if options.count_flops:
+        command.append("--count-flops")
     return command + ["--", script, *args]
 
 
