@@ -119,7 +119,8 @@ class Float32TrainingWithoutAutocast(Rule):
         (4.1 ms against 3.0 ms), casts outweighing the smaller matrix products. On that CPU,
         `F.scaled_dot_product_attention` forward+backward under bfloat16 autocast is 2 to 4
         times slower than in float32 (non-causal, head dim 12 to 64: the CPU kernel, not
-        the rule), so a script that also gets OPT406 can lose there (sudoku_diffusion). On GPUs,
+        the rule), so a script that also got OPT406 lost there (sudoku_diffusion x0.41); with
+        `target-device = "cpu"` OPT406 leaves such attention alone (sudoku_diffusion x2.13). On GPUs,
         NVIDIA reports mixed-precision training speedups of 1.5x to 5.5x on Volta-class tensor
         cores (Micikevicius et al., "Mixed Precision Training", ICLR 2018; NVIDIA Deep
         Learning Performance Guide).
