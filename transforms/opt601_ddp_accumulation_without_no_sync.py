@@ -153,7 +153,8 @@ class DDPAccumulationWithoutNoSync(Rule):
         other shape is reported, and so is a loop that reads gradients on every micro-batch
         (`.grad`, clipping outside the step's condition) or is followed by an optimizer step
         for the leftover micro-batches: those would see one rank's unsynchronized gradients.
-        Scripts that already use `no_sync` are left alone.
+        A training loop that already uses `no_sync` is left alone, and so is a script that
+        uses it outside its training loops (a context chosen before the loop may reach any).
 
     Expected gain:
         PyTorch's documentation of `DistributedDataParallel.no_sync` describes it as the
@@ -204,14 +205,20 @@ class DDPAccumulationWithoutNoSync(Rule):
         ):
             return
         # Every identifier of the file, parameters included: `sync` must be fresh everywhere.
-        self._identifiers = {node.value for node in find_all(original_node, cst.Name)}
-        if NO_SYNC in self._identifiers:
-            return
+        names = find_all(original_node, cst.Name)
+        self._identifiers = {node.value for node in names}
         optimizer = optimizer_name(facts, model)
         if optimizer is None:
             return
-        for step in training_steps(facts, model):
-            self._check_step(model, step, optimizer)
+        steps = training_steps(facts, model)
+        in_loops = {id(n) for step in steps for n in find_all(step.loop.node, cst.Name)}
+        # `no_sync` outside the training loops may reach any of them (a context chosen before
+        # the loop): leave the file alone. Inside a loop it only settles that loop.
+        if any(n.value == NO_SYNC and id(n) not in in_loops for n in names):
+            return
+        for step in steps:
+            if not any(n.value == NO_SYNC for n in find_all(step.loop.node, cst.Name)):
+                self._check_step(model, step, optimizer)
 
     def _check_step(self, model: TrainedModel, step: TrainingStep, optimizer: str) -> None:
         wrapper = model.wrapped_as
