@@ -379,6 +379,11 @@ def doctor(output_format: str, compile_timeout: float) -> None:
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply behaviour-level fixes.")
 @click.option("--output", type=click.Path(file_okay=False), default=".", show_default=True)
 @click.option("--name", help="File name stem of the results [default: bench-DEVICE-SIZE].")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep the workloads already in the results file (same settings) and run the rest.",
+)
 def bench(path: str, size: Optional[str], **options) -> None:
     """Run every workload under PATH (folders with train.py) before and after the rewrite."""
     from optimizer_codemod.verify.bench import bench_command

@@ -11,7 +11,9 @@ import pytest
 from conftest import run_cli
 from optimizer_codemod.verify import bench
 from optimizer_codemod.verify.bench import bench_workload, render_markdown, twin_of, workloads
-from optimizer_codemod.verify.equivalence import VerifyReport
+from optimizer_codemod.rule import Safety
+from optimizer_codemod.verify.equivalence import VerifyReport, tolerance_for
+from optimizer_codemod.verify.equivalence import _compare as compare_report
 from optimizer_codemod.verify.peaks import dense_bf16_peak
 from optimizer_codemod.verify.runner import ProbeRun
 
@@ -202,3 +204,49 @@ def test_peaks_prefer_the_specific_model() -> None:
     assert dense_bf16_peak("NVIDIA H200")[0] == 989e12
     assert dense_bf16_peak("NVIDIA A100-SXM4-80GB")[0] == 312e12
     assert dense_bf16_peak("AMD EPYC 9B14") is None and dense_bf16_peak(None) is None
+
+
+def _canned_result(name: str, before: float, after: float) -> bench.WorkloadResult:
+    level = Safety.NUMERICS
+    report = VerifyReport(f"{name}/train.py", level, tolerance_for(level), fixed=["OPT302"])
+    report.before = [_probe_run("original", before, device="cpu", device_name="AMD EPYC")]
+    report.after = [_probe_run("rewritten", after, device="cpu", device_name="AMD EPYC")]
+    compare_report(report)  # the same losses: equivalent
+    return bench.WorkloadResult(name, report)
+
+
+def test_bench_writes_after_each_workload_and_resumes(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "workloads"
+    for name in ("a", "b", "c"):
+        (root / name).mkdir(parents=True)
+        (root / name / "train.py").write_text("print('never run')\n")
+    timings = {"a": (0.3, 0.1), "b": (0.2, 0.1), "c": (0.1, 0.1)}
+    ran: list = []
+
+    def fake_bench_workload(folder, **_):
+        name = Path(folder).name
+        ran.append(name)
+        if ran == ["a", "b"]:
+            raise KeyboardInterrupt  # the first run is cut short after `a`
+        return _canned_result(name, *timings[name])
+
+    monkeypatch.setattr(bench, "bench_workload", fake_bench_workload)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = dict(output=str(out), name="r", echo=lambda *a, **k: None)
+    with pytest.raises(KeyboardInterrupt):
+        bench.bench_command(str(root), **command)
+    kept = json.loads((out / "r.json").read_text())
+    assert [w["name"] for w in kept["workloads"]] == ["a"]  # written before the cut
+
+    ran.clear()
+    assert bench.bench_command(str(root), resume=True, **command) == 0
+    assert ran == ["b", "c"]  # `a` is kept, not run again
+    data = json.loads((out / "r.json").read_text())
+    assert [w["name"] for w in data["workloads"]] == ["a", "b", "c"]
+    assert data["summary"]["median_speedup"] == pytest.approx(2.0)
+    assert data["summary"]["workloads"] == 3 and data["summary"]["equivalent"] == 3
+
+    # Other settings: the file is not mixed with them.
+    assert bench.bench_command(str(root), resume=True, steps=10, **command) == 2
+    assert json.loads((out / "r.json").read_text()) == data

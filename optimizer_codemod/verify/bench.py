@@ -276,16 +276,20 @@ def machine_facts() -> Dict[str, Any]:
     }
 
 
-def summary(results: List[WorkloadResult]) -> Dict[str, Any]:
-    speedups = [r.speedup for r in results if r.speedup is not None]
-    ratios = [r.twin_ratio() for r in results if r.twin_ratio() is not None]
-    best = [r.to_json()["speedup_best_runs"] for r in results]
-    best = [value for value in best if value is not None]
+def summary(workloads: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Over the workloads' JSON records (those of this run and any resumed from a file)."""
+    speedups = [w["speedup"] for w in workloads if w.get("speedup") is not None]
+    best = [w["speedup_best_runs"] for w in workloads if w.get("speedup_best_runs") is not None]
+    ratios = [
+        w["twin"]["rewritten_throughput_vs_twin"]
+        for w in workloads
+        if w.get("twin") and w["twin"].get("rewritten_throughput_vs_twin") is not None
+    ]
     return {
         "median_speedup": statistics.median(speedups) if speedups else None,
         "median_speedup_best_runs": statistics.median(best) if best else None,
-        "workloads": len(results),
-        "equivalent": sum(1 for r in results if r.report.equivalent),
+        "workloads": len(workloads),
+        "equivalent": sum(1 for w in workloads if w.get("equivalent")),
         "rewritten_throughput_vs_twin": ratios[0] if len(ratios) == 1 else ratios or None,
     }
 
@@ -298,26 +302,35 @@ def _first_result(results: List[WorkloadResult], key: str) -> Any:
     return None
 
 
-def to_json(results: List[WorkloadResult], settings: Dict[str, Any]) -> Dict[str, Any]:
-    device_name = _first_result(results, "device_name")
-    workloads = [r.to_json() for r in results]
+def to_json(
+    results: List[WorkloadResult],
+    settings: Dict[str, Any],
+    earlier: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """The results file; `earlier`: a results file of the same settings whose workloads are
+    kept (`bench --resume`)."""
+    earlier = earlier or {}
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    device_name = _first_result(results, "device_name") or earlier.get("device_name")
+    fresh = [dict(r.to_json(), date=now) for r in results]
     peak = dense_bf16_peak(device_name)
     if peak is not None:
-        for w in workloads:
+        for w in fresh:
             w["mfu_before"] = _share(w["flop_rate_before"], peak[0])
             w["mfu_after"] = _share(w["flop_rate_after"], peak[0])
             if w.get("twin"):
                 w["twin"]["mfu"] = _share(w["twin"]["flop_rate"], peak[0])
+    workloads = sorted(earlier.get("workloads", []) + fresh, key=lambda w: w["name"])
     return {
         "tool": "optcodemod bench",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": _first_result(results, "device") or settings["device"],
+        "date": now,
+        "device": _first_result(results, "device") or earlier.get("device") or settings["device"],
         "device_name": device_name,
         "dense_bf16_peak": {"flops": peak[0], "source": peak[1]} if peak else None,
-        "torch": _first_result(results, "torch"),
+        "torch": _first_result(results, "torch") or earlier.get("torch"),
         "machine": machine_facts(),
         "settings": settings,
-        "summary": summary(results),
+        "summary": summary(workloads),
         "workloads": workloads,
     }
 
@@ -499,22 +512,56 @@ def bench_command(
     output: str = ".",
     name: Optional[str] = None,
     echo: Optional[Callable[..., None]] = None,
+    resume: bool = False,
 ) -> int:
-    """What `optcodemod bench` does; exit 0 when every workload ran and its losses agree."""
+    """What `optcodemod bench` does; exit 0 when every workload ran and its losses agree.
+
+    The results files are rewritten after each workload, so a run cut short keeps what it
+    measured; with `resume`, the workloads already in the results file (measured with the same
+    settings) are kept and not run again."""
     echo = echo or print
     found = workloads(path)
     if not found:
         echo(f"{path}: no workload (a folder with {SCRIPT}) found", err=True)
         return 2
+    warmup = min(warmup, steps - 1)
+    settings = {
+        "device": device,
+        "target_device": device,
+        "size": size,
+        "steps": steps,
+        "repeats": repeats,
+        "warmup": warmup,
+        "ablate": ablate,
+        "rewrite": "all rules" + (", unsafe fixes on" if unsafe_fixes else ", default levels"),
+        "command": f"optcodemod bench {path} --device {device} --size {size} --steps {steps} "
+        f"--repeats {repeats} --warmup {warmup}"
+        + (" --ablate" if ablate else "")
+        + (" --unsafe-fixes" if unsafe_fixes else ""),
+    }
+    stem = os.path.join(output, name or f"bench-{device}-{size}")
+    earlier: Dict[str, Any] = {}
+    if resume and os.path.exists(stem + ".json"):
+        try:
+            earlier = _resumable(stem + ".json", settings)
+        except ValueError as problem:
+            echo(str(problem), err=True)
+            return 2
+    done = {w["name"] for w in earlier.get("workloads", [])}
+    for folder in found:
+        if os.path.basename(os.path.normpath(folder)) in done:
+            echo(f"{os.path.basename(os.path.normpath(folder))}: kept from {stem}.json", err=True)
     # The scripts pick CUDA when they see it: hide it to measure the CPU on a GPU machine.
     # (Set in our environment, which every probe subprocess inherits, verify_pair's too.)
     env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-    warmup = min(warmup, steps - 1)
-    results = []
+    results: List[WorkloadResult] = []
+    data = to_json(results, settings, earlier)
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
         for folder in found:
+            if os.path.basename(os.path.normpath(folder)) in done:
+                continue
             echo(f"{os.path.basename(os.path.normpath(folder))}:", err=True)
             results.append(
                 bench_workload(
@@ -532,35 +579,15 @@ def bench_command(
                     echo=lambda text: echo(text, err=True),
                 )
             )
+            data = to_json(results, settings, earlier)
+            _write_results(data, stem, chart=False)
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    settings = {
-        "device": device,
-        "target_device": device,
-        "size": size,
-        "steps": steps,
-        "repeats": repeats,
-        "warmup": warmup,
-        "ablate": ablate,
-        "rewrite": "all rules" + (", unsafe fixes on" if unsafe_fixes else ", default levels"),
-        "command": f"optcodemod bench {path} --device {device} --size {size} --steps {steps} "
-        f"--repeats {repeats} --warmup {warmup}"
-        + (" --ablate" if ablate else "")
-        + (" --unsafe-fixes" if unsafe_fixes else ""),
-    }
-    data = to_json(results, settings)
-    os.makedirs(output, exist_ok=True)
-    stem = os.path.join(output, name or f"bench-{device}-{size}")
-    with open(stem + ".json", "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1)
-        handle.write("\n")
-    with open(stem + ".md", "w", encoding="utf-8") as handle:
-        handle.write(render_markdown(data))
-    missing = write_chart(data, stem + ".png")
+    missing = _write_results(data, stem, chart=True)
     for w in data["workloads"]:
         state = w["error"] or ("unchanged" if w["unchanged"] else None)
         if state is None:
@@ -580,5 +607,39 @@ def bench_command(
     echo(f"wrote {stem}.json, {stem}.md" + ("" if missing else f", {stem}.png"))
     if missing:
         echo(missing, err=True)
-    ok = all(r.report.error is None and r.report.equivalent for r in results)
+    ok = all(w["error"] is None and (w["equivalent"] or w["unchanged"]) for w in data["workloads"])
     return 0 if ok else 1
+
+
+# Settings that must match for a results file's workloads to be kept by --resume.
+RESUME_KEYS = ("device", "size", "steps", "repeats", "warmup", "ablate", "rewrite")
+
+
+def _resumable(path: str, settings: Dict[str, Any]) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        try:
+            earlier = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: cannot resume, not a results file ({error})") from None
+    differ = [
+        key for key in RESUME_KEYS if earlier.get("settings", {}).get(key) != settings.get(key)
+    ]
+    if differ:
+        raise ValueError(
+            f"{path}: cannot resume, it was measured with other settings ({', '.join(differ)}); "
+            "use another --name or the same settings"
+        )
+    return earlier
+
+
+def _write_results(data: Dict[str, Any], stem: str, chart: bool) -> Optional[str]:
+    """Write STEM.json and STEM.md (and STEM.png); returns why the chart is missing."""
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    # Replaced whole: a run stopped while writing leaves the previous file, not half of one.
+    with open(stem + ".json.tmp", "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.write("\n")
+    os.replace(stem + ".json.tmp", stem + ".json")
+    with open(stem + ".md", "w", encoding="utf-8") as handle:
+        handle.write(render_markdown(data))
+    return write_chart(data, stem + ".png") if chart else None
