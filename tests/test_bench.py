@@ -118,7 +118,15 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
                     "step_time": 0.009,
                     "rewritten_throughput_vs_twin": 0.9,
                 },
-                ablation={"OPT501": {"speedup": 1.5, "equivalent": True, "error": None}},
+                ablation={
+                    "OPT501": {"speedup": 1.5, "equivalent": True, "error": None},
+                    "OPT301": {
+                        "speedup": 1.02,
+                        "speed_within_noise": True,
+                        "equivalent": True,
+                        "error": None,
+                    },
+                },
             ),
             dict(row, name="broken", equivalent=False, max_relative_difference=0.5),
             dict(row, name="mmdit_ddp", processes=2),
@@ -131,6 +139,8 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
     assert "| broken |" in text and "**no** (5.0e-01)" in text
     assert "reaches 90% of the twin's throughput" in text and "(`expert_gpt`)" in text
     assert "| naive_gpt | OPT501 | 1.50x | yes |" in text
+    assert "| naive_gpt | OPT301 | 1.02x ~ | yes |" in text
+    assert "`~`: within run-to-run noise" in text  # an ablation row is enough
     assert "| mmdit_ddp (torchrun, 2 processes) | OPT301, OPT501 |" in text
     assert "Workloads run under torchrun: rank 0's" in text
 

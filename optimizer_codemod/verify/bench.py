@@ -157,6 +157,7 @@ class WorkloadResult:
                     "step_time_before": r.step_time(r.before),
                     "step_time_after": r.step_time(r.after),
                     "speedup": r.speedup,
+                    "speed_within_noise": r.speed_within_noise,
                     "equivalent": r.equivalent,
                     "max_relative_difference": r.comparison.max_relative if r.comparison else None,
                     "error": r.error,
@@ -399,7 +400,11 @@ def render_markdown(data: Dict[str, Any]) -> str:
         "Step times: the median over runs of each run's median step; speedup: original / "
         "rewritten; fastest runs: the fastest original run against the fastest rewritten one."
     )
-    if any(w.get("speed_within_noise") for w in data["workloads"]):
+    if any(
+        w.get("speed_within_noise")
+        or any(a.get("speed_within_noise") for a in (w.get("ablation") or {}).values())
+        for w in data["workloads"]
+    ):
         lines.append("`~`: within run-to-run noise (the runs' step times overlap).")
     if any((w.get("processes") or 1) > 1 for w in data["workloads"]):
         lines.append("Workloads run under torchrun: rank 0's losses, step times and memory.")
@@ -428,7 +433,8 @@ def render_markdown(data: Dict[str, Any]) -> str:
                 agree = "error" if a["error"] else ("yes" if a["equivalent"] else "**no**")
                 if a.get("unchanged"):
                     agree = "unchanged alone (it needs another rule's fix)"
-                lines.append(f"| {w['name']} | {code} | {_x(a['speedup'])} | {agree} |")
+                speedup = _x(a["speedup"]) + (" ~" if a.get("speed_within_noise") else "")
+                lines.append(f"| {w['name']} | {code} | {speedup} | {agree} |")
     return "\n".join(lines) + "\n"
 
 
