@@ -342,6 +342,9 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
     Arguments after `--` go to the script. Exit 0: the losses agree; 1: they disagree; 2: error.
     """
     from optimizer_codemod.verify.equivalence import verify_command
+    from optimizer_codemod.verify.runner import end_runs_on_sigterm
+
+    end_runs_on_sigterm()
 
     try:
         settings = _settings_for([script], config)
@@ -387,7 +390,9 @@ def doctor(output_format: str, compile_timeout: float) -> None:
 def bench(path: str, size: Optional[str], **options) -> None:
     """Run every workload under PATH (folders with train.py) before and after the rewrite."""
     from optimizer_codemod.verify.bench import bench_command
+    from optimizer_codemod.verify.runner import end_runs_on_sigterm
 
+    end_runs_on_sigterm()
     size = size or ("gpu" if options["device"] == "cuda" else "cpu")
     sys.exit(bench_command(path, size=size, echo=click.echo, **options))
 

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -284,6 +285,39 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, StopIteration):
         return False
     return "zombie" not in state and "(dead)" not in state
+
+
+SLEEPS = """
+import os
+import sys
+import time
+
+import torch
+
+with open(sys.argv[1], "w") as handle:
+    handle.write(str(os.getpid()))
+with torch.cuda.amp.autocast(enabled=False):  # something to rewrite (OPT801)
+    time.sleep(120)
+"""
+
+
+def test_sigterm_to_verify_ends_the_run_in_flight(tmp_path: Path) -> None:
+    script = _write(tmp_path, "train.py", SLEEPS)
+    pid_file = tmp_path / "pid"
+    command = [sys.executable, "-m", "optimizer_codemod", "verify", str(script)]
+    verify = subprocess.Popen(command + ["--steps", "2", "--", str(pid_file)], cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and verify.poll() is None, "the run never started"
+        time.sleep(0.1)
+    run_pid = int(pid_file.read_text())
+    verify.send_signal(signal.SIGTERM)  # what `timeout` sends
+    assert verify.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _alive(run_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(run_pid), "the run outlived verify"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".py"] == ["train.py"]
 
 
 def test_verify_runs_a_script_that_declares_torchrun_on_every_rank(tmp_path: Path) -> None:

@@ -132,6 +132,17 @@ def probe_command(script: str, args: Sequence[str], options: ProbeOptions, out: 
     return command + ["--", script, *args]
 
 
+def end_runs_on_sigterm() -> None:
+    """Make SIGTERM (`timeout`, a job scheduler) end the run in flight, as Ctrl-C does.
+
+    A run has a session of its own, so a signal to this process does not reach it, and
+    Python's default SIGTERM exits without unwinding: the run would live on as an orphan,
+    measuring nothing and slowing whatever is measured next. Raising SystemExit instead goes
+    through `run_probe`'s cleanup. Call it from the main thread of a command.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def run_probe(script: str, args: Sequence[str], options: ProbeOptions, label: str = "") -> ProbeRun:
     """Run `script args` under the probe; never raises for the script's own failures."""
     with tempfile.TemporaryDirectory(prefix="optcodemod-probe-") as folder:
