@@ -260,3 +260,19 @@ def test_bench_writes_after_each_workload_and_resumes(tmp_path: Path, monkeypatc
     # Other settings: the file is not mixed with them.
     assert bench.bench_command(str(root), resume=True, steps=10, **command) == 2
     assert json.loads((out / "r.json").read_text()) == data
+
+
+def test_chart_has_a_panel_for_the_ablation(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    row = {"speedup": 1.5, "name": "w"}
+    data = {"device": "cpu", "device_name": "AMD EPYC", "date": "2026-11-22 00:00 UTC"}
+    plain = dict(data, workloads=[row, dict(row, name="v", speedup=None)])
+    ablated = dict(data, workloads=[dict(row, ablation={"OPT302": {"speedup": 2.0}})] * 10)
+    assert bench.write_chart(plain, str(tmp_path / "plain.png")) is None
+    assert bench.write_chart(ablated, str(tmp_path / "ablated.png")) is None
+    plain_size = Image.open(tmp_path / "plain.png").size
+    ablated_size = Image.open(tmp_path / "ablated.png").size
+    # One row per bar: ten workloads and their ablations make a taller chart, not a wider one.
+    assert ablated_size[0] == plain_size[0] and ablated_size[1] > 2 * plain_size[1]

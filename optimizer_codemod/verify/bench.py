@@ -486,18 +486,54 @@ def write_chart(data: Dict[str, Any], path: str) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return "no chart: matplotlib is not installed (pip install 'optcodemod[verify]')"
-    bars = [(w["name"], w["speedup"]) for w in data["workloads"] if w["speedup"] is not None]
-    for w in data["workloads"]:
-        for code, a in (w.get("ablation") or {}).items():
-            if a["speedup"] is not None:
-                bars.append((f"{w['name']}\n{code} alone", a["speedup"]))
-    figure, axes = plt.subplots(figsize=(max(4, 1.2 * len(bars) + 1), 4))
-    axes.bar(range(len(bars)), [b[1] for b in bars], color="#4c72b0")
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    axes.set_xticks(range(len(bars)))
-    axes.set_xticklabels([b[0] for b in bars], rotation=30, ha="right", fontsize=8)
-    axes.set_ylabel("speedup (original / rewritten step time)")
-    axes.set_title(f"optcodemod bench: {data['device']} ({data['device_name']}), {data['date']}")
+    panels = [
+        (
+            "all fixes together",
+            [(w["name"], w["speedup"]) for w in data["workloads"] if w["speedup"] is not None],
+        ),
+        (
+            "each rule alone (--ablate)",
+            [
+                (f"{w['name']}: {code}", a["speedup"])
+                for w in data["workloads"]
+                for code, a in (w.get("ablation") or {}).items()
+                if a["speedup"] is not None
+            ],
+        ),
+    ]
+    panels = [(title, bars) for title, bars in panels if bars]
+    if not panels:
+        panels = [("all fixes together", [])]
+    # Horizontal bars, one row each: dozens of ablation rows stay readable.
+    heights = [max(len(bars), 1) for _, bars in panels]
+    figure, axes_list = plt.subplots(
+        len(panels),
+        1,
+        figsize=(8, 1.5 + 0.3 * sum(heights) + 0.6 * len(panels)),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
+    for (title, bars), (axes,) in zip(panels, axes_list):
+        rows = list(range(len(bars)))[::-1]  # first bar on top
+        axes.barh(rows, [b[1] for b in bars], color="#4c72b0")
+        axes.axvline(1.0, color="black", linewidth=0.8)
+        axes.set_yticks(rows)
+        axes.set_yticklabels([b[0] for b in bars], fontsize=8)
+        for row, (_, value) in zip(rows, bars):
+            axes.annotate(
+                f"{value:.2f}x",
+                (value, row),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
+        axes.set_xlim(0, max([b[1] for b in bars] + [1.0]) * 1.15)  # room for the labels
+        axes.set_title(title, fontsize=9)
+    axes_list[-1][0].set_xlabel("speedup (original / rewritten step time)")
+    figure.suptitle(
+        f"optcodemod bench: {data['device']} ({data['device_name']}), {data['date']}", fontsize=10
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
