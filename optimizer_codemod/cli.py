@@ -246,17 +246,12 @@ def rules(output_format: str) -> None:
         click.echo(json.dumps(records, indent=2))
         return
     rows = [("code", "name", "safety", "torch", "summary")]
-    rows += [(r.code, r.name, r.safety.label, str(r.min_torch), _summary(r)) for r in table]
+    rows += [(r.code, r.name, r.safety.label, str(r.min_torch), r.summary()) for r in table]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         click.echo(
             "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]
         )
-
-
-def _summary(rule: type) -> str:
-    limit = rule.device_limit()
-    return f"{rule.message} ({limit})" if limit else rule.message
 
 
 @main.command()

@@ -125,7 +125,7 @@ def _selected(
     layers: Tuple[RuleSelection, ...],
     file_ignores: Tuple[str, ...],
     target: TorchVersion,
-    device: str = DEFAULT_TARGET_DEVICE,
+    device: str,
 ) -> Tuple[type, ...]:
     current: List[type] = []
     for layer in layers:
@@ -229,18 +229,15 @@ def _strings(path: str, key: str, value: Any) -> Tuple[str, ...]:
     return tuple(value)
 
 
-def _precision(path: str, key: str, value: Any) -> str:
-    if value not in PRECISIONS:
-        raise _fail(path, key, f"expected one of {', '.join(map(repr, PRECISIONS))}")
-    return value
+def _one_of(choices: Tuple[str, ...]):
+    def parse(path: str, key: str, value: Any) -> str:
+        if value not in choices:
+            raise _fail(
+                path, key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
+            )
+        return value
 
-
-def _target_device(path: str, key: str, value: Any) -> str:
-    if value not in TARGET_DEVICES:
-        raise _fail(
-            path, key, f"expected one of {', '.join(map(repr, TARGET_DEVICES))}, got {value!r}"
-        )
-    return value
+    return parse
 
 
 def _version(path: str, key: str, value: Any) -> TorchVersion:
@@ -269,8 +266,8 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "extend-safe-fixes": ("extend_safe_fixes", _codes),
     "extend-unsafe-fixes": ("extend_unsafe_fixes", _codes),
     "target-torch": ("target_torch", _version),
-    "precision": ("precision", _precision),
-    "target-device": ("target_device", _target_device),
+    "precision": ("precision", _one_of(PRECISIONS)),
+    "target-device": ("target_device", _one_of(TARGET_DEVICES)),
     "exclude": ("exclude", _strings),
     "respect-gitignore": ("respect_gitignore", _bool),
 }

@@ -204,7 +204,9 @@ class Rule(cst.BatchableCSTVisitor):
 
     @classmethod
     def summary(cls) -> str:
-        return cls.message
+        """The message, with the device limit when there is one (`rules`, the docs index)."""
+        limit = cls.device_limit()
+        return f"{cls.message} ({limit})" if limit else cls.message
 
     @classmethod
     def device_limit(cls) -> Optional[str]:

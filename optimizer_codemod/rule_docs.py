@@ -23,6 +23,7 @@ def render_rule_page(rule: type, results: Optional[Results] = None) -> str:
     missing = [s for s in DOCSTRING_SECTIONS if s not in sections]
     if missing:
         raise ValueError(f"{rule.code}: docstring lacks sections {missing}")
+    limit = rule.device_limit()
     lines = [
         f"# {rule.code}: {rule.name}",
         "",
@@ -33,7 +34,7 @@ def render_rule_page(rule: type, results: Optional[Results] = None) -> str:
         f"| Fix | {rule.fix_title} |",
         f"| Safety | `{rule.safety.label}`: {SAFETY_DESCRIPTIONS[rule.safety]} |",
         f"| Minimum torch | {rule.min_torch} |",
-        *([f"| Target device | {rule.device_limit()} |"] if rule.device_limit() else []),
+        *([f"| Target device | {limit} |"] if limit else []),
         f"| Family | {FAMILIES.get(rule.code[:4], 'other')} |",
         "",
     ]
@@ -92,9 +93,7 @@ def render_index(rules: Sequence[type]) -> str:
     for rule in rules:
         lines.append(
             f"| [{rule.code}]({rule.code}.md) | {rule.name} | `{rule.safety.label}` | "
-            f"{rule.min_torch} | {rule.message}"
-            + (f" ({rule.device_limit()})" if rule.device_limit() else "")
-            + " |"
+            f"{rule.min_torch} | {rule.summary()} |"
         )
     return "\n".join(lines) + "\n"
 

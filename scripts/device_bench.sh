@@ -39,11 +39,10 @@ status=$?
 cp "$results"/* "${OUT:-$results}/" 2>/dev/null
 python3 - "$results/$name.json" <<'EOF'
 import json, os, sys
-from optimizer_codemod.verify.bench import workloads
+from optimizer_codemod.verify.bench import workload_name, workloads
 data = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {"workloads": []}
 done = {w["name"] for w in data["workloads"]}
-todo = [os.path.basename(f) for f in workloads("reference_models")]
-todo = [name for name in todo if name not in done]
+todo = [workload_name(f) for f in workloads("reference_models") if workload_name(f) not in done]
 print("bench complete" if not todo else f"still to measure: {', '.join(todo)}")
 EOF
 exit $status

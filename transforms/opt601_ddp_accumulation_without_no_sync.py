@@ -205,19 +205,19 @@ class DDPAccumulationWithoutNoSync(Rule):
         ):
             return
         # Every identifier of the file, parameters included: `sync` must be fresh everywhere.
-        names = find_all(original_node, cst.Name)
-        self._identifiers = {node.value for node in names}
+        self._identifiers = {node.value for node in find_all(original_node, cst.Name)}
         optimizer = optimizer_name(facts, model)
         if optimizer is None:
             return
         steps = training_steps(facts, model)
-        in_loops = {id(n) for step in steps for n in find_all(step.loop.node, cst.Name)}
+        in_loops = [_no_sync_names(step.loop.node) for step in steps]
+        inside = {id(n) for found in in_loops for n in found}
         # `no_sync` outside the training loops may reach any of them (a context chosen before
         # the loop): leave the file alone. Inside a loop it only settles that loop.
-        if any(n.value == NO_SYNC and id(n) not in in_loops for n in names):
+        if any(id(n) not in inside for n in _no_sync_names(original_node)):
             return
-        for step in steps:
-            if not any(n.value == NO_SYNC for n in find_all(step.loop.node, cst.Name)):
+        for step, found in zip(steps, in_loops):
+            if not found:
                 self._check_step(model, step, optimizer)
 
     def _check_step(self, model: TrainedModel, step: TrainingStep, optimizer: str) -> None:
@@ -504,3 +504,7 @@ def _mentions_any(statements: Sequence[cst.CSTNode], names: Set[str]) -> bool:
     return any(
         node.value in names for statement in statements for node in find_all(statement, cst.Name)
     )
+
+
+def _no_sync_names(node: cst.CSTNode) -> List[cst.Name]:
+    return [n for n in find_all(node, cst.Name) if n.value == NO_SYNC]

@@ -81,6 +81,10 @@ def workloads(root: str) -> List[str]:
     return [folder for folder in found if os.path.normpath(folder) not in twins]
 
 
+def workload_name(folder: str) -> str:
+    return os.path.basename(os.path.normpath(folder))
+
+
 def twin_of(folder: str) -> Optional[str]:
     with open(os.path.join(folder, SCRIPT), encoding="utf-8") as handle:
         found = TWIN.search(handle.read())
@@ -95,6 +99,7 @@ class WorkloadResult:
     twin_runs: List[ProbeRun] = field(default_factory=list)
     ablation: Dict[str, VerifyReport] = field(default_factory=dict)
     processes: int = 1  # per run; more than 1 under torchrun
+    measured_at: str = field(default_factory=lambda: _utc_now())
 
     @property
     def speedup(self) -> Optional[float]:
@@ -110,6 +115,7 @@ class WorkloadResult:
         report = self.report
         data: Dict[str, Any] = {
             "name": self.name,
+            "date": self.measured_at,
             "processes": self.processes,
             "fixed": sorted(set(report.fixed)),
             "level": report.level.label if report.level is not None else None,
@@ -211,7 +217,7 @@ def bench_workload(
     from optimizer_codemod.errors import OptcodemodError
     from optimizer_codemod.rule import Safety
 
-    name = os.path.basename(os.path.normpath(folder))
+    name = workload_name(folder)
     script = os.path.join(folder, SCRIPT)
     args = ["--size", size]
     twin = twin_of(folder)
@@ -311,9 +317,8 @@ def to_json(
     """The results file; `earlier`: a results file of the same settings whose workloads are
     kept (`bench --resume`)."""
     earlier = earlier or {}
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device_name = _first_result(results, "device_name") or earlier.get("device_name")
-    fresh = [dict(r.to_json(), date=now) for r in results]
+    fresh = [r.to_json() for r in results]
     peak = dense_bf16_peak(device_name)
     if peak is not None:
         for w in fresh:
@@ -324,7 +329,7 @@ def to_json(
     workloads = sorted(earlier.get("workloads", []) + fresh, key=lambda w: w["name"])
     return {
         "tool": "optcodemod bench",
-        "date": now,
+        "date": _utc_now(),
         "device": _first_result(results, "device") or earlier.get("device") or settings["device"],
         "device_name": device_name,
         "dense_bf16_peak": {"flops": peak[0], "source": peak[1]} if peak else None,
@@ -334,6 +339,10 @@ def to_json(
         "summary": summary(workloads),
         "workloads": workloads,
     }
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _share(rate: Optional[float], peak: float) -> Optional[float]:
@@ -590,9 +599,8 @@ def bench_command(
             echo(str(problem), err=True)
             return 2
     done = {w["name"] for w in earlier.get("workloads", [])}
-    for folder in found:
-        if os.path.basename(os.path.normpath(folder)) in done:
-            echo(f"{os.path.basename(os.path.normpath(folder))}: kept from {stem}.json", err=True)
+    for name in sorted(done & {workload_name(folder) for folder in found}):
+        echo(f"{name}: kept from {stem}.json", err=True)
     # The scripts pick CUDA when they see it: hide it to measure the CPU on a GPU machine.
     # (Set in our environment, which every probe subprocess inherits, verify_pair's too.)
     env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
@@ -601,10 +609,8 @@ def bench_command(
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        for folder in found:
-            if os.path.basename(os.path.normpath(folder)) in done:
-                continue
-            echo(f"{os.path.basename(os.path.normpath(folder))}:", err=True)
+        for folder in [f for f in found if workload_name(f) not in done]:
+            echo(f"{workload_name(folder)}:", err=True)
             results.append(
                 bench_workload(
                     folder,

@@ -92,8 +92,8 @@ def _fused_optimizer(m: Machine) -> str:
     return PAYS_OFF if m.cuda or m.torch_version >= (2, 4) else NO_GAIN
 
 
-def _compiles(m: Machine) -> bool:
-    return m.compile_works is not False
+def _compiles(m: Machine) -> str:
+    return NO_GAIN if m.compile_works is False else PAYS_OFF
 
 
 def _precision(m: Machine) -> str:
@@ -115,8 +115,7 @@ PAYOFF: Tuple[Payoff, ...] = (
     Payoff("OPT1", _workers, "input pipeline: overlaps data loading with training"),
     Payoff("OPT2", _cuda_and(lambda m: True), "host/device transfers and syncs: accelerator"),
     Payoff("OPT3", _precision, "reduced precision: bf16/TF32 units (CUDA, or AVX512-BF16/AMX)"),
-    # OPT402 compiles on CUDA only: on CPU, compile with bf16 autocast made training 5.9x slower.
-    Payoff("OPT402", _cuda_and(_compiles), "torch.compile: emitted for CUDA only"),
+    Payoff("OPT402", _compiles, "torch.compile must work (it is emitted for CUDA only)"),
     Payoff("OPT4", _always, "fewer or faster kernels (attention, memory format), on any device"),
     Payoff("OPT5", _always, "optimizer work, on any device"),
     Payoff("OPT6", lambda m: PAYS_OFF if len(m.devices) > 1 else NO_GAIN, "needs 2+ devices"),
@@ -135,14 +134,11 @@ def assess(machine: Machine, rules: Sequence[type]) -> List[Dict[str, str]]:
     for rule in rules:
         entry = payoff_for(rule.code)
         verdict = entry.test(machine) if entry else "unknown"
-        rows.append(
-            {
-                "code": rule.code,
-                "name": rule.name,
-                "verdict": verdict,
-                "why": entry.why if entry else "no entry in the doctor's table",
-            }
-        )
+        why = entry.why if entry else "no entry in the doctor's table"
+        if not machine.cuda and "cpu" not in rule.target_devices:
+            # Not selected for the CPU target a machine without CUDA trains with.
+            verdict, why = NO_GAIN, f"{rule.device_limit()}: not run for a CPU target"
+        rows.append({"code": rule.code, "name": rule.name, "verdict": verdict, "why": why})
     return rows
 
 

@@ -27,8 +27,9 @@ The JSON result holds `losses`, `step_times` (seconds, measured steps only), `st
 `measured_seconds` (synchronised window), `step_time` (the figure to compare, see `_step_time`),
 `device`, `torch`, `peak_memory` with `peak_memory_kind`, `flops_per_step` (with `--count-flops`:
 the floating-point operations of the second step, counted by `torch.utils.flop_counter`; that step
-is a warm-up step, left out of the timing, so at least 2 warm-up steps are needed), `status` (`stopped` after the requested
-steps, `finished` when the script ended first, `error`, `exit`) and `error` (the traceback).
+is a warm-up step, left out of the timing, so at least 2 warm-up steps are needed), `status`
+(`stopped` after the requested steps, `finished` when the script ended first, `error`, `exit`)
+and `error` (the traceback).
 """
 
 from __future__ import annotations
