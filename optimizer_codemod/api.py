@@ -14,7 +14,7 @@ The command line is built on `rewrite_source`, which works on bytes and notebook
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Tuple, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
@@ -34,7 +34,7 @@ from optimizer_codemod.formatting import (
 )
 from optimizer_codemod.noqa import has_skip_file
 from optimizer_codemod.notebook import Notebook
-from optimizer_codemod.sources import compile_check
+from optimizer_codemod.sources import check_syntax, compile_check
 from optimizer_codemod.torch_version import TorchVersion
 
 NOTEBOOK_SUFFIX = ".ipynb"
@@ -57,14 +57,42 @@ def is_notebook(path: str) -> bool:
     return path.endswith(NOTEBOOK_SUFFIX)
 
 
-def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
-    """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem."""
+def settle_without_parsing(src: bytes, path: str, rules: Sequence[type]) -> Optional[SourceRewrite]:
+    """The outcome of a file the cheap pre-filter settles, else None (it needs rewriting).
+
+    A file no selected rule can fire on is never parsed by LibCST, but its syntax is still
+    checked with Python's `compile` (DESIGN.md §4): a syntax error raises SourceParseError.
+    """
     if not src.strip():
         return SourceRewrite(src, False, skipped="empty file")
     if has_skip_file(src):
         return SourceRewrite(src, False, skipped="# optcodemod: skip-file")
-    if not may_contain_findings(src, options.rules):
-        return SourceRewrite(src, False, skipped="no pattern any selected rule looks for")
+    if may_contain_findings(src, rules):
+        return None
+    if is_notebook(path):
+        _check_notebook_syntax(src, path)
+    else:
+        check_syntax(src, path)
+    return SourceRewrite(src, False, skipped="no pattern any selected rule looks for")
+
+
+def _check_notebook_syntax(src: bytes, path: str) -> None:
+    notebook = Notebook(src, path)
+    if not notebook.is_python or not notebook.cells:
+        return
+    try:
+        check_syntax(notebook.python_text().encode("utf-8"), path)
+    except OptcodemodError as error:
+        if error.line is not None:
+            error.cell, error.line = notebook.locate(error.line)
+        raise
+
+
+def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
+    """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem."""
+    settled = settle_without_parsing(src, path, options.rules)
+    if settled is not None:
+        return settled
     if is_notebook(path):
         return _rewrite_notebook(src, path, options)
     result = rewrite_bytes(src, path, options)

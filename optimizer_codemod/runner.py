@@ -10,11 +10,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from optimizer_codemod.api import SourceRewrite, is_notebook, rewrite_source
+from optimizer_codemod.api import (
+    SourceRewrite,
+    is_notebook,
+    rewrite_source,
+    settle_without_parsing,
+)
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.edits import text_edits
-from optimizer_codemod.engine import may_contain_findings
 from optimizer_codemod.errors import OptcodemodError
 from optimizer_codemod.sources import read_bytes, write_atomic
 
@@ -95,11 +99,15 @@ def _quick_outcome(path: str, settings: Settings) -> Optional[FileOutcome]:
         src = read_bytes(path)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.render())
-    if not src.strip():
+    try:
+        settled = settle_without_parsing(src, path, settings.rules_for(path))
+    except OptcodemodError as error:
+        return FileOutcome(path=path, error=error.with_path(error.path or path).render())
+    if settled is None:
+        return None
+    if settled.skipped == "empty file":
         return FileOutcome(path=path, warning=f"{path}: empty file, nothing to do")
-    if not may_contain_findings(src, settings.rules_for(path)):
-        return FileOutcome(path=path)
-    return None
+    return FileOutcome(path=path)
 
 
 def run(

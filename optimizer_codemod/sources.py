@@ -64,6 +64,18 @@ def parse_source(src: bytes, path: str) -> cst.Module:
     raise SourceParseError(f"cannot parse: {message}", path, line, column)
 
 
+def check_syntax(src: bytes, path: str) -> None:
+    """Raise SourceParseError (`path:line:col`) unless `src` is valid Python.
+
+    The cheap check for files the pre-filter settles without a LibCST parse: Python's own
+    `compile` costs a fraction of a LibCST parse, and a syntax error must never pass silently.
+    """
+    error = python_syntax_error(decode_source(src, path), path)
+    if error is not None:
+        line, column, message = error
+        raise SourceParseError(f"cannot parse: {message}", path, line, column)
+
+
 def python_syntax_error(text: str, path: str):
     try:
         with warnings.catch_warnings():

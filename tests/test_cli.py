@@ -154,6 +154,63 @@ def test_syntax_error_is_reported_others_still_processed(script: Path, tmp_path:
     assert FUSED_LINE in script.read_bytes()
 
 
+def test_syntax_error_without_any_training_pattern_is_still_reported(
+    script: Path, tmp_path: Path
+) -> None:
+    # No rule's trigger text: the pre-filter settles the file, but its syntax is still checked.
+    bad = tmp_path / "bad.py"
+    bad_text = b"import os\n\nx = = 1\n"
+    bad.write_bytes(bad_text)
+    alone = run_cli(["apply", str(bad)])
+    assert alone.exit_code == 2, alone.output
+    assert f"{bad}:3:5: cannot parse: invalid syntax" in alone.stderr
+    assert "1 file could not be processed." in alone.stdout
+    with_others = run_cli(["apply", str(bad), str(script), *ONLY_FUSED])
+    assert with_others.exit_code == 2
+    assert bad.read_bytes() == bad_text
+    assert FUSED_LINE in script.read_bytes()  # the other file is still rewritten
+
+
+def test_syntax_error_in_a_notebook_without_training_pattern_names_the_cell(
+    tmp_path: Path,
+) -> None:
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": ["%matplotlib inline\n", "import os\n"]},
+        {"cell_type": "code", "metadata": {}, "source": ["x = 1\n", "def f(:\n", "    pass\n"]},
+    ]
+    notebook = tmp_path / "bad.ipynb"
+    notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4}))
+    result = run_cli(["apply", str(notebook)])
+    assert result.exit_code == 2, result.output
+    assert f"{notebook}:cell 2:2:7: cannot parse" in result.stderr
+
+
+def test_stdin_syntax_error_without_training_pattern_exits_2() -> None:
+    broken = b"print('hi'\n"
+    result = run_cli(["apply", "-", "--stdin-filename", "x.py"], stdin=broken)
+    assert result.exit_code == 2
+    assert result.stdout_bytes == broken
+    assert "x.py:1:6: cannot parse" in result.stderr
+
+
+def test_files_without_training_pattern_are_checked_by_compile_not_libcst(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import libcst
+
+    def no_libcst(*args, **kwargs):
+        raise AssertionError("a file without trigger text was parsed by LibCST")
+
+    monkeypatch.setattr(libcst, "parse_module", no_libcst)
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("import os\nprint(os.sep)\n")
+    bad.write_text("import os\nprint(os.sep\n")
+    assert run_cli(["apply", str(good)]).exit_code == 0
+    result = run_cli(["apply", str(good), str(bad)])
+    assert result.exit_code == 2
+    assert f"{bad}:2:6: cannot parse: '(' was never closed" in result.stderr
+
+
 def test_non_utf8_without_cookie_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "latin.py"
     data = b"import torch\nopt = torch.optim.Adam(p)  # caf\xe9\n"
