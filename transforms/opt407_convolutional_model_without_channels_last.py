@@ -13,6 +13,7 @@ from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     model_built,
     model_classes,
+    model_dropout_calls,
     model_layer_calls,
     model_output_names,
     the_trained_model,
@@ -111,6 +112,17 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         differ by at most 6e-5. Parameters and state_dict keys keep their shapes and names
         (only strides change), so checkpoints load either way.
 
+        `behavior` when the model applies element-wise dropout (`nn.Dropout`, `F.dropout`,
+        `torch.dropout`, alpha dropout; or a torchvision SqueezeNet, DenseNet, DeepLabV3 or
+        FCN, which drop elements of feature maps): a seeded dropout draws its mask in memory
+        order, so on a channels_last activation it drops other elements
+        (`torch.manual_seed(0); F.dropout(x, 0.5)` and the same on
+        `x.contiguous(memory_format=torch.channels_last)` differ, torch 2.13.0+cpu), and the
+        losses part from the first step on, not in the last bits. The analysis does not
+        follow tensor ranks, so dropout on flattened features counts too. Channel-wise
+        dropout (`nn.Dropout2d`, `F.dropout2d`, `FeatureAlphaDropout`) draws one value per
+        (sample, channel), whatever the layout, and keeps the fix `numerics`.
+
         Never applied when the trained model is not known (several models, or one the
         analysis does not follow), when it has no 2-D convolution (`Conv1d` models have no
         4-D tensors to convert), when it also has a 3-D convolution (5-D weights make
@@ -196,10 +208,18 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             f"{model.name} = {model.name}.to(memory_format={torch or 'torch'}.channels_last)\n"
         )
         imports = () if torch else (ImportSpec("torch"),)
+        message = f"Convolutional model `{model.name}` trained in the NCHW memory format"
+        dropout = model_dropout_calls(facts, model)
+        if dropout:
+            message += (
+                f" (it applies dropout, `{cst.Module([]).code_for_node(dropout[0].node.func)}`:"
+                " in channels_last a seeded run drops other elements)"
+            )
         self.report(
             anchor,
             Fix((InsertStatements(anchor, after=(statement,)),), imports),
-            message=f"Convolutional model `{model.name}` trained in the NCHW memory format",
+            message=message,
+            safety=Safety.BEHAVIOR if dropout else None,
         )
 
     def _views(self, model) -> List[cst.Call]:

@@ -51,6 +51,27 @@ GRADIENT_CLIPPING = frozenset(
 NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
 COMPILE_FUNCTIONS = ("torch.compile", "torch.jit.script", "torch.jit.trace")
 NOT_MODULES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"})
+# Dropout that draws one mask element per activation element, in memory order: on a tensor
+# whose memory format changes (channels_last), a seeded run drops other elements (checked with
+# torch 2.13.0+cpu: `F.dropout` and `nn.Dropout` differ). Channel-wise dropout
+# (`Dropout1d/2d/3d`, `FeatureAlphaDropout`) draws an (N, C, 1, 1) mask whose memory order does
+# not depend on the input's, so it is not listed. Alpha dropout agrees on CPU but draws an
+# element-wise mask too, so it is listed rather than trusted to a kernel detail.
+ELEMENTWISE_DROPOUT = frozenset(
+    {
+        *(f"torch.nn.{kind}" for kind in ("Dropout", "AlphaDropout")),
+        *(f"torch.nn.modules.dropout.{kind}" for kind in ("Dropout", "AlphaDropout")),
+        *(f"torch.nn.functional.{fn}" for fn in ("dropout", "alpha_dropout")),
+        *(f"torch.{fn}" for fn in ("dropout", "dropout_", "alpha_dropout", "alpha_dropout_")),
+    }
+)
+# torchvision builders whose networks apply element-wise dropout to 4-D feature maps
+# (SqueezeNet's classifier and DenseNet's `drop_rate` before a convolution, the ASPP and FCN
+# heads); the others drop only flattened 2-D features.
+SPATIAL_DROPOUT_MODELS = tuple(
+    f"torchvision.models.{name}"
+    for name in ("squeezenet", "densenet", "segmentation.deeplabv3", "segmentation.fcn")
+)
 
 
 @dataclass(frozen=True)
@@ -582,6 +603,19 @@ def model_layer_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSi
         call
         for call in facts.records.calls
         if id(call.node) in inside or call.site.class_name in classes
+    ]
+
+
+def model_dropout_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
+    """Element-wise dropout the model may apply to its activations: layers and functional
+    calls among its layer calls (see model_layer_calls), and torchvision builders whose
+    networks drop elements of 4-D feature maps. The tensor's rank is not followed, so dropout
+    on flattened features counts too (conservative for a rule that changes memory format)."""
+    return [
+        call
+        for call in model_layer_calls(facts, model)
+        if call.qualname in ELEMENTWISE_DROPOUT
+        or (call.qualname or "").startswith(SPATIAL_DROPOUT_MODELS)
     ]
 
 
