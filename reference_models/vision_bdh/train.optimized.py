@@ -174,7 +174,6 @@ def main():
     ).to(device)
     if device.type == "cuda":
         model.compile()
-    model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
 
     step = 0
