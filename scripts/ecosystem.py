@@ -1,0 +1,583 @@
+"""Ecosystem check: `optcodemod apply --unsafe-fixes` over real public training scripts.
+
+    python scripts/ecosystem.py [--corpus scripts/ecosystem.toml] [--mirror DIR ...]
+                                [--cache DIR ...] [--json OUT] [--keep DIR] [--only TEXT]
+                                [--slowest N]
+
+The corpus (`scripts/ecosystem.toml`) pins repositories by commit and lists the scripts to check;
+no third-party code lives in this repository. Each file is read from a local copy:
+
+- a bare or normal git mirror, `MIRROR/<owner>+<name>/repo` or `MIRROR/<owner>+<name>` (read
+  with `git show COMMIT:PATH`, so any commit the mirror holds works); default mirror dir
+  `/work/.mirror`;
+- or a cache dir of checkouts at the pinned commit, `CACHE/<owner>+<name>/PATH`.
+
+Repositories found in neither are listed with the commands that fetch them, and skipped. The
+files are copied into a temporary folder (keeping their paths inside the repository) and each is
+rewritten there on its own, serially (`-j 1`), as a user runs `optcodemod apply train.py`.
+
+For every file it records and checks:
+- the exit status: 0 or 1 is fine; a traceback, a signal or any other status is a crash; exit 2
+  (the tool refused the file, or a rule's output was caught by the engine) is an error;
+- the output compiles;
+- a second `apply --check` on the output changes nothing;
+- unchanged lines stay byte-identical: every replaced or deleted line of the original lies in a
+  hunk that overlaps the span of a finding that was fixed, and no added line ends in whitespace;
+- the wall time of the `apply` call (less the tool's start-up time, measured once on an empty
+  file).
+
+It tallies fixes per rule from `--output-format json` and prints a summary (files, crashes,
+errors, invalid outputs, second-run changes, non-identical unchanged lines, fixes per rule, the
+slowest files). `--json OUT` writes every record, with each file's diff hunks, for review.
+Exit status: 0 when every check holds, 1 when one fails, 2 when no file could be checked.
+
+Not part of the test suite (it needs the mirrors); tests/test_ecosystem.py tests its checking
+logic on a local fake corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CORPUS = Path(__file__).with_name("ecosystem.toml")
+DEFAULT_MIRRORS = (Path("/work/.mirror"),)
+DEFAULT_COMMAND = (sys.executable, "-m", "optimizer_codemod")
+
+
+@dataclass(frozen=True)
+class Entry:
+    repo: str  # owner/name
+    commit: str
+    path: str  # inside the repository
+
+    @property
+    def key(self) -> str:
+        return self.repo.replace("/", "+")
+
+
+def load_corpus(path: Path) -> List[Entry]:
+    with open(path, "rb") as handle:
+        document = tomllib.load(handle)
+    entries = []
+    for repo in document.get("repo", []):
+        for item in repo["paths"]:
+            entries.append(Entry(repo["name"], repo["commit"], item))
+    return entries
+
+
+# -- materialising ------------------------------------------------------------------------------
+
+
+def _git_dirs(entry: Entry, mirrors: Sequence[Path]) -> List[Path]:
+    found = []
+    for mirror in mirrors:
+        for candidate in (mirror / entry.key / "repo", mirror / entry.key):
+            if candidate.exists():
+                found.append(candidate)
+    return found
+
+
+def read_entry(
+    entry: Entry, mirrors: Sequence[Path], caches: Sequence[Path]
+) -> Tuple[Optional[bytes], str]:
+    """The file's bytes at the pinned commit and where they came from, or (None, reason)."""
+    for cache in caches:
+        candidate = cache / entry.key / entry.path
+        if candidate.is_file():
+            return candidate.read_bytes(), str(candidate)
+    reason = "repository not found locally"
+    for git_dir in _git_dirs(entry, mirrors):
+        result = subprocess.run(
+            ["git", f"--git-dir={_dot_git(git_dir)}", "show", f"{entry.commit}:{entry.path}"],
+            capture_output=True,
+        )
+        if result.returncode == 0:
+            return result.stdout, f"{git_dir}@{entry.commit[:12]}"
+        reason = f"{git_dir}: {result.stderr.decode(errors='replace').strip()}"
+    return None, reason
+
+
+def _dot_git(git_dir: Path) -> Path:
+    # A normal checkout keeps its git dir in .git; a bare mirror is the git dir itself.
+    return git_dir / ".git" if (git_dir / ".git").exists() else git_dir
+
+
+def fetch_hint(repo: str, commit: str, caches: Sequence[Path]) -> str:
+    cache = caches[0] if caches else Path("CACHE")
+    target = cache / repo.replace("/", "+")
+    return (
+        f"git clone https://github.com/{repo} {target} && "
+        f"git -C {target} checkout {commit}   (then pass --cache {cache})"
+    )
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def report(self) -> dict:
+        try:
+            return json.loads(self.stdout)
+        except json.JSONDecodeError:
+            return {}
+
+
+def run_apply(command: Sequence[str], path: Path, *extra: str, cwd: Path) -> Run:
+    argv = [*command, "apply", "--unsafe-fixes", "--output-format", "json", "-j", "1", *extra]
+    argv.append(str(path))
+    start = time.perf_counter()
+    result = subprocess.run(argv, capture_output=True, cwd=cwd)
+    seconds = time.perf_counter() - start
+    return Run(
+        result.returncode,
+        result.stdout.decode(errors="replace"),
+        result.stderr.decode(errors="replace"),
+        seconds,
+    )
+
+
+# -- checking -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Hunk:
+    """One changed region: original lines [start, end) (1-based, end exclusive), new lines."""
+
+    start: int
+    end: int
+    new_start: int
+    new_end: int
+    rules: List[str]  # codes of fixed findings whose span overlaps (or, for an insert, touches)
+    before: str
+    after: str
+
+
+@dataclass
+class LineCheck:
+    hunks: List[Hunk]
+    # Original lines whose bytes changed while their text did not, other than re-indentation
+    # (line endings, trailing or inner whitespace, a BOM): "unchanged" lines that are not
+    # byte-identical. (original line, new line)
+    whitespace_changes: List[Tuple[int, int]]
+    reindented: List[Tuple[int, int]]  # same text, new indentation (a block wrapped in a with)
+    away_from_findings: List[Hunk]  # replaced/deleted lines that no fixed finding's span covers
+    trailing_whitespace: List[int]  # new-file line numbers of added lines ending in whitespace
+    newline_changes: List[int]  # new-file lines whose line ending differs from the file's
+
+
+def _lines(data: bytes) -> List[bytes]:
+    return data.splitlines(keepends=True)
+
+
+def _ending(line: bytes) -> bytes:
+    return line[len(line.rstrip(b"\r\n")) :]
+
+
+def _dominant_ending(lines: Sequence[bytes]) -> bytes:
+    counts = Counter(_ending(line) for line in lines if _ending(line))
+    return counts.most_common(1)[0][0] if counts else b"\n"
+
+
+def check_lines(before: bytes, after: bytes, spans: Sequence[Tuple[str, int, int]]) -> LineCheck:
+    """Compare original and rewritten bytes line by line (difflib over byte lines).
+
+    `spans` are (rule code, first line, last line) of the fixed findings, in original lines.
+    Lines outside the changed hunks are byte-identical by construction of the diff. Inside a
+    hunk, an original line whose text reappears with other bytes (a line ending, trailing or
+    inner whitespace) is an "unchanged" line that is not byte-identical: a failure. Re-indented
+    lines (a block wrapped in a new `with`) are listed, not failed. A hunk that replaces or
+    deletes original lines no fixed finding covers is listed for review (some fixes edit a
+    second site, such as a use of a value they changed); an added line ending in whitespace,
+    or with another line ending than the file's, is a failure.
+    """
+    if before.startswith(b"\xef\xbb\xbf") != after.startswith(b"\xef\xbb\xbf"):
+        whitespace = [(1, 1)]  # the BOM came or went
+    else:
+        whitespace = []
+    old, new = _lines(before), _lines(after)
+    ending = _dominant_ending(old)
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    hunks, away, trailing, reindented, newlines = [], [], [], [], []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        start, end = i1 + 1, i2 + 1  # 1-based, end exclusive
+        if tag == "insert":
+            rules = [code for code, first, last in spans if first - 1 <= i1 <= last + 1]
+        else:
+            rules = [code for code, first, last in spans if first < end and last >= start]
+        hunk = Hunk(
+            start,
+            end,
+            j1 + 1,
+            j2 + 1,
+            sorted(set(rules)),
+            b"".join(old[i1:i2]).decode("utf-8", errors="replace"),
+            b"".join(new[j1:j2]).decode("utf-8", errors="replace"),
+        )
+        hunks.append(hunk)
+        if tag != "insert" and not rules:
+            away.append(hunk)
+        by_text: Dict[bytes, List[int]] = {}
+        for j in range(j1, j2):
+            by_text.setdefault(b"".join(new[j].split()), []).append(j)
+        for i in range(i1, i2):
+            text = b"".join(old[i].split())
+            if not text:
+                continue
+            for j in by_text.get(text, []):
+                if new[j].lstrip() == old[i].lstrip():
+                    reindented.append((i + 1, j + 1))
+                else:
+                    whitespace.append((i + 1, j + 1))
+                break
+        for j in range(j1, j2):
+            line = new[j]
+            if line in old[i1:i2]:
+                continue
+            body = line.rstrip(b"\r\n")
+            if body != body.rstrip():
+                trailing.append(j + 1)
+            if _ending(line) and _ending(line) != ending:
+                newlines.append(j + 1)
+    return LineCheck(hunks, whitespace, reindented, away, trailing, newlines)
+
+
+@dataclass
+class FileResult:
+    repo: str
+    commit: str
+    path: str
+    status: str = "ok"  # ok | crash | error | missing
+    exit_code: Optional[int] = None
+    seconds: float = 0.0
+    net_seconds: float = 0.0
+    lines: int = 0
+    changed: bool = False
+    compiles: bool = True
+    compile_error: Optional[str] = None
+    second_run_changes: bool = False
+    second_run_detail: Optional[str] = None
+    message: Optional[str] = None
+    fixed: Dict[str, int] = field(default_factory=dict)
+    unsafe: Dict[str, int] = field(default_factory=dict)
+    reported: Dict[str, int] = field(default_factory=dict)
+    findings: List[dict] = field(default_factory=list)
+    hunks: List[dict] = field(default_factory=list)
+    whitespace_changes: List[Tuple[int, int]] = field(default_factory=list)
+    reindented_lines: int = 0
+    away_from_findings: List[int] = field(default_factory=list)  # first line of each hunk
+    trailing_whitespace: List[int] = field(default_factory=list)
+    newline_changes: List[int] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return (
+            self.status in ("crash", "error")
+            or not self.compiles
+            or self.second_run_changes
+            or bool(self.whitespace_changes)
+            or bool(self.trailing_whitespace)
+            or bool(self.newline_changes)
+        )
+
+
+def _is_crash(run: Run) -> bool:
+    return run.returncode not in (0, 1, 2) or "Traceback (most recent call last)" in run.stderr
+
+
+def check_file(
+    entry: Entry, source: bytes, workdir: Path, command: Sequence[str], startup: float = 0.0
+) -> FileResult:
+    result = FileResult(entry.repo, entry.commit, entry.path, lines=len(_lines(source)))
+    target = workdir / entry.key / entry.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source)
+    first = run_apply(command, target, cwd=workdir)
+    result.exit_code = first.returncode
+    result.seconds = round(first.seconds, 3)
+    result.net_seconds = round(max(0.0, first.seconds - startup), 3)
+    if _is_crash(first):
+        result.status = "crash"
+        result.message = (first.stderr or first.stdout)[-2000:]
+        return result
+    report = first.report()
+    errors = report.get("errors") or []
+    if first.returncode == 2 or errors:
+        result.status = "error"
+        result.message = "; ".join(e.get("message", "") for e in errors) or first.stderr[-2000:]
+    spans = []
+    for finding in report.get("findings", []):
+        status, code = finding["status"], finding["code"]
+        tally = {"fixed": result.fixed, "unsafe": result.unsafe}.get(status, result.reported)
+        tally[code] = tally.get(code, 0) + 1
+        record = {
+            "code": code,
+            "status": status,
+            "safety": finding.get("safety"),
+            "line": finding["location"]["row"],
+            "end_line": finding["end_location"]["row"],
+            "message": finding.get("message"),
+        }
+        result.findings.append(record)
+        if status == "fixed":
+            spans.append((code, record["line"], record["end_line"]))
+    after = target.read_bytes()
+    result.changed = after != source
+    if not result.changed:
+        return result
+    try:
+        compile(after, str(target), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        result.compiles = False
+        result.compile_error = f"{type(error).__name__}: {error}"
+    second = run_apply(command, target, "--check", cwd=workdir)
+    if _is_crash(second):
+        result.second_run_changes = True
+        result.second_run_detail = "crash: " + second.stderr[-1000:]
+    elif target.read_bytes() != after:
+        result.second_run_changes = True
+        result.second_run_detail = "--check wrote to the file"
+    else:
+        again = second.report()
+        fixed_again = [f for f in again.get("findings", []) if f["status"] == "fixed"]
+        if second.returncode == 1 or again.get("changed_files") or fixed_again:
+            result.second_run_changes = True
+            result.second_run_detail = ", ".join(
+                f"{f['code']}@{f['location']['row']}" for f in fixed_again
+            )
+    lines = check_lines(source, after, spans)
+    result.hunks = [asdict(h) for h in lines.hunks]
+    result.whitespace_changes = lines.whitespace_changes
+    result.reindented_lines = len(lines.reindented)
+    result.away_from_findings = [h.start for h in lines.away_from_findings]
+    result.trailing_whitespace = lines.trailing_whitespace
+    result.newline_changes = lines.newline_changes
+    return result
+
+
+def measure_startup(command: Sequence[str], workdir: Path, repeat: int = 3) -> float:
+    """The tool's fixed cost per call (interpreter, imports, CLI), on a file with no pattern."""
+    probe = workdir / "_startup_probe.py"
+    probe.write_text("x = 1\n")
+    times = [run_apply(command, probe, "--check", cwd=workdir).seconds for _ in range(repeat)]
+    probe.unlink()
+    return min(times)
+
+
+# -- summary ------------------------------------------------------------------------------------
+
+
+def summarise(results: Sequence[FileResult], missing: Dict[str, str], slowest: int = 10) -> dict:
+    checked = [r for r in results if r.status != "missing"]
+    fixed, unsafe, reported = Counter(), Counter(), Counter()
+    for r in checked:
+        fixed.update(r.fixed)
+        unsafe.update(r.unsafe)
+        reported.update(r.reported)
+    by_time = sorted(checked, key=lambda r: -r.seconds)[:slowest]
+    return {
+        "files": len(checked),
+        "repositories": len({r.repo for r in checked}),
+        "changed_files": sum(r.changed for r in checked),
+        "crashes": [r.repo + ":" + r.path for r in checked if r.status == "crash"],
+        "errors": [r.repo + ":" + r.path for r in checked if r.status == "error"],
+        "invalid_outputs": [r.repo + ":" + r.path for r in checked if not r.compiles],
+        "second_run_changes": [r.repo + ":" + r.path for r in checked if r.second_run_changes],
+        "non_identical_unchanged_lines": [
+            f"{r.repo}:{r.path} (original:new lines {r.whitespace_changes})"
+            for r in checked
+            if r.whitespace_changes
+        ],
+        "trailing_whitespace": [
+            f"{r.repo}:{r.path} lines {r.trailing_whitespace}"
+            for r in checked
+            if r.trailing_whitespace
+        ],
+        "newline_changes": [
+            f"{r.repo}:{r.path} lines {r.newline_changes}" for r in checked if r.newline_changes
+        ],
+        "edits_away_from_findings": [
+            f"{r.repo}:{r.path} hunks at lines {r.away_from_findings}"
+            for r in checked
+            if r.away_from_findings
+        ],
+        "reindented_lines": sum(r.reindented_lines for r in checked),
+        "fixes": sum(fixed.values()),
+        "fixes_per_rule": dict(sorted(fixed.items())),
+        "unsafe_not_applied_per_rule": dict(sorted(unsafe.items())),
+        "reported_per_rule": dict(sorted(reported.items())),
+        "total_seconds": round(sum(r.seconds for r in checked), 2),
+        "slowest": [
+            {"file": f"{r.repo}:{r.path}", "seconds": r.seconds, "lines": r.lines} for r in by_time
+        ],
+        "missing_repositories": missing,
+    }
+
+
+def render_summary(summary: dict, startup: float) -> str:
+    out = [
+        f"files checked: {summary['files']} from {summary['repositories']} repositories "
+        f"({summary['changed_files']} changed)",
+    ]
+    for label, key in (
+        ("crashes (tracebacks, signals)", "crashes"),
+        ("errors (exit 2: refused or rule output caught)", "errors"),
+        ("invalid outputs (do not compile)", "invalid_outputs"),
+        ("second-run changes", "second_run_changes"),
+        ("non-identical unchanged lines", "non_identical_unchanged_lines"),
+        ("added lines with trailing whitespace", "trailing_whitespace"),
+        ("added lines with another line ending", "newline_changes"),
+        ("(review) edits away from any fixed finding's span", "edits_away_from_findings"),
+    ):
+        items = summary[key]
+        out.append(f"{label}: {len(items)}")
+        out.extend(f"    {item}" for item in items)
+    out.append(
+        f"(review) re-indented lines (blocks wrapped in a with): {summary['reindented_lines']}"
+    )
+    out.append(f"fixes applied: {summary['fixes']}")
+    for code, count in summary["fixes_per_rule"].items():
+        out.append(f"    {code}: {count}")
+    if summary["reported_per_rule"]:
+        out.append(
+            "reported without a fix: "
+            + ", ".join(f"{c} {n}" for c, n in summary["reported_per_rule"].items())
+        )
+    out.append(
+        f"time: {summary['total_seconds']} s in all; start-up {startup:.2f} s per call; slowest:"
+    )
+    for row in summary["slowest"]:
+        out.append(f"    {row['seconds']:7.2f} s  {row['lines']:5d} lines  {row['file']}")
+    if summary["missing_repositories"]:
+        out.append("MISSING repositories (skipped); fetch them with:")
+        for repo, hint in summary["missing_repositories"].items():
+            out.append(f"    {repo}: {hint}")
+    return "\n".join(out) + "\n"
+
+
+def _git_commit() -> Optional[str]:
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return result.stdout.strip() or None
+
+
+def _uncommitted_tool_files() -> List[str]:
+    """Engine or rule files that differ from the commit (the run used the working tree)."""
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "optimizer_codemod", "transforms"],
+        capture_output=True,
+        text=True,
+    )
+    return [line[3:] for line in result.stdout.splitlines() if line.strip()]
+
+
+def _tool_version(command: Sequence[str]) -> str:
+    result = subprocess.run([*command, "--version"], capture_output=True, text=True)
+    return result.stdout.strip()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument(
+        "--mirror", type=Path, action="append", help="dir of git mirrors <owner>+<name>[/repo]"
+    )
+    parser.add_argument(
+        "--cache", type=Path, action="append", default=[], help="dir of checkouts <owner>+<name>"
+    )
+    parser.add_argument("--json", type=Path, help="write every record here")
+    parser.add_argument("--keep", type=Path, help="materialise and rewrite here (kept)")
+    parser.add_argument("--only", help="check only files whose repo:path contains this")
+    parser.add_argument("--slowest", type=int, default=10)
+    parser.add_argument(
+        "--command",
+        default=None,
+        help="how to call the tool (default: this Python's -m optimizer_codemod)",
+    )
+    args = parser.parse_args(argv)
+    command = tuple(args.command.split()) if args.command else DEFAULT_COMMAND
+    mirrors = args.mirror if args.mirror is not None else list(DEFAULT_MIRRORS)
+    entries = load_corpus(args.corpus)
+    if args.only:
+        entries = [e for e in entries if args.only in f"{e.repo}:{e.path}"]
+
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="optcodemod-ecosystem-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: List[FileResult] = []
+    missing: Dict[str, str] = {}
+    try:
+        startup = measure_startup(command, workdir)
+        for index, entry in enumerate(entries, 1):
+            if entry.repo in missing:
+                results.append(FileResult(entry.repo, entry.commit, entry.path, status="missing"))
+                continue
+            source, origin = read_entry(entry, mirrors, args.cache)
+            if source is None:
+                if "not found locally" in origin:
+                    missing[entry.repo] = fetch_hint(entry.repo, entry.commit, args.cache)
+                else:
+                    missing.setdefault(f"{entry.repo}:{entry.path}", origin)
+                results.append(FileResult(entry.repo, entry.commit, entry.path, status="missing"))
+                continue
+            result = check_file(entry, source, workdir, command, startup)
+            results.append(result)
+            flag = "FAIL" if result.failed else "ok"
+            fixes = sum(result.fixed.values())
+            print(
+                f"[{index:3d}/{len(entries)}] {flag:4s} {result.seconds:6.2f} s "
+                f"{fixes:3d} fixes  {entry.repo}:{entry.path}",
+                file=sys.stderr,
+            )
+    finally:
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    summary = summarise(results, missing, args.slowest)
+    sys.stdout.write(render_summary(summary, startup))
+    if args.json:
+        document = {
+            "optcodemod_commit": _git_commit(),
+            "uncommitted_tool_files": _uncommitted_tool_files(),
+            "optcodemod_version": _tool_version(command),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "startup_seconds": round(startup, 3),
+            "summary": summary,
+            "files": [asdict(r) for r in results],
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+    if not summary["files"]:
+        return 2
+    return 1 if any(r.failed for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The ecosystem check's own logic (scripts/ecosystem.py), on a local fake corpus: no network."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("ecosystem", ROOT / "scripts" / "ecosystem.py")
+ecosystem = importlib.util.module_from_spec(_spec)
+sys.modules["ecosystem"] = ecosystem  # dataclasses look their module up
+_spec.loader.exec_module(ecosystem)
+
+
+def test_the_pinned_corpus_is_large_enough_and_pinned():
+    entries = ecosystem.load_corpus(ecosystem.DEFAULT_CORPUS)
+    assert len(entries) >= 40
+    assert len({e.repo for e in entries}) >= 12
+    assert all(len(e.commit) == 40 for e in entries)
+    assert len({(e.repo, e.path) for e in entries}) == len(entries)
+
+
+def test_an_edit_with_its_finding_passes():
+    before = b"import torch\nopt = make(lr=1)\nprint(1)\n"
+    after = b"import torch\nopt = make(lr=1, fused=True)\nprint(1)\n"
+    check = ecosystem.check_lines(before, after, [("OPT501", 2, 2)])
+    assert [(h.start, h.end, h.rules) for h in check.hunks] == [(2, 3, ["OPT501"])]
+    assert not check.whitespace_changes and not check.away_from_findings
+    assert not check.trailing_whitespace and not check.newline_changes
+
+
+def test_a_line_whose_bytes_change_but_not_its_text_is_caught():
+    before = b"a = 1\r\nb = f(x)\r\nc = 3\r\n"
+    after = b"a = 1\r\nb = f(x, y)\r\nc = 3\n"  # the line ending of line 3 changed
+    check = ecosystem.check_lines(before, after, [("OPT1", 2, 2)])
+    assert check.whitespace_changes == [(3, 3)]
+    assert check.newline_changes == [3]
+    spaced = ecosystem.check_lines(b"x = g( 1 )\n", b"x = g(1)\n", [])
+    assert spaced.whitespace_changes == [(1, 1)]
+
+
+def test_a_bom_that_goes_is_caught():
+    check = ecosystem.check_lines(b"\xef\xbb\xbfa = 1\n", b"a = 1\n", [])
+    assert check.whitespace_changes
+
+
+def test_reindented_lines_and_edits_away_from_findings_are_listed_not_failed():
+    before = b"for x in xs:\n    y = m(x)\n    s = y.sum()\nprint(s / n)\n"
+    after = (
+        b"for x in xs:\n    with ac():\n        y = m(x)\n    s = y.sum()\nprint(float(s) / n)\n"
+    )
+    check = ecosystem.check_lines(before, after, [("OPT302", 2, 2)])
+    assert check.reindented == [(2, 3)]
+    assert [h.start for h in check.away_from_findings] == [4]
+    assert not check.whitespace_changes
+
+
+def test_trailing_whitespace_on_an_added_line_is_caught():
+    before = b"o = A(\n    p, lr=1\n)\n"
+    after = b"o = A(\n    p, lr=1, \nfused=True)\n"
+    check = ecosystem.check_lines(before, after, [("OPT501", 1, 3)])
+    assert check.trailing_whitespace == [2]
+
+
+SCRIPT = b"""import torch
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    loss = model(torch.randn(8, 4)).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def _fake_corpus(tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    script = cache / "someone+trainer" / "train" / "main.py"
+    script.parent.mkdir(parents=True)
+    script.write_bytes(SCRIPT)
+    (cache / "someone+trainer" / "plain.py").write_bytes(b"x = 1\n")
+    # A real git mirror (bare) with one commit, read with git show.
+    work = tmp_path / "src"
+    work.mkdir()
+    (work / "loop.py").write_bytes(SCRIPT.replace(b"AdamW", b"Adam"))
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "add", "loop.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    commit = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    mirror = tmp_path / "mirror"
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(work), str(mirror / "other+repo" / "repo")],
+        check=True,
+    )
+    corpus = tmp_path / "corpus.toml"
+    corpus.write_text(f"""
+[[repo]]
+name = "someone/trainer"
+commit = "{'a' * 40}"
+paths = ["train/main.py", "plain.py"]
+
+[[repo]]
+name = "other/repo"
+commit = "{commit}"
+paths = ["loop.py"]
+
+[[repo]]
+name = "absent/repo"
+commit = "{'b' * 40}"
+paths = ["train.py"]
+""")
+    return corpus
+
+
+def test_end_to_end_on_a_fake_corpus(tmp_path, capsys):
+    corpus = _fake_corpus(tmp_path)
+    out = tmp_path / "result.json"
+    code = ecosystem.main(
+        [
+            "--corpus",
+            str(corpus),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--mirror",
+            str(tmp_path / "mirror"),
+            "--json",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    document = json.loads(out.read_text())
+    summary = document["summary"]
+    assert code == 0, printed
+    assert summary["files"] == 3 and summary["repositories"] == 2
+    assert summary["crashes"] == [] and summary["invalid_outputs"] == []
+    assert summary["second_run_changes"] == []
+    assert summary["fixes_per_rule"].get("OPT501") == 2  # fused=True on AdamW and on Adam
+    assert summary["changed_files"] == 2
+    assert "absent/repo" in summary["missing_repositories"]
+    assert "git clone" in summary["missing_repositories"]["absent/repo"]
+    assert "MISSING repositories" in printed and "absent/repo" in printed
+    by_path = {f["path"]: f for f in document["files"]}
+    assert by_path["train.py"]["status"] == "missing"
+    assert by_path["plain.py"]["changed"] is False
+    assert any(h["rules"] == ["OPT501"] for h in by_path["train/main.py"]["hunks"])
+    assert by_path["train/main.py"]["seconds"] > 0
+    assert summary["slowest"][0]["seconds"] >= summary["slowest"][-1]["seconds"]
+
+
+def test_a_crash_is_counted(tmp_path):
+    corpus = _fake_corpus(tmp_path)
+    crashing = tmp_path / "crash.py"
+    crashing.write_text(
+        "import sys\nprint('Traceback (most recent call last):', file=sys.stderr)\n"
+    )
+    out = tmp_path / "result.json"
+    code = ecosystem.main(
+        [
+            "--corpus",
+            str(corpus),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--only",
+            "plain.py",
+            "--command",
+            f"{sys.executable} {crashing}",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 1
+    assert json.loads(out.read_text())["summary"]["crashes"] == ["someone/trainer:plain.py"]
+
+
+@pytest.mark.parametrize("name", ["owner/name"])
+def test_the_fetch_hint_names_the_commit(name):
+    hint = ecosystem.fetch_hint(name, "c" * 40, [Path("/cache")])
+    assert "c" * 40 in hint and "owner+name" in hint and "--cache /cache" in hint
