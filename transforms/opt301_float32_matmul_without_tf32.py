@@ -8,6 +8,7 @@ from optimizer_codemod.analysis.precision import (
     determinism_requested,
     first_backward,
     float32_precision_configured,
+    float64_model,
     runs_as_script,
     setting_placement,
     setting_statement,
@@ -21,7 +22,9 @@ from optimizer_codemod.torch_version import TorchVersion
 class Float32MatmulWithoutTF32(Rule):
     """
     What it does:
-        Adds `torch.set_float32_matmul_precision("high")` after the imports of a script that
+        Adds `torch.set_float32_matmul_precision("high")` after the top import block (and the
+        configuration calls that sit in it, such as `matplotlib.use("Agg")` or
+        `os.environ[...] = ...`) of a script that
         trains in plain float32 (no autocast, no GradScaler, no 16-bit model or dtype) and
         never chooses a float32 precision itself. The finding is reported on the script's
         first backward call: put `# noqa: OPT301` on that line to keep full FP32 matmuls.
@@ -64,7 +67,9 @@ class Float32MatmulWithoutTF32(Rule):
         (`set_float32_matmul_precision`, `allow_tf32`, `fp32_precision`, `backends.flags`),
         when it does not train (no backward call), or when it already computes in another
         precision (autocast, GradScaler, `.half()`/`.bfloat16()`, a 16-bit dtype,
-        `mixed_precision=`, a 16/64-bit default dtype).
+        `mixed_precision=`, a 16/64-bit default dtype), or when its model computes in float64
+        (`model.double()`, `model.to(torch.float64)`, layers built with
+        `dtype=torch.float64`): TF32 concerns float32 matmuls only.
 
         Reported without a fix when the file looks importable (no `__main__` guard, and no
         module-level statement that trains: a backward call, or a call of one of its own
@@ -125,6 +130,8 @@ class Float32MatmulWithoutTF32(Rule):
         if backward is None or float32_precision_configured(facts):
             return
         if determinism_requested(facts) or uses_reduced_precision(facts):
+            return
+        if float64_model(facts):  # TF32 concerns float32 matmuls only
             return
         if not runs_as_script(facts):
             self.report(

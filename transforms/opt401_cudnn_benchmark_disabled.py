@@ -20,7 +20,8 @@ from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, R
 class CudnnBenchmarkDisabled(Rule):
     """
     What it does:
-        Adds `torch.backends.cudnn.benchmark = True` after the imports of a script that trains
+        Adds `torch.backends.cudnn.benchmark = True` after the top import block (and the
+        configuration calls that sit in it, as for OPT301) of a script that trains
         a convolutional model (`nn.Conv1d/2d/3d`, `ConvTranspose*`, `F.conv*`, a torchvision
         model builder) and never sets `cudnn.benchmark` itself. The finding is reported on
         the first convolution the file builds: put `# noqa: OPT401` on that line to keep

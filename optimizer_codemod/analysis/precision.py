@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal
+from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal, receiver
+from optimizer_codemod.analysis.training import builds_module
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
@@ -25,7 +26,8 @@ GRAD_SCALERS = ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.
 # has already chosen its precision, even when the analysis cannot tell which object it is.
 LOW_PRECISION_METHODS = ("half", "bfloat16")
 LOW_PRECISION_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
-NOT_FLOAT32_DEFAULTS = LOW_PRECISION_DTYPES | {"torch.float64", "torch.double"}
+FLOAT64_DTYPES = frozenset({"torch.float64", "torch.double"})
+NOT_FLOAT32_DEFAULTS = LOW_PRECISION_DTYPES | FLOAT64_DTYPES
 # Settings under torch.backends whose last attribute decides float32 matmul/conv precision:
 # `cuda.matmul.allow_tf32`, `cudnn.allow_tf32`, `mkldnn.allow_tf32`, and the `fp32_precision`
 # properties of torch >= 2.9 (`torch.backends.fp32_precision`, `cuda.matmul.fp32_precision`...).
@@ -68,7 +70,7 @@ VARIABLE_LENGTH_BATCHING = (
 class SettingPlacement:
     """A module-level spot right after the top import block, and how `torch` is spelt there."""
 
-    anchor: cst.SimpleStatementLine
+    anchor: cst.BaseStatement  # the last statement of the top import block
     torch: str  # the local name bound to the torch module
     needs_import: bool  # `import torch` must be added (only `from torch... import` exists)
 
@@ -80,17 +82,25 @@ def setting_placement(facts: "ScriptFacts") -> Optional[SettingPlacement]:
     environment variables, or inside functions) has a reason, and an added `import torch`
     at the top would run before that code.
     """
-    anchor = facts.top_level_import_anchor
-    if anchor is None:
+    block = facts.top_import_block
+    if not block:
         return None
-    block = _leading_block(facts.module, anchor)
+    anchor = block[-1]
     imported_there = [
         b for b in facts.imports.bindings if b.top_level and _statement_line(b.statement, block)
     ]
     for binding in imported_there:
         if binding.target == "torch" and facts.imports.target_of(binding.bound) == "torch":
             return SettingPlacement(anchor, binding.bound, needs_import=False)
-    touches_torch = any(b.target.startswith("torch.") for b in imported_there)
+    # An added `import torch` lands among the first imports: only where no configuration
+    # (`os.environ[...] = ...`) comes before the torch import it joins.
+    configured = next(
+        (i for i, s in enumerate(block) if facts.configures_in_import_block(s)), len(block)
+    )
+    touches_torch = any(
+        b.target.startswith("torch.") and _statement_line(b.statement, block[:configured])
+        for b in imported_there
+    )
     if touches_torch and not facts.imports.is_bound("torch"):
         return SettingPlacement(anchor, "torch", needs_import=True)
     return None
@@ -101,12 +111,6 @@ def setting_statement(code: str) -> cst.SimpleStatementLine:
     statement = cst.parse_statement(code + "\n")
     assert isinstance(statement, cst.SimpleStatementLine)
     return statement.with_changes(leading_lines=[cst.EmptyLine()])
-
-
-def _leading_block(module: cst.Module, anchor: cst.CSTNode) -> Tuple[cst.CSTNode, ...]:
-    body = list(module.body)
-    end = next(i for i, statement in enumerate(body) if statement is anchor)
-    return tuple(body[: end + 1])
 
 
 def _statement_line(small: cst.CSTNode, block: Tuple[cst.CSTNode, ...]) -> bool:
@@ -218,6 +222,25 @@ def uses_reduced_precision(facts: "ScriptFacts", count_grad_scalers: bool = True
     return any(
         facts.qualified_name(a.value) in LOW_PRECISION_DTYPES for a in facts.records.assignments
     )
+
+
+def float64_model(facts: "ScriptFacts") -> bool:
+    """A module computes in float64: cast (`model.double()`, `model.to(torch.float64)`) or
+    built so (`nn.Linear(8, 8, dtype=torch.float64)`). `.double()` on a tensor (a metric,
+    `correct.double() / total`) does not count: only what the analysis sees is a module."""
+    for call in facts.records.calls:
+        if call.method == "double" or (
+            call.method == "to"
+            and any(facts.qualified_name(arg.value) in FLOAT64_DTYPES for arg in call.node.args)
+        ):
+            inner = receiver(call.node)
+            if inner is not None and builds_module(facts, inner):
+                return True
+        dtype = keyword(call.node, "dtype")
+        if dtype is not None and facts.qualified_name(dtype.value) in FLOAT64_DTYPES:
+            if builds_module(facts, call.node):
+                return True
+    return False
 
 
 # Convolutions and input shapes --------------------------------------------------------------

@@ -296,17 +296,40 @@ class ScriptFacts:
 
     # Mixed precision, determinism, anchors ---------------------------------------------
     @cached_property
-    def top_level_import_anchor(self) -> Optional[cst.SimpleStatementLine]:
-        """The last statement of the import block at the top of the module."""
-        anchor = None
+    def top_import_block(self) -> Tuple[cst.BaseStatement, ...]:
+        """The import block at the top of the module, up to its last import or configuration
+        statement: configuration of an imported module that sits in the block or closes it
+        (`matplotlib.use("Agg")`, `warnings.filterwarnings(...)`, `sys.path.insert(...)`,
+        `os.environ[...] = ...`) belongs to it, and `try:` blocks that only import too. A
+        setting added after the block runs after that configuration."""
+        block: List[cst.BaseStatement] = []
+        roots: Set[str] = set()
+        end = 0
         for index, statement in enumerate(self.module.body):
-            if _is_import_line(statement):
-                anchor = statement
-            elif (index == 0 and _is_docstring(statement)) or _is_masked_magic(statement):
-                continue
-            else:
+            if _is_import_line(statement) or _imports_only(statement):
+                roots |= _bound_roots(statement)
+            elif not (
+                (index == 0 and _is_docstring(statement))
+                or _is_masked_magic(statement)
+                or _configures(statement, roots)
+            ):
                 break
-        return anchor
+            block.append(statement)
+            if not _is_docstring(statement) and not _is_masked_magic(statement):
+                end = len(block)
+        return tuple(block[:end]) if any(map(_is_import_line, block[:end])) else ()
+
+    @cached_property
+    def top_level_import_anchor(self) -> Optional[cst.SimpleStatementLine]:
+        """The last statement of the import block at the top of the module (top_import_block)."""
+        block = self.top_import_block
+        return block[-1] if block else None
+
+    def configures_in_import_block(self, statement: cst.CSTNode) -> bool:
+        """`statement` is a configuration statement of the top import block."""
+        return any(statement is s for s in self.top_import_block) and not (
+            _is_import_line(statement) or _imports_only(statement)
+        )
 
     @cached_property
     def uses_sparse_gradients(self) -> bool:
@@ -320,6 +343,60 @@ class ScriptFacts:
     def keyword_is(self, call: cst.Call, name: str, value) -> bool:
         arg = keyword(call, name)
         return arg is not None and literal(arg.value, object()) == value
+
+
+def _imports_only(statement: cst.CSTNode) -> bool:
+    """`try: import x` / `except ImportError: ...`: a try whose body only imports."""
+    return (
+        isinstance(statement, cst.Try)
+        and bool(statement.body.body)
+        and all(_is_import_line(line) for line in statement.body.body)
+    )
+
+
+def _bound_roots(statement: cst.CSTNode) -> Set[str]:
+    """The names an import line (or an import-only try) binds at module level."""
+    roots: Set[str] = set()
+    lines = statement.body.body if isinstance(statement, cst.Try) else [statement]
+    for line in lines:
+        for small in getattr(line, "body", ()):
+            names = small.names if isinstance(small, (cst.Import, cst.ImportFrom)) else ()
+            for alias in names if not isinstance(names, cst.ImportStar) else ():
+                if alias.asname is not None:
+                    bound = alias.asname.name
+                    roots.add(bound.value if isinstance(bound, cst.Name) else "")
+                else:
+                    roots.add((dotted_name(alias.name) or "").split(".")[0])
+    return roots
+
+
+def _root(node: cst.BaseExpression) -> Optional[str]:
+    """The name an attribute, subscript or call chain starts from (`os` in
+    `os.environ["X"]`), when it goes through at least one attribute."""
+    through_attribute = False
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        through_attribute |= isinstance(node, cst.Attribute)
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) and through_attribute else None
+
+
+def _configures(statement: cst.CSTNode, roots: Set[str]) -> bool:
+    """A line that only configures imported modules: calls of their functions
+    (`warnings.filterwarnings(...)`) and assignments into them (`os.environ["X"] = "1"`)."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            targets = [small.value.func]
+        elif isinstance(small, cst.Assign):
+            targets = [target.target for target in small.targets]
+        elif isinstance(small, (cst.AugAssign, cst.AnnAssign)) and small.value is not None:
+            targets = [small.target]
+        else:
+            return False
+        if not all(_root(target) in roots for target in targets):
+            return False
+    return True
 
 
 def _is_import_line(statement: cst.CSTNode) -> bool:
