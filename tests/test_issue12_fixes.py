@@ -55,3 +55,26 @@ def test_channels_last_is_behavior_for_a_model_with_dropout(
     [diagnostic] = _own("OPT407", name)
     assert (diagnostic.safety, diagnostic.status) == (safety, status)
     assert ("dropout" in diagnostic.message) is (safety is Safety.BEHAVIOR)
+
+
+# Item 5: a fix that leaves the step synchronising gains nothing --------------------------
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        (
+            "report_another_item_in_the_same_step.py",
+            "`(out.argmax(1) == y).sum().item()` still waits for the device on every step",
+        ),
+        (
+            "report_loss_also_printed_every_step.py",
+            "`loss.item()` still waits for the device on every step",
+        ),
+        ("report_accumulator_never_read.py", "`epoch_loss` is never read"),
+    ],
+)
+def test_a_loss_item_fix_that_gains_nothing_is_reported_not_applied(name: str, why: str) -> None:
+    findings = _own("OPT202", name)
+    accumulation = next(d for d in findings if "not rewritten because" in d.message)
+    assert why in accumulation.message
+    assert accumulation.safety is Safety.SUGGEST  # neither applied nor counted as a fix
+    assert all(d.status is not Status.FIXED for d in findings)

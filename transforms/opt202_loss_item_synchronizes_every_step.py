@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.syncs import every_iteration, loss_item_accumulations, loss_items
+from optimizer_codemod.analysis.syncs import (
+    every_iteration,
+    loss_item_accumulations,
+    loss_items,
+    step_syncs,
+)
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -72,6 +79,13 @@ class LossItemSynchronizesEveryStep(Rule):
         when a nested function, lambda or class uses it. Per-step `.item()` of the loss for
         other purposes is only reported: printing less often changes what the script shows.
 
+        A fix must pay: not rewritten (reported, naming the call) when another host sync
+        stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
+        `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`):
+        the host would still wait for the device at each step. Several accumulations of the
+        loss in one step are rewritten together. A total that is never read is reported
+        too: deleting the accumulation is the fix, not moving it to the device.
+
     Expected gain:
         The host-device round trip of every step, which matters when the device is fast and
         the host has work to queue (data loading, kernel launches of the next step). On CPU
@@ -125,14 +139,18 @@ class LossItemSynchronizesEveryStep(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         handled = set()
-        for accumulation in loss_item_accumulations(self.facts):
+        accumulations = loss_item_accumulations(self.facts)
+        for accumulation in accumulations:
             handled.update(accumulation.items)
             statement = accumulation.statements[0]
-            if accumulation.obstacle is not None:
+            obstacle = accumulation.obstacle or _remaining_sync(
+                self.facts, accumulation, accumulations
+            )
+            if obstacle is not None:
                 self.report(
                     statement,
                     message=f"`{_line(statement)}` synchronises with the device on every step; "
-                    f"not rewritten because {accumulation.obstacle}",
+                    f"not rewritten because {obstacle}",
                 )
                 continue
             edits = [Replace(item, _detached(item)) for item in accumulation.items]
@@ -154,6 +172,24 @@ class LossItemSynchronizesEveryStep(Rule):
                         message=f"`{code_of(item.node)}` on every step waits for the device; "
                         "read the loss less often (every N steps) or accumulate it detached",
                     )
+
+
+def _remaining_sync(facts, accumulation, accumulations) -> Optional[str]:
+    """Why rewriting `accumulation` gains nothing: a host sync that stays on every step of
+    its loop once every rewritable accumulation there is rewritten; None when none stays."""
+    removed = {
+        item
+        for other in accumulations
+        if other.loop is accumulation.loop and other.obstacle is None
+        for item in other.items
+    }
+    for sync in step_syncs(facts, accumulation.loop):
+        if sync.node not in removed:
+            return (
+                f"`{_line(sync.node)}` still waits for the device on every step, so the "
+                "rewrite would gain nothing"
+            )
+    return None
 
 
 def _detached(item: cst.Call) -> cst.Call:

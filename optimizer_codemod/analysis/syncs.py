@@ -28,6 +28,29 @@ Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
+# Calls that copy a device tensor to the host, so the host waits for the device: methods
+# (without arguments) and functions. The analysis does not know which tensors live on the
+# device, so any such call counts: a fix that leaves one of them on every step gains nothing.
+HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu"})
+HOST_SYNC_FUNCTIONS = frozenset({"torch.cuda.synchronize"})
+
+
+def step_syncs(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
+    """Calls in `loop`'s own body that make the host wait for the device on every iteration
+    (`.item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`), in source order."""
+    per_step = every_iteration(loop)
+    return [
+        call
+        for call in facts.records.calls
+        if call.site.loop is loop
+        and call.site.statement in per_step
+        and (
+            (call.method in HOST_SYNC_METHODS and not call.node.args)
+            or call.qualname in HOST_SYNC_FUNCTIONS
+        )
+    ]
+
+
 def every_iteration(loop: Loop) -> Set[cst.CSTNode]:
     """Statements of `loop`'s body that run on every iteration (not under an if or a loop;
     the header of a nested if/for/while runs every time and is included)."""
@@ -282,6 +305,8 @@ def _accumulation(facts, loop: Loop, name: str, items, per_step) -> Accumulation
                 result.obstacle = result.obstacle or f"`{name}` is bound to something else"
         else:
             result.reads.append(use.node)
+    if not result.reads and not result.obstacle:
+        result.obstacle = f"`{name}` is never read: delete the accumulation instead"
     parents = _parents(scope) if result.reads else {}
     for read in result.reads:
         statement = _statement_of(parents, read)
