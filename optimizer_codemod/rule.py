@@ -188,6 +188,8 @@ class Rule(cst.BatchableCSTVisitor):
         `safety` may only lower the rule's level (a higher value), never raise it: an edit
         whose soundness the analysis cannot prove says so.
         """
+        if self._in_feature_fallback(node, fix):
+            return
         level = self.safety if safety is None else max(safety, self.safety)
         if fix is None:
             level = Safety.SUGGEST
@@ -201,6 +203,16 @@ class Rule(cst.BatchableCSTVisitor):
                 fix_title=fix_title or self.fix_title,
             )
         )
+
+    def _in_feature_fallback(self, node: cst.CSTNode, fix: Optional[Fix]) -> bool:
+        """The finding or one of its edits sits in code that runs when a feature is missing
+        (the `else` of `if hasattr(F, "scaled_dot_product_attention")`, an `except
+        ImportError` handler, the branch of an old-torch version check): no rule touches it,
+        since every rewrite there would bring in what the branch exists to do without."""
+        guards = self.facts.feature_guards
+        edits = fix.edits if fix is not None else ()
+        nodes = [node, *(e.node if isinstance(e, Replace) else e.anchor for e in edits)]
+        return any(guards.in_fallback(n) for n in nodes)
 
     @classmethod
     def summary(cls) -> str:

@@ -66,7 +66,9 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         would keep a stale copy), or when `persistent_workers` is already chosen. Reported,
         not fixed, when options arrive through `*args`/`**kwargs` (they may carry
         `persistent_workers`) or when `num_workers` is computed by a call that might not
-        return the same value twice.
+        return the same value twice. A loader in the fallback branch of a feature check
+        (the `else` of a version comparison for `persistent_workers`, an `except TypeError`
+        handler) is left alone (analysis/guards.py).
 
     Expected gain:
         The start-up time of the workers, once per epoch after the first. Measured on CPU

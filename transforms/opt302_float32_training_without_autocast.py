@@ -111,6 +111,9 @@ class Float32TrainingWithoutAutocast(Rule):
         logits and use `BCEWithLogitsLoss`) instead of writing a script that crashes; custom
         autograd Functions are reported too (they need `torch.amp.custom_fwd`). GPUs without
         bfloat16 (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
+        A training step in the fallback branch of a feature check (`if not hasattr(torch,
+        "autocast")`, an old-torch version branch; analysis/guards.py) is left in float32,
+        and so is an evaluation forward there while the rest is wrapped.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -186,8 +189,9 @@ class Float32TrainingWithoutAutocast(Rule):
         edits: List[Edit] = []
         for step in steps:
             edits.extend(wrapped_in(step.forward, autocast))
+        guards = facts.feature_guards
         for statement in evaluation_forwards(facts, model):
-            if visible_at(facts, device, statement):
+            if visible_at(facts, device, statement) and not guards.in_fallback(statement):
                 edits.extend(wrapped_in((statement,), autocast))
         if dtype == "float16" and not all(step.scaler for step in steps):
             scaling = self._loss_scaling(model, steps, torch_name, device)

@@ -70,7 +70,9 @@ class ModelTrainedWithoutCompile(Rule):
         never placed on a device. On CPU the guard leaves the model in eager mode: on the
         2-core x86_64 CPU used for our measurements compilation took about 20 s and made a
         bfloat16-autocast GPT step 5.9 times slower (85 ms eager, 501 ms compiled). For
-        the same reason the rule does not run with `target-device = "cpu"`.
+        the same reason the rule does not run with `target-device = "cpu"`. Not applied when
+        the model is built or placed in the fallback branch of a feature check (`else` of
+        `if hasattr(torch, "compile")`, an old-torch version branch; analysis/guards.py).
 
     Expected gain:
         PyTorch 2.0's announcement reports training 43% faster on average (geometric mean

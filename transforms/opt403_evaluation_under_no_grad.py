@@ -74,7 +74,9 @@ class EvaluationUnderNoGrad(Rule):
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
         to the graph. The model's own `forward` is assumed not to keep its inputs.
         `@torch.no_grad()` decorators are left alone: their function's callers are not
-        analysed.
+        analysed. A `no_grad` block in the fallback branch of a feature check (the `else` of
+        `if hasattr(torch, "inference_mode")`, an old-torch version branch) stays: it runs
+        where `inference_mode` is missing (analysis/guards.py).
 
     Expected gain:
         Host time per operator in evaluation, small next to the kernels unless they are

@@ -51,7 +51,10 @@ class OutOfPlaceMaskedFillOnTemporary(Rule):
         filled tensor may be read elsewhere (any name other than the adjacent pattern
         above, a view such as `x.view(...)`, a parameter or input), or when it is the
         result of an operation whose backward needs its result (`softmax`, `exp`,
-        `sigmoid`, ...), where the in-place write would make backward raise.
+        `sigmoid`, ...), where the in-place write would make backward raise. The written-out
+        attention in the fallback branch of a feature check (nanoGPT's `else` of `if
+        self.flash:`, a version or `hasattr` check) is the author's compatibility path and
+        is left as written (analysis/guards.py).
 
     Expected gain:
         One allocation and one full copy of the filled tensor per call.

@@ -68,7 +68,13 @@ class HandWrittenAttention(Rule):
         filled with another value than -inf. A mask added to the scores (`att + mask`) is
         reported, not rewritten: a float mask could go to `attn_mask` as it is, a boolean
         one could not, and the analysis cannot tell which. The causal buffer registration
-        stays. Needs `target-torch` 2.1 (the `scale` argument).
+        stays. Needs `target-torch` 2.1 (the `scale` argument). SDPA's `scale` must be a
+        Python number: a scale that is not provably one (an `nn.Parameter`, a tensor, a
+        buffer, an unannotated parameter of the function; analysis/scalars.py) is reported
+        and left written out, never passed as `scale=`. Attention in the fallback branch of
+        a feature check (`else` of `if hasattr(F, "scaled_dot_product_attention")`, of
+        `if self.flash:` or a version check, code after `if HAS_SDPA: return ...`) is left
+        alone: it runs exactly where the fused kernel is missing (analysis/guards.py).
 
     Expected gain:
         `benchmarks/rule_gains/opt406.py` (forward and backward of nanoGPT's causal
@@ -102,11 +108,23 @@ class HandWrittenAttention(Rule):
     examples = (
         Example(
             "import torch.nn.functional as F\n"
-            "def attend(q, k, v, scale):\n"
+            "def attend(q, k, v, scale: float):\n"
             "    return F.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v\n",
             "import torch.nn.functional as F\n"
-            "def attend(q, k, v, scale):\n"
+            "def attend(q, k, v, scale: float):\n"
             "    return F.scaled_dot_product_attention(q, k, v, scale=scale)\n",
+        ),
+        Example(
+            "import torch.nn.functional as F\n"
+            "def attend(q, k, v, temperature):\n"
+            "    return F.softmax(q @ k.transpose(-2, -1) / temperature, dim=-1) @ v\n"
+        ),
+        Example(
+            "import torch.nn.functional as F\n"
+            "def attend(q, k, v):\n"
+            "    if hasattr(F, 'scaled_dot_product_attention'):\n"
+            "        return F.scaled_dot_product_attention(q, k, v)\n"
+            "    return F.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n"
         ),
         Example(
             "import torch.nn.functional as F\n"
@@ -136,6 +154,15 @@ class HandWrittenAttention(Rule):
                     message="Attention written out by hand with an added mask: pass a float "
                     "mask as `attn_mask` of `F.scaled_dot_product_attention` (a boolean one "
                     "must be turned into a keep-mask)",
+                )
+                continue
+            if not match.scale_is_number:
+                self.report(
+                    match.statement,
+                    message="Attention written out by hand with a scale that is not known to be "
+                    f"a Python number (`{match.scale}`): `F.scaled_dot_product_attention` takes "
+                    "only a float `scale`; for a tensor or learned scale, multiply `q` by it "
+                    "and pass `scale=1.0`",
                 )
                 continue
             binding = self._functional()

@@ -56,6 +56,9 @@ class OptimizerWithoutFusedKernel(Rule):
         options arrive through `*args`/`**kwargs` (they may already carry `fused`), when
         `foreach` or `differentiable` is set, or when the script uses sparse gradients. Needs
         `target-torch` 2.4 (2.13 for Adagrad), the first release with CPU and CUDA kernels.
+        An optimizer built in the fallback branch of a feature check (nanoGPT's `else` of
+        `if "fused" in inspect.signature(...).parameters`, a `use_fused` flag, an old-torch
+        version branch, an `except TypeError` retry) keeps its options (analysis/guards.py).
 
     Expected gain:
         Optimizer-step time, which grows with parameter count; the effect on a whole training

@@ -122,7 +122,11 @@ class DeprecatedAmpApi(Rule):
         are not subclasses of the deprecated ones), and APIs whose torch.amp spelling the
         target lacks (`GradScaler` needs `target-torch` 2.3, `custom_fwd`/`custom_bwd` 2.4).
         The weight-cast cache setting is not written out: it changes memory use, not results.
-        A `# noqa: OPT801` for a from-imported name goes on its import line.
+        A `# noqa: OPT801` for a from-imported name goes on its import line. Old-torch
+        fallbacks stay as written: `except AttributeError: scaler =
+        torch.cuda.amp.GradScaler()`, the `else` of a version check or of `hasattr(torch,
+        "autocast")`, an `except ImportError` import (analysis/guards.py); rewritten, they
+        would fail exactly where they run.
 
     Expected gain:
         None in speed: the new APIs run the same code. The gain is a script without a

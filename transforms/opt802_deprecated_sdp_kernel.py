@@ -79,7 +79,10 @@ class DeprecatedSdpKernel(Rule):
         region raises either way). The rewrite names the two objects through one
         `from torch.nn.attention import ...`, the spelling of torch's documentation: the fully
         qualified form would repeat `torch.nn.attention.` for every backend. Needs
-        `target-torch` 2.3 (the first release with `torch.nn.attention`).
+        `target-torch` 2.3 (the first release with `torch.nn.attention`). An `sdp_kernel`
+        in the fallback of a feature check (after `if HAS_SDPA_KERNEL: ... return`, in an
+        `except ImportError` handler, an old-torch version branch) stays: it runs where
+        `torch.nn.attention` is missing (analysis/guards.py).
 
     Expected gain:
         None in speed: both context managers select the same kernels. The gain is a script

@@ -18,6 +18,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import argument, code_of, keyword, literal, method_name
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, single_assignment
+from optimizer_codemod.analysis.scalars import is_python_number
 from optimizer_codemod.analysis.syncs import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,6 +44,8 @@ class Attention:
     k: cst.BaseExpression
     v: cst.BaseExpression
     scale: Optional[str] = None  # source of the scale; None: no scaling (1.0)
+    scale_node: Optional[cst.BaseExpression] = None  # the scale (or divisor) as written
+    scale_is_number: bool = True  # provably a Python number (SDPA's `scale` takes no tensor)
     mask: Optional[str] = None  # source of a boolean keep-mask for `attn_mask`
     causal: bool = False
     additive: Optional[cst.BaseExpression] = None  # `scores + mask`: content unknown
@@ -176,6 +179,8 @@ def _match(facts, klass, function, body, index, line, product) -> Optional[Atten
     scores = chain.resolve(scores)
     if not _scaled_product(facts, scores, chain, match):
         return None
+    if match.scale_node is not None:
+        match.scale_is_number = is_python_number(facts, match.scale_node, function, klass)
     match.chain = chain.folded
     for node in (match.q, match.k, match.v):
         if dotted_name(node) is None:
@@ -421,6 +426,7 @@ def _scaled_product(facts, node, chain, match) -> bool:
             match.scale = code_of(_unparen(node.left)).strip()
         else:
             return False
+        match.scale_node = _unparen(node.right if product is left else node.left)
         match.reads.append(node.right if product is left else node.left)
     elif _operands(facts, node) is not None:
         product = node

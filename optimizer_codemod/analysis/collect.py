@@ -106,6 +106,11 @@ class Records:
     functions: Dict[str, FunctionNode] = field(default_factory=dict)
     comprehensions: List[Comprehension] = field(default_factory=list)
     with_items: List[Tuple[cst.WithItem, Site]] = field(default_factory=list)
+    # `if`, conditional expressions and `try` (with the suite that holds an `if` statement):
+    # where feature checks may sit (guards.py).
+    branches: List[Tuple[Union[cst.If, cst.IfExp, cst.Try], Optional[cst.CSTNode]]] = field(
+        default_factory=list
+    )
     has_main_guard: bool = False
 
 
@@ -142,6 +147,7 @@ class Collector(cst.CSTVisitor):
         self._classes: List[str] = []
         self._stores: Set[cst.CSTNode] = set()
         self._pending_calls: List[cst.Call] = []
+        self._suites: List[cst.CSTNode] = []
 
     # Context ---------------------------------------------------------------------------
     def _site(self) -> Site:
@@ -157,12 +163,16 @@ class Collector(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseStatement):
             self._statements.append(node)
+        elif isinstance(node, (cst.IndentedBlock, cst.Module)):
+            self._suites.append(node)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
         if isinstance(original_node, cst.BaseStatement):
             self._statements.pop()
+        elif isinstance(original_node, (cst.IndentedBlock, cst.Module)):
+            self._suites.pop()
 
     # Scopes ----------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -185,8 +195,15 @@ class Collector(cst.CSTVisitor):
         self._classes.pop()
 
     def visit_If(self, node: cst.If) -> None:
+        self.records.branches.append((node, self._suites[-1] if self._suites else None))
         if not self._statements[:-1] and is_main_guard(node):
             self.records.has_main_guard = True
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self.records.branches.append((node, None))
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self.records.branches.append((node, None))
 
     # Loops -----------------------------------------------------------------------------
     def _enter_loop(self, node: LoopNode, targets: Tuple[str, ...], iterable) -> None:

@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.collect import (
     Records,
     collect,
 )
+from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -293,6 +294,12 @@ class ScriptFacts:
     def derives_from(self, node: cst.BaseExpression, names: Set[str]) -> bool:
         """`node` is one of `names`, or an element, attribute or items() view of one."""
         return derived_root(node, names) is not None
+
+    # Feature checks --------------------------------------------------------------------
+    @cached_property
+    def feature_guards(self) -> FeatureGuards:
+        """Which code runs only when a feature is missing (guards.py)."""
+        return FeatureGuards(self)
 
     # Mixed precision, determinism, anchors ---------------------------------------------
     @cached_property
