@@ -119,7 +119,12 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     variables = _epoch_names(facts, loop)
     last_use, variable = -1, ""
     for index, statement in enumerate(candidates):
-        used = _names_read(statement) & variables
+        reads, binds = _reads_and_binds(statement)
+        # A name the statement binds itself (`for _ in range(3):` starting a second phase)
+        # is read from that binding, not from the epoch loop; from then on it is not the
+        # loop's any more.
+        used = (reads - binds) & variables
+        variables = variables - binds
         if used:
             last_use, variable = index, sorted(used)[0]
     block = tuple(candidates[: last_use + 1])
@@ -132,8 +137,9 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
 
 
 def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
-    """The loop's variables and the names its body computes from them (`step = epoch * n`)."""
-    names = set(loop.targets)
+    """The loop's variables and the names its body computes from them (`step = epoch * n`);
+    throwaway names (`_`, `__`, `_unused`) are never evidence."""
+    names = {name for name in loop.targets if not is_throwaway(name)}
     inside = [
         a
         for a in facts.records.assignments
@@ -143,27 +149,73 @@ def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     while changed:
         changed = False
         for assignment in inside:
-            if assignment.target not in names and _names_read(assignment.value) & names:
+            if assignment.target in names or is_throwaway(assignment.target):
+                continue
+            if _reads_and_binds(assignment.value)[0] & names:
                 names.add(assignment.target)
                 changed = True
     return names
 
 
-def _names_read(tree: cst.CSTNode) -> Set[str]:
-    """Plain names in `tree`, leaving out attribute names (`x.epoch`) and keyword names."""
-    found: Set[str] = set()
-    stack = [tree]
+def is_throwaway(name: str) -> bool:
+    """`_`, `__`, `_unused`, `dummy`: a name bound only to be ignored."""
+    bare = name.strip("_")
+    return not bare or bare.startswith(("unused", "dummy", "ignore"))
+
+
+def _reads_and_binds(tree: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
+    """(plain names `tree` reads, names it binds). Attribute names (`x.epoch`), keyword
+    names and binding targets (`for _ in`, `x = ...`, `with ... as f`, `except E as e`,
+    imports, definitions) are not reads; `x += 1` binds `x` (its read is not counted)."""
+    reads: Set[str] = set()
+    binds: Set[str] = set()
+    stores: Set[cst.CSTNode] = set()
+    stack: List[cst.CSTNode] = [tree]
     while stack:
         node = stack.pop()
+        for target in _binding_targets(node):
+            for name in _store_names(target):
+                stores.add(name)
+                binds.add(name.value)
         if isinstance(node, cst.Name):
-            found.add(node.value)
+            if node not in stores:
+                reads.add(node.value)
         elif isinstance(node, cst.Attribute):
             stack.append(node.value)
         elif isinstance(node, cst.Arg):
             stack.append(node.value)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            names = node.names if isinstance(node.names, (list, tuple)) else ()
+            for alias in names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                binds.add((dotted_name(bound) or "").split(".")[0])
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            binds.add(node.name.value)
+            stack.extend(c for c in node.children if c is not node.name)
         else:
             stack.extend(node.children)
-    return found
+    return reads, binds
+
+
+def _binding_targets(node: cst.CSTNode) -> Tuple[cst.CSTNode, ...]:
+    if isinstance(node, (cst.For, cst.CompFor, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
+        return (node.target,)
+    if isinstance(node, cst.AssignTarget):
+        return (node.target,)
+    if isinstance(node, (cst.AsName,)):
+        return (node.name,)
+    return ()
+
+
+def _store_names(target: cst.CSTNode) -> List[cst.Name]:
+    """The Name nodes a target binds (`a` and `b` in `a, *b`; none in `x[i]` or `x.y`)."""
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in _store_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _store_names(target.value)
+    return []
 
 
 def _breaks_out(block: cst.BaseSuite, kind: type = cst.Break) -> bool:
