@@ -16,6 +16,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import callee_name
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
 from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -173,8 +174,8 @@ def _reads_and_binds(tree: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
     stack: List[cst.CSTNode] = [tree]
     while stack:
         node = stack.pop()
-        for target in _binding_targets(node):
-            for name in _store_names(target):
+        for target in binding_targets(node):
+            for name in target_name_nodes(target):
                 stores.add(name)
                 binds.add(name.value)
         if isinstance(node, cst.Name):
@@ -195,27 +196,6 @@ def _reads_and_binds(tree: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
         else:
             stack.extend(node.children)
     return reads, binds
-
-
-def _binding_targets(node: cst.CSTNode) -> Tuple[cst.CSTNode, ...]:
-    if isinstance(node, (cst.For, cst.CompFor, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
-        return (node.target,)
-    if isinstance(node, cst.AssignTarget):
-        return (node.target,)
-    if isinstance(node, (cst.AsName,)):
-        return (node.name,)
-    return ()
-
-
-def _store_names(target: cst.CSTNode) -> List[cst.Name]:
-    """The Name nodes a target binds (`a` and `b` in `a, *b`; none in `x[i]` or `x.y`)."""
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for element in target.elements for n in _store_names(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _store_names(target.value)
-    return []
 
 
 def _breaks_out(block: cst.BaseSuite, kind: type = cst.Break) -> bool:

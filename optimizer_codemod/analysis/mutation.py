@@ -137,8 +137,8 @@ class _Scope:
         def bind(name: str, value) -> None:
             self.result.bind(name, value)
 
-        for target in _binding_targets(node):
-            self.stores.update(_target_name_nodes(target))
+        for target in binding_targets(node):
+            self.stores.update(target_name_nodes(target))
         if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name):
             self.updated.add(node.target)
         if isinstance(node, cst.Assign):
@@ -525,7 +525,7 @@ def _pairs(target: cst.CSTNode, value: cst.BaseExpression) -> List[Tuple[str, cs
     return [(name, value) for name in _target_names(target)]
 
 
-def _binding_targets(node: cst.CSTNode) -> List[cst.CSTNode]:
+def binding_targets(node: cst.CSTNode) -> List[cst.CSTNode]:
     if isinstance(node, cst.Assign):
         return [t.target for t in node.targets]
     if isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):
@@ -537,14 +537,14 @@ def _binding_targets(node: cst.CSTNode) -> List[cst.CSTNode]:
     return []
 
 
-def _target_name_nodes(node: cst.CSTNode) -> List[cst.Name]:
+def target_name_nodes(node: cst.CSTNode) -> List[cst.Name]:
     """The Name nodes a target binds (not those read in `x[i] = ...` or `x.a = ...`)."""
     if isinstance(node, cst.Name):
         return [node]
     if isinstance(node, (cst.Tuple, cst.List)):
-        return [n for e in node.elements for n in _target_name_nodes(e.value)]
+        return [n for e in node.elements for n in target_name_nodes(e.value)]
     if isinstance(node, cst.StarredElement):
-        return _target_name_nodes(node.value)
+        return target_name_nodes(node.value)
     return []
 
 
