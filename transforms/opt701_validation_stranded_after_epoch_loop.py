@@ -53,7 +53,10 @@ class ValidationStrandedAfterEpochLoop(Rule):
         own, which would skip the block in some epochs. Only the loop nearest the training
         loop counts as the epoch loop (not an outer loop over runs or folds). A
         summary that reads the loop variable on purpose (`print(f"trained {epoch + 1}
-        epochs")`) is found too: review the diff, or mark it `# noqa: OPT701`.
+        epochs")`) is found too: review the diff, or mark it `# noqa: OPT701`. Binding a
+        name is not reading it: a later loop that binds the variable again (`for _ in
+        range(3):` starting a second phase, `for epoch in ...` of its own) is no evidence,
+        and throwaway names (`_`, `__`, `_unused`) never are.
 
     Expected gain:
         None in speed: it is a correctness fix (per-epoch validation and checkpoints). The
