@@ -28,7 +28,9 @@ For every file it records and checks:
 
 It tallies fixes per rule from `--output-format json` and prints a summary (files, crashes,
 errors, invalid outputs, second-run changes, non-identical unchanged lines, fixes per rule, the
-slowest files). `--json OUT` writes every record, with each file's diff hunks, for review.
+slowest files). `--json OUT` writes every record with each file's diff hunks (line ranges and
+rules; `--hunk-text` adds their text, which is third-party code: keep that out of commits), and
+`--keep DIR` keeps the rewritten files for review.
 Exit status: 0 when every check holds, 1 when one fails, 2 when no file could be checked.
 
 Not part of the test suite (it needs the mirrors); tests/test_ecosystem.py tests its checking
@@ -514,6 +516,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write every record here")
     parser.add_argument("--keep", type=Path, help="materialise and rewrite here (kept)")
+    parser.add_argument(
+        "--hunk-text",
+        action="store_true",
+        help="put each hunk's old and new text in --json (third-party code: do not commit it)",
+    )
     parser.add_argument("--only", help="check only files whose repo:path contains this")
     parser.add_argument("--slowest", type=int, default=10)
     parser.add_argument(
@@ -528,6 +535,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.only:
         entries = [e for e in entries if args.only in f"{e.repo}:{e.path}"]
 
+    # The tool as it is when the run starts (others may commit while it runs).
+    commit, uncommitted = _git_commit(), _uncommitted_tool_files()
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="optcodemod-ecosystem-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: List[FileResult] = []
@@ -561,16 +570,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     summary = summarise(results, missing, args.slowest)
     sys.stdout.write(render_summary(summary, startup))
     if args.json:
+        files = [asdict(r) for r in results]
+        if not args.hunk_text:
+            for record in files:
+                for hunk in record["hunks"]:
+                    hunk.pop("before"), hunk.pop("after")
         document = {
-            "optcodemod_commit": _git_commit(),
-            "uncommitted_tool_files": _uncommitted_tool_files(),
+            "optcodemod_commit": commit,
+            "uncommitted_tool_files": uncommitted,
             "optcodemod_version": _tool_version(command),
             "python": platform.python_version(),
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "startup_seconds": round(startup, 3),
             "summary": summary,
-            "files": [asdict(r) for r in results],
+            "files": files,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1) + "\n")
