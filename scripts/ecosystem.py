@@ -149,11 +149,20 @@ class Run:
             return {}
 
 
+DEFAULT_TIMEOUT = 600  # seconds for one file; a run past it is a hang, counted as a crash
+TIMEOUT_SECONDS = DEFAULT_TIMEOUT
+
+
 def run_apply(command: Sequence[str], path: Path, *extra: str, cwd: Path) -> Run:
     argv = [*command, "apply", "--unsafe-fixes", "--output-format", "json", "-j", "1", *extra]
     argv.append(str(path))
     start = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, cwd=cwd)
+    try:
+        result = subprocess.run(argv, capture_output=True, cwd=cwd, timeout=TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired as expired:
+        seconds = time.perf_counter() - start
+        stderr = (expired.stderr or b"").decode(errors="replace")
+        return Run(-9, "", f"timed out after {TIMEOUT_SECONDS} s\n{stderr}", seconds)
     seconds = time.perf_counter() - start
     return Run(
         result.returncode,
@@ -506,6 +515,7 @@ def _tool_version(command: Sequence[str]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    global TIMEOUT_SECONDS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument(
@@ -524,11 +534,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--only", help="check only files whose repo:path contains this")
     parser.add_argument("--slowest", type=int, default=10)
     parser.add_argument(
+        "--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds per apply call (a hang)"
+    )
+    parser.add_argument(
         "--command",
         default=None,
         help="how to call the tool (default: this Python's -m optimizer_codemod)",
     )
     args = parser.parse_args(argv)
+    TIMEOUT_SECONDS = args.timeout
     command = tuple(args.command.split()) if args.command else DEFAULT_COMMAND
     mirrors = args.mirror if args.mirror is not None else list(DEFAULT_MIRRORS)
     entries = load_corpus(args.corpus)

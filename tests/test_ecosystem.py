@@ -185,3 +185,31 @@ def test_a_crash_is_counted(tmp_path):
 def test_the_fetch_hint_names_the_commit(name):
     hint = ecosystem.fetch_hint(name, "c" * 40, [Path("/cache")])
     assert "c" * 40 in hint and "owner+name" in hint and "--cache /cache" in hint
+
+
+def test_a_hang_is_counted_as_a_crash(tmp_path):
+    corpus = _fake_corpus(tmp_path)
+    hanging = tmp_path / "hang.py"
+    hanging.write_text(
+        "import sys, time\nif 'apply' in sys.argv and 'x = 1' not in open(sys.argv[-1]).read():\n    time.sleep(30)\n"
+    )
+    out = tmp_path / "result.json"
+    code = ecosystem.main(
+        [
+            "--corpus",
+            str(corpus),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--only",
+            "main.py",
+            "--command",
+            f"{sys.executable} {hanging}",
+            "--timeout",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 1
+    record = json.loads(out.read_text())["files"][0]
+    assert record["status"] == "crash" and "timed out" in record["message"]
