@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.nodes import under_with
+from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -76,7 +76,11 @@ class Float32TrainingWithoutAutocast(Rule):
         bfloat16, the device type taken from the device the model is placed on. With the
         setting `precision = "fp16"` it uses float16 and adds a `torch.amp.GradScaler`: the
         loss is scaled before backward, gradients are unscaled before clipping, and the
-        optimizer steps through the scaler, which then updates its scale.
+        optimizer steps through the scaler, which then updates its scale. A value computed
+        in the block that is used after it by code other than backward, where 16 bits break
+        or change the script (`.numpy()`, `.tolist()`, an accumulator such as `total +=
+        out.sum()`, `torch.save`, a list or metric function, a `return`), is cast back with
+        `.float()` at that use.
 
     Why is it slow:
         In float32, matrix multiplications and convolutions run at a fraction of the
@@ -113,7 +117,15 @@ class Float32TrainingWithoutAutocast(Rule):
         bfloat16 (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
         A training step in the fallback branch of a feature check (`if not hasattr(torch,
         "autocast")`, an old-torch version branch; analysis/guards.py) is left in float32,
-        and so is an evaluation forward there while the rest is wrapped.
+        and so is an evaluation forward there while the rest is wrapped. Values that escape
+        the block (analysis/autocast_escapes.py) are cast back where they escape rather than
+        moved out of the block: the forward and loss must stay inside, and one `.float()` per
+        escaping read is the smaller edit. `.numpy()` would raise on bfloat16, and metrics
+        accumulated in 16 bits would silently lose precision. Uses that need no cast keep
+        their text: backward, integer and boolean results (`correct += (out.argmax(1) ==
+        y).sum()`), `.item()` of the value itself, printing, shapes, an explicit `.float()`,
+        and values autocast computes in float32 (`F.cross_entropy`, `nn.CrossEntropyLoss`,
+        softmax). A read that sees a later binding of the name is no use of the block's value.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -186,13 +198,17 @@ class Float32TrainingWithoutAutocast(Rule):
         autocast = (
             f"{torch_name}.autocast({device_type_code(facts, device)}, dtype={torch_name}.{dtype})"
         )
-        edits: List[Edit] = []
-        for step in steps:
-            edits.extend(wrapped_in(step.forward, autocast))
         guards = facts.feature_guards
-        for statement in evaluation_forwards(facts, model):
-            if visible_at(facts, device, statement) and not guards.in_fallback(statement):
-                edits.extend(wrapped_in((statement,), autocast))
+        regions = [step.forward for step in steps]
+        regions.extend(
+            (statement,)
+            for statement in evaluation_forwards(facts, model)
+            if visible_at(facts, device, statement) and not guards.in_fallback(statement)
+        )
+        edits: List[Edit] = []
+        for region in regions:
+            edits.extend(wrapped_in(region, autocast))
+        edits.extend(cast_back(facts, regions))
         if dtype == "float16" and not all(step.scaler for step in steps):
             scaling = self._loss_scaling(model, steps, torch_name, device)
             if scaling is None:
@@ -304,6 +320,21 @@ class Float32TrainingWithoutAutocast(Rule):
                     )
                 )
         return edits
+
+
+def cast_back(facts, regions: Sequence[Tuple[cst.BaseStatement, ...]]) -> List[Edit]:
+    """`.float()` at every read after a wrapped region that takes a 16-bit value it computes
+    to `.numpy()`, an accumulator, `torch.save`, a return or a metric function."""
+    wrapped = {node for region in regions for s in region for node in find_all(s, cst.Name)}
+    reads = {}
+    for region in regions:
+        for read in facts.autocast_escapes.escaping_reads(region):
+            if read not in wrapped:
+                reads[read] = None  # one edit per read, in order
+    return [
+        Replace(read, cst.Call(func=cst.Attribute(value=read, attr=cst.Name("float"))))
+        for read in reads
+    ]
 
 
 def wrapped_in(statements: Tuple[cst.BaseStatement, ...], context: str) -> List[Edit]:

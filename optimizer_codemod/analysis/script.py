@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.collect import (
     Records,
     collect,
 )
+from optimizer_codemod.analysis.autocast_escapes import AutocastEscapes
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
 
@@ -302,6 +303,11 @@ class ScriptFacts:
         return FeatureGuards(self)
 
     # Mixed precision, determinism, anchors ---------------------------------------------
+    @cached_property
+    def autocast_escapes(self) -> AutocastEscapes:
+        """Which 16-bit values would leave an autocast block (autocast_escapes.py)."""
+        return AutocastEscapes(self)
+
     @cached_property
     def top_import_block(self) -> Tuple[cst.BaseStatement, ...]:
         """The import block at the top of the module, up to its last import or configuration

@@ -1,0 +1,372 @@
+"""Values computed under autocast that escape the block to code that needs 32 bits.
+
+Tensors computed inside `torch.autocast(..., dtype=torch.bfloat16)` are 16-bit (except the
+outputs of ops autocast runs in float32: losses, softmax). Used after the block they break
+or silently change the script: `.numpy()` raises on bfloat16, `.tolist()` and metrics
+accumulated from them (`total += out.sum()`) lose precision, `torch.save` stores 16-bit
+tensors, a step function returns them to callers that expect float32.
+
+`escaping_reads(facts, statements)` answers, for statements about to be wrapped, which reads
+after them (in the same function, or module) take such a value to such a use, following
+the value through tensor-preserving operations (`torch.sigmoid(out).detach().cpu()`) and
+through local names (`preds = out.sigmoid()` then `preds.numpy()`). Reads that end in
+backward, `.item()`, an integer or boolean result (`out.argmax(1) == y`), an explicit cast
+(`.float()`), a shape or dtype, printing, or a name bound again before the read are not
+escapes. Anything else handed to a function that is not torch's (a metric function, numpy,
+`list.append`) or stored in an attribute or subscript is.
+
+Each scope is indexed once (parents, reads and bindings of every name, in source order) and
+every name's verdict is memoised, so the cost stays linear in the size of the file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import method_name
+from optimizer_codemod.analysis.escapes import HOST_METHODS
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
+from optimizer_codemod.analysis.nodes import find_all
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+Scope = Union[cst.Module, cst.FunctionDef]
+_NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_SUITES = (cst.IndentedBlock, cst.Module, cst.SimpleStatementSuite)
+MAX_DEPTH = 3
+
+# Methods whose result is no 16-bit float tensor (an index, a mask, a size, a 32-bit cast),
+# or that end the value's use harmlessly (`.item()` only when nothing was computed first).
+SETTLING_METHODS = HOST_METHODS - {"tolist", "item"} | frozenset(
+    {
+        "argmax",
+        "argmin",
+        "argsort",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "isnan",
+        "isinf",
+        "isfinite",
+        "long",
+        "int",
+        "bool",
+        "float",
+        "double",
+        "backward",
+        "register_hook",
+        "type",
+    }
+)
+ESCAPING_METHODS = frozenset({"numpy", "tolist"})
+# Methods that move or reshape a tensor without computing on its values.
+VIEW_METHODS = frozenset(
+    "detach cpu cuda to view reshape flatten squeeze unsqueeze permute transpose contiguous "
+    "clone expand narrow select unbind split chunk t".split()
+)
+SETTLING_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"})
+# Builtins that print or measure; `float()`/`int()` make Python numbers of full precision.
+SETTLING_BUILTINS = frozenset(
+    {"print", "len", "float", "int", "bool", "str", "repr", "format", "isinstance", "type"}
+)
+WIDE_DTYPES = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double"})
+NARROW_OR_INTEGER_DTYPES = frozenset(
+    {"torch.long", "torch.int64", "torch.int", "torch.int32", "torch.bool", "torch.uint8"}
+)
+# Ops that autocast runs in float32 (on CUDA and CPU): their outputs are 32-bit already.
+FLOAT32_FUNCTIONS = frozenset(
+    f"torch.nn.functional.{name}"
+    for name in (
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "binary_cross_entropy_with_logits",
+        "softmax",
+        "log_softmax",
+    )
+) | frozenset({"torch.softmax", "torch.log_softmax"})
+FLOAT32_MODULES = frozenset(
+    f"torch.nn.{name}"
+    for name in (
+        "CrossEntropyLoss",
+        "NLLLoss",
+        "MSELoss",
+        "L1Loss",
+        "SmoothL1Loss",
+        "HuberLoss",
+        "KLDivLoss",
+        "BCEWithLogitsLoss",
+        "Softmax",
+        "LogSoftmax",
+    )
+)
+FLOAT32_METHODS = frozenset({"softmax", "log_softmax"})
+
+
+class _ScopeIndex:
+    """One walk over a scope: parents, source order, reads and bindings of every name."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self.order: Dict[cst.CSTNode, int] = {}
+        self.reads: Dict[str, List[cst.Name]] = {}
+        # name -> (order, region): the binding is seen by later code inside `region`.
+        self.bindings: Dict[str, List[Tuple[int, cst.CSTNode]]] = {}
+        stores: Set[cst.CSTNode] = set()
+        stack: List[Tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(scope, None)]
+        count = 0
+        while stack:
+            node, parent = stack.pop()
+            if parent is not None:
+                self.parents[node] = parent
+            count += 1
+            self.order[node] = count
+            if node is not scope and isinstance(node, _NESTED):
+                continue
+            for target in binding_targets(node):
+                region = node.body if isinstance(node, cst.For) else None
+                for name in target_name_nodes(target):
+                    stores.add(name)
+                    self.bindings.setdefault(name.value, []).append((count, region or node))
+            if isinstance(node, cst.Name):
+                if node not in stores:
+                    self.reads.setdefault(node.value, []).append(node)
+                continue
+            children: Sequence[cst.CSTNode] = node.children
+            if isinstance(node, cst.Attribute):
+                children = (node.value,)
+            elif isinstance(node, cst.Arg):
+                children = (node.value,)
+            elif isinstance(node, cst.FunctionDef):
+                children = (node.body,)
+            elif isinstance(node, (cst.Import, cst.ImportFrom)):
+                children = ()
+            stack.extend((child, node) for child in reversed(children))
+
+    def suite_of(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        while node is not None and not isinstance(node, _SUITES):
+            node = self.parents.get(node)
+        return node
+
+
+class AutocastEscapes:
+    """Memoised answers for one module (ScriptFacts.autocast_escapes)."""
+
+    def __init__(self, facts: "ScriptFacts") -> None:
+        self.facts = facts
+        self._indexes: Dict[cst.CSTNode, _ScopeIndex] = {}
+        self._name_escapes: Dict[Tuple[cst.CSTNode, str, bool], bool] = {}
+
+    def escaping_reads(self, statements: Sequence[cst.BaseStatement]) -> List[cst.Name]:
+        """Reads after `statements` (about to run under autocast) that take a possibly
+        16-bit value they compute to a use that needs 32 bits, in source order."""
+        scope = self._scope_of(statements)
+        index = self._index(scope)
+        inside = {n for s in statements for n in find_all(s, cst.Name)}
+        end = max(index.order.get(n, 0) for n in inside) if inside else 0
+        found: List[cst.Name] = []
+        for name in self._narrow_names(statements):
+            for read in self._reads_after(index, name, end, inside):
+                if self._use_escapes(index, scope, read, 0):
+                    found.append(read)
+        return sorted(found, key=lambda n: index.order[n])
+
+    # Scopes --------------------------------------------------------------------------
+    def _index(self, scope: Scope) -> _ScopeIndex:
+        index = self._indexes.get(scope)
+        if index is None:
+            index = self._indexes[scope] = _ScopeIndex(scope)
+        return index
+
+    def _scope_of(self, statements: Sequence[cst.BaseStatement]) -> Scope:
+        for statement in statements:
+            for call in find_all(statement, cst.Call):
+                site = self.facts.call_site_of.get(call)
+                if site is not None:
+                    return site.site.function or self.facts.module
+        return self.facts.module
+
+    # Values ----------------------------------------------------------------------------
+    def _narrow_names(self, statements: Sequence[cst.BaseStatement]) -> List[str]:
+        """Names the statements bind to values that may be 16-bit tensors."""
+        values: Dict[str, List[Optional[cst.BaseExpression]]] = {}
+        for statement in statements:
+            for node in find_all(statement, cst.Assign, cst.AnnAssign, cst.AugAssign):
+                targets = binding_targets(node)
+                plain = len(targets) == 1 and isinstance(targets[0], cst.Name)
+                for target in targets:
+                    for name in target_name_nodes(target):
+                        values.setdefault(name.value, []).append(node.value if plain else None)
+        return [
+            name
+            for name, bound in values.items()
+            if not all(value is not None and self._is_wide(value) for value in bound)
+        ]
+
+    def _is_wide(self, value: cst.BaseExpression) -> bool:
+        """`value` is a 32-bit tensor or no float tensor at all, even under autocast."""
+        if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.Comparison)):
+            return True
+        if not isinstance(value, cst.Call):
+            return False
+        method = method_name(value)
+        if method in SETTLING_METHODS or method in FLOAT32_METHODS or method == "item":
+            return True
+        if method == "to":
+            return self._casts_wide(value)
+        qualified = self.facts.qualified_name(value.func)
+        if qualified in FLOAT32_FUNCTIONS:
+            return True
+        name = dotted_name(value.func)
+        if name is None:
+            return False
+        assignments = self.facts.assignments_to(name)
+        return bool(assignments) and all(
+            isinstance(a.value, cst.Call)
+            and self.facts.qualified_name(a.value.func) in FLOAT32_MODULES
+            for a in assignments
+        )
+
+    def _casts_wide(self, call: cst.Call) -> bool:
+        """`.to(torch.float32)`, `.to(dtype=torch.long)`: a cast out of 16 bits."""
+        for arg in call.args:
+            qualified = self.facts.qualified_name(arg.value)
+            if qualified in WIDE_DTYPES or qualified in NARROW_OR_INTEGER_DTYPES:
+                return True
+        return False
+
+    # Reads -----------------------------------------------------------------------------
+    def _reads_after(
+        self, index: _ScopeIndex, name: str, end: int, inside: Set[cst.CSTNode]
+    ) -> List[cst.Name]:
+        """Reads of `name` after position `end` that can see the value bound before it."""
+        found = []
+        for read in index.reads.get(name, ()):
+            position = index.order[read]
+            if position <= end or read in inside:
+                continue
+            if not self._rebound_between(index, name, end, read):
+                found.append(read)
+        return found
+
+    def _rebound_between(self, index: _ScopeIndex, name: str, start: int, read) -> bool:
+        """A binding of `name` after `start` that surely runs before `read`: a plain
+        statement of an enclosing block, or an enclosing `for` target."""
+        position = index.order[read]
+        ancestors = set()
+        node = read
+        while node is not None:
+            ancestors.add(node)
+            node = index.parents.get(node)
+        for order, region in index.bindings.get(name, ()):
+            if not start < order < position:
+                continue
+            if isinstance(region, cst.IndentedBlock) and region in ancestors:
+                return True  # a `for` target around the read
+            statement = index.parents.get(region)
+            if isinstance(region, (cst.Assign, cst.AnnAssign)) and statement is not None:
+                if index.suite_of(statement) in ancestors:
+                    return True
+        return False
+
+    def _use_escapes(
+        self, index: _ScopeIndex, scope: Scope, read: cst.Name, depth: int, computed=False
+    ) -> bool:
+        """Where the value `read` reads goes: up through the expression around it.
+        `computed`: an operation after the block already ran on it in 16 bits (a sum, a
+        softmax, a loss), so even `.item()` of the result has lost precision."""
+        node: cst.CSTNode = read
+        while True:
+            parent = index.parents.get(node)
+            if parent is None:
+                return False
+            if isinstance(parent, cst.Attribute):
+                holder = index.parents.get(parent)
+                if isinstance(holder, cst.Call) and holder.func is parent:
+                    method = parent.attr.value
+                    if method in ESCAPING_METHODS:
+                        return True
+                    if method == "item":
+                        return computed
+                    if method in SETTLING_METHODS or (method == "to" and self._casts_wide(holder)):
+                        return False
+                    computed = computed or method not in VIEW_METHODS
+                    node = holder  # detach, cpu, sigmoid, sum, view...: still a tensor
+                    continue
+                if parent.attr.value in SETTLING_ATTRIBUTES:
+                    return False
+                node = parent  # `.T`, `.data`
+                continue
+            if isinstance(parent, cst.Arg):
+                call = index.parents.get(parent)
+                if not isinstance(call, cst.Call):
+                    return False
+                verdict = self._argument_escapes(call)
+                if verdict is not None:
+                    return verdict
+                node, computed = call, True
+                continue
+            if isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.FormattedString)):
+                return False
+            if isinstance(parent, cst.FormattedStringExpression):
+                return False
+            if isinstance(parent, (cst.Return, cst.Yield)):
+                return True
+            if isinstance(parent, cst.AugAssign):
+                return parent.value is node  # `total += out.sum()`: accumulated
+            if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
+                return self._assigned_value_escapes(index, scope, parent, depth, computed)
+            if isinstance(parent, (cst.BaseStatement, cst.BaseSmallStatement, cst.BaseSuite)):
+                return False
+            if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
+                computed = True
+            node = parent  # arithmetic, subscripts, tuples, lists: the value goes on
+
+    def _argument_escapes(self, call: cst.Call) -> Optional[bool]:
+        """True: the call keeps or converts the value; False: it settles it; None: the
+        call computes a new tensor from it (a torch op) and the walk goes on."""
+        facts = self.facts
+        qualified = facts.qualified_name(call.func) or ""
+        if qualified == "torch.save":
+            return True
+        if qualified.startswith("torch."):
+            return None
+        method = method_name(call)
+        if method is not None:
+            if method == "scale":  # `scaler.scale(loss).backward()`
+                return False
+            return True  # `history.append(x)`, `metric.update(x)`, `writer.add_histogram`
+        name = dotted_name(call.func)
+        if name in SETTLING_BUILTINS and not facts.imports.is_bound(name):
+            return False
+        return True  # metric functions, numpy, anything that is not torch's
+
+    def _assigned_value_escapes(self, index, scope, assign, depth: int, computed: bool) -> bool:
+        targets = binding_targets(assign)
+        if any(not isinstance(t, cst.Name) for t in targets):
+            return True  # stored in an attribute or subscript, or unpacked
+        if depth >= MAX_DEPTH:
+            return True
+        start = index.order[assign]
+        for target in targets:
+            key = (assign, target.value, computed)
+            if key not in self._name_escapes:
+                self._name_escapes[key] = False  # a cycle adds nothing
+                reads = self._reads_after(index, target.value, start, set())
+                self._name_escapes[key] = any(
+                    self._use_escapes(index, scope, read, depth + 1, computed) for read in reads
+                )
+            if self._name_escapes[key]:
+                return True
+        return False

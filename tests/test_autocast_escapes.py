@@ -1,0 +1,123 @@
+"""analysis/autocast_escapes.py: 16-bit values that leave an autocast block, and OPT302's
+casts back where they do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from optimizer_codemod.analysis.script import ScriptFacts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+STEP = """
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+criterion = nn.CrossEntropyLoss()
+
+
+def run(model, loader, history, metric):
+    total, correct = 0.0, 0
+    for x, y in loader:
+        out = model(x)
+        loss = criterion(out, y)
+        loss.backward()
+        {use}
+    return 0
+"""
+
+
+def escaping(use: str):
+    """The text of each escaping read after the step's forward (its first two statements)."""
+    source = textwrap.dedent(STEP).replace("{use}", use)
+    facts = ScriptFacts.of(cst.parse_module(source))
+    loop = facts.training_loops[0].node
+    reads = facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:2]))
+    return [facts.module.code_for_node(read) for read in reads]
+
+
+@pytest.mark.parametrize(
+    "use, expected",
+    [
+        ('preds = torch.sigmoid(out).detach().to("cpu").numpy()', ["out"]),
+        ("total += out.sum()", ["out"]),
+        ("total += out.sum().item()", ["out"]),
+        ("values = out.tolist()", ["out"]),
+        ('torch.save({"logits": out}, "out.pt")', ["out"]),
+        ("history.append(out.detach())", ["out"]),
+        ("metric(out, y)", ["out"]),
+        ("return out", ["out"]),
+        ("p = out.softmax(-1).cpu()\n        q = p.numpy()", ["out"]),
+        ("p = out.cpu()\n        print(p.numpy())", ["out"]),
+        # Not escapes: integers and masks, backward, a cast, printing, shapes, `.item()` of
+        # the value itself, a float32 loss (cross_entropy runs in float32 under autocast).
+        ("correct += (out.argmax(1) == y).sum()", []),
+        ("correct += (out > 0).sum().item()", []),
+        ("total += out.float().sum()", []),
+        ("print(out.mean(), f'{out}')", []),
+        ("n = out.shape[0] + out.size(0)", []),
+        ("first = out[0, 0].item()", []),
+        ("total += loss.detach()\n        history.append(loss)", []),
+        ("p = out.cpu()\n        p = torch.zeros(3)\n        print(p.numpy())", []),
+    ],
+)
+def test_escaping_uses(use: str, expected) -> None:
+    assert escaping(use) == expected
+
+
+def test_a_name_bound_again_is_no_escape() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+        for x, y in loader:
+            out = model(x)
+            loss = (out - y).pow(2).mean()
+            loss.backward()
+        for x, y in val_loader:
+            out = other(x)
+            print(out.numpy())
+        out = torch.ones(2)
+        print(out.numpy(), loss.tolist())
+        """
+    )
+    facts = ScriptFacts.of(cst.parse_module(source))
+    loop = facts.training_loops[0].node
+    reads = facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:2]))
+    assert [facts.module.code_for_node(r) for r in reads] == ["loss"]
+
+
+def test_each_scope_is_indexed_once() -> None:
+    body = "".join(f"    out{i} = model(x)\n    loss{i} = out{i}.sum()\n" for i in range(200))
+    uses = "".join(f"    print(out{i}.numpy())\n" for i in range(200))
+    source = "for x in loader:\n" + body + "    loss0.backward()\n" + uses
+    facts = ScriptFacts.of(cst.parse_module(source))
+    escapes = facts.autocast_escapes
+    statements = facts.training_loops[0].node.body.body
+    found = [escapes.escaping_reads((s,)) for s in statements[:400:2]]
+    assert all(len(reads) == 1 for reads in found)
+    assert len(escapes._indexes) == 1
+
+
+def test_rewritten_script_runs_where_the_original_output_would_crash(tmp_path) -> None:
+    """The rewritten evaluation casts the bfloat16 logits back before `.numpy()`."""
+    script = ROOT / "fixtures/OPT302/fix_evaluation_predictions_to_numpy.expected.py"
+    text = script.read_text(encoding="utf-8")
+    assert "logits.float().cpu().numpy()" in text
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    uncast = tmp_path / "uncast.py"
+    uncast.write_text(text.replace("logits.float().cpu()", "logits.cpu()"), encoding="utf-8")
+    crashed = subprocess.run(
+        [sys.executable, str(uncast)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert "BFloat16" in crashed.stderr
