@@ -136,7 +136,7 @@ def main():
             x, y = x.to(device), y.to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = model(x)
-            total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).item()
+            total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)).item()
             batches += 1
             if batches >= 10:
                 break
