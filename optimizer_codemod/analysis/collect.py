@@ -163,16 +163,25 @@ class Collector(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseStatement):
             self._statements.append(node)
-        elif isinstance(node, (cst.IndentedBlock, cst.Module)):
-            self._suites.append(node)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
         if isinstance(original_node, cst.BaseStatement):
             self._statements.pop()
-        elif isinstance(original_node, (cst.IndentedBlock, cst.Module)):
-            self._suites.pop()
+
+    # The block that holds the statement being visited (for `if` statements: guards.py).
+    def visit_Module(self, node: cst.Module) -> None:
+        self._suites.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self._suites.pop()
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._suites.append(node)
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock) -> None:
+        self._suites.pop()
 
     # Scopes ----------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
