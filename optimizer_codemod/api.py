@@ -124,7 +124,8 @@ def _format_like_project(path: str, old: str, new: str, encoding: str):
     try:
         formatted = format_changed_lines(old, new, style)
     except FormatterUnavailable as missing:
-        return _checked(path, new, wrap_long_calls(old, new)), f"{path}: {missing}"
+        wrapped = wrap_long_calls(old, new, style.line_length)
+        return _checked(path, new, wrapped), f"{path}: {missing}"
     except Exception as exc:  # black refusing the file must not cost the user the rewrite
         return new, f"{path}: black could not format the changed lines ({type(exc).__name__})"
     ok, _ = compile_check(formatted.encode("utf-8"), path)

@@ -2,8 +2,10 @@
 
 When the nearest pyproject.toml above a file has a `[tool.black]` table, the lines the rules
 changed are reformatted by black under that configuration, using black's line ranges, so every
-other line stays byte-identical. Without such a table, the original formatting is kept and
-inserted code follows PEP 8 as the rules write it. black is imported only when configured.
+other line stays byte-identical. Without such a table, or without black installed, the rules'
+edits keep the layout of what they touch (a keyword joins a hugged argument line), and a
+changed line that grew past the limit is split the way black splits it (wrap_long_calls), so a
+black-clean file stays black-clean either way. black is imported only when configured.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -132,51 +134,264 @@ def format_changed_lines(old: str, new: str, style: BlackStyle) -> str:
         return new
 
 
-# Without a formatter configured, a call that a rule made too long is split one argument per
-# line (black's layout), so rewritten code still reads like hand-written code.
+# Without a formatter configured, a line that a rule made too long is split the way black
+# splits it, so a black-clean file stays black-clean without black: at the bracket that ends
+# the line, its contents hugged on one line when they fit, else one element per line with a
+# trailing comma; a tuple assigned or returned goes in parentheses, one element per line.
+# Only brackets on changed lines move; a line this cannot split as black would stays as the
+# rule wrote it.
 DEFAULT_LINE_LIMIT = 88
+MAX_ROUNDS = 8
+_BRACKETED = (cst.Call, cst.List, cst.Tuple, cst.Set, cst.Dict)
 
 
-def wrap_long_calls(old: str, new: str) -> str:
-    """`new` with each changed single-line statement that grew past the limit split up.
+def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> str:
+    """`new` with each changed line that grew past the limit split as black would split it.
 
-    The limit is 88 characters (black's), or the original's longest line when that is longer:
-    a file written to 120 columns stays at 120.
+    The limit is `line_length` (a configured black's), else 88 characters (black's default),
+    or the original's longest line when that is longer: a file written to 120 columns stays
+    at 120.
     """
-    limit = max([DEFAULT_LINE_LIMIT, *(len(line) for line in old.splitlines())])
-    lines = new.splitlines()
-    changed = {n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)}
-    too_long = {n for n in changed if len(lines[n - 1]) > limit}
-    if not too_long:
-        return new
-    module = cst.parse_module(new)
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    outermost: Dict[int, Tuple[cst.Call, int]] = {}
-    for node, where in positions.items():
-        line = where.start.line
-        if (
-            isinstance(node, cst.Call)
-            and line in too_long
-            and where.end.line == line
-            and _can_explode(node)
-            and (line not in outermost or where.start.column < outermost[line][1])
-        ):
-            outermost[line] = (node, where.start.column)
-    if not outermost:
-        return new
-    targets = {node: _indent(lines[line - 1]) for line, (node, _) in outermost.items()}
-    return module.visit(_ArgumentsOnTheirOwnLines(targets)).code
+    limit = line_length or max([DEFAULT_LINE_LIMIT, *(len(line) for line in old.splitlines())])
+    for _ in range(MAX_ROUNDS):
+        lines = new.splitlines()
+        changed = {
+            n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)
+        }
+        too_long = sorted(n for n in changed if len(lines[n - 1]) > limit)
+        if not too_long and not _may_join(lines, changed):
+            return new
+        module = cst.parse_module(new)
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        positions = wrapper.resolve(PositionProvider)
+        planner = _Planner(lines, positions, wrapper.resolve(ParentNodeProvider), limit)
+        plan: Dict[cst.CSTNode, object] = dict(planner.plan(too_long)) if too_long else {}
+        plan.update(planner.joinable(changed))
+        if not plan:
+            return new
+        new = module.visit(_Relayout(plan)).code
+    return new
+
+
+def _may_join(lines: List[str], changed) -> bool:
+    """A changed value in parentheses of its own (`x = (` ... `)`): cheap text test first."""
+    for n in changed:
+        for first in (n - 1, n - 2):
+            if first >= 1 and first + 2 <= len(lines):
+                head = lines[first - 1].rstrip()
+                if head.endswith(("= (", "return (")) and lines[first + 1].strip() == ")":
+                    return True
+    return False
+
+
+@dataclass(frozen=True)
+class _Layout:
+    explode: bool  # one element per line with a trailing comma; else hugged on one line
+    indent: str  # the indentation of the line the opening bracket stands on
+
+
+class _Planner:
+    def __init__(self, lines: List[str], positions, parents, limit: int) -> None:
+        self.lines = lines
+        self.positions = positions
+        self.parents = parents
+        self.limit = limit
+
+    def plan(self, too_long: List[int]) -> Dict[cst.CSTNode, _Layout]:
+        by_start: Dict[int, List[cst.CSTNode]] = {}
+        for node, where in self.positions.items():
+            if (
+                isinstance(node, _BRACKETED)
+                and where.start.line in too_long
+                or (isinstance(node, _BRACKETED) and where.start.line + 1 in too_long)
+            ):
+                by_start.setdefault(where.start.line, []).append(node)
+        plan: Dict[cst.CSTNode, _Layout] = {}
+        for line in too_long:
+            found = self._hugged_body(line, by_start.get(line - 1, ()))
+            found = found or self._ending_bracket(line, by_start.get(line, ()))
+            if found is not None:
+                plan[found[0]] = found[1]
+        return plan
+
+    def joinable(self, changed) -> Dict[cst.CSTNode, str]:
+        """Values wrapped in parentheses on their own line (`x = (\n    value\n)`) that a
+        change made short enough for one line: black drops those parentheses."""
+        found: Dict[cst.CSTNode, str] = {}
+        for node, where in self.positions.items():
+            if not isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return)):
+                continue
+            value = node.value
+            if (
+                value is None
+                or len(value.lpar) != 1
+                or isinstance(value, (cst.Tuple, cst.GeneratorExp, cst.Yield, cst.NamedExpr))
+                or not isinstance(value.lpar[0].whitespace_after, cst.ParenthesizedWhitespace)
+                or where.end.line - where.start.line != 2
+                or not any(n in changed for n in range(where.start.line, where.end.line + 1))
+            ):
+                continue
+            inner = value.with_changes(lpar=[], rpar=[])
+            if _has_comment(value) or "\n" in cst.Module([]).code_for_node(inner):
+                continue
+            head = self.lines[where.start.line - 1].rstrip()[:-1]  # `x = (` without `(`
+            if len(head) + len(cst.Module([]).code_for_node(inner)) <= self.limit:
+                found[value] = "join"
+        return found
+
+    def _indent(self, line: int) -> str:
+        text = self.lines[line - 1]
+        return text[: len(text) - len(text.lstrip(" \t"))]
+
+    def _hugged_body(self, line: int, candidates) -> Optional[Tuple[cst.CSTNode, _Layout]]:
+        """A bracket whose contents sit alone on `line`, between its brackets' lines."""
+        for node in candidates:
+            where = self.positions[node]
+            if where.end.line != line + 1 or not _can_explode(node) or _has_trailing_comma(node):
+                continue  # (a trailing comma: one element per line already)
+            closing = self.lines[line].lstrip()
+            if self.lines[line - 2].rstrip().endswith(_opening(node)) and closing.startswith(
+                _closing(node)
+            ):
+                return node, _Layout(True, self._indent(line - 1))
+        return None
+
+    def _ending_bracket(self, line: int, candidates) -> Optional[Tuple[cst.CSTNode, _Layout]]:
+        """The bracket that ends `line` (a whole statement, or one element of a bracket laid
+        out one element per line), split at its brackets as black's right-hand split does."""
+        indent = self._indent(line)
+        for node in sorted(candidates, key=lambda n: self.positions[n].start.column):
+            where = self.positions[node]
+            if where.end.line != line or not _can_explode(node):
+                continue
+            rest = _code_part(self.lines[line - 1][where.end.column :]).strip()
+            holder = self._holder(node)
+            if holder is None:
+                continue
+            if isinstance(holder, cst.With):
+                if not (rest == ":" or (rest.startswith("as ") and rest.endswith(":"))):
+                    continue
+            elif rest not in ("", ","):
+                continue
+            bare_tuple = isinstance(node, cst.Tuple) and not node.lpar
+            if bare_tuple and not isinstance(holder, (cst.Assign, cst.Return)):
+                continue
+            if isinstance(node, cst.Call) and _dotted(node.func) is None:
+                continue
+            body = _flat_body(node)
+            literal = not isinstance(node, cst.Call)
+            several = len(_elements(node)) > 1 or _has_trailing_comma(node)
+            # black splits a bracket's contents at commas, and one element alone only
+            # within itself (the next round splits it, as the element line it then is).
+            explode = bare_tuple or (
+                several and (literal or len(indent) + 4 + len(body) > self.limit)
+            )
+            return node, _Layout(explode, indent)
+        return None
+
+    def _holder(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The statement or element that `node` is the whole value of, when it begins its
+        line: `x = node`, `return node`, `node` alone, or `name=node,` in a bracket."""
+        parent = self.parents.get(node)
+        if isinstance(parent, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Expr)):
+            statement = self.parents.get(parent)
+            if (
+                getattr(parent, "value", None) is node
+                and isinstance(statement, cst.SimpleStatementLine)
+                and len(statement.body) == 1
+                and self.positions[statement].start.line == self.positions[node].start.line
+            ):
+                return parent
+            return None
+        if isinstance(parent, cst.WithItem) and parent.item is node:
+            statement = self.parents.get(parent)
+            if (
+                isinstance(statement, cst.With)
+                and len(statement.items) == 1
+                and self.positions[statement].start.line == self.positions[node].start.line
+            ):
+                return statement
+            return None
+        if isinstance(parent, (cst.Arg, cst.Element, cst.DictElement)) and parent.value is node:
+            where = self.positions[parent]
+            if where.start.column == len(self._indent(where.start.line)):
+                return parent
+        return None
+
+
+def _opening(node: cst.CSTNode) -> str:
+    return {cst.Call: "(", cst.List: "[", cst.Tuple: "(", cst.Set: "{", cst.Dict: "{"}[type(node)]
+
+
+def _closing(node: cst.CSTNode) -> str:
+    return {"(": ")", "[": "]", "{": "}"}[_opening(node)]
+
+
+def _elements(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
+    return node.args if isinstance(node, cst.Call) else node.elements
+
+
+def _has_trailing_comma(node: cst.CSTNode) -> bool:
+    elements = _elements(node)
+    return bool(elements) and isinstance(elements[-1].comma, cst.Comma)
+
+
+def _dotted(node: cst.BaseExpression) -> Optional[str]:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr.value}" if inner is not None else None
+    return None
+
+
+def _flat_body(node: cst.CSTNode) -> str:
+    """The bracket's contents on one line, as the hugging layout prints them."""
+    elements = list(_elements(node))
+    parts = []
+    for index, element in enumerate(elements):
+        bare = element.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        if isinstance(element, cst.Arg):
+            bare = bare.with_changes(whitespace_after_arg=cst.SimpleWhitespace(""))
+        parts.append(cst.Module([]).code_for_node(bare).strip())
+    return ", ".join(parts)
+
+
+def _code_part(text: str) -> str:
+    """`text` without a trailing comment (rest of a line after a bracket: no strings there
+    that could hold `#` unless a string follows, which then is not "" or ",")."""
+    return text.split("#", 1)[0]
 
 
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-def _can_explode(call: cst.Call) -> bool:
+def _can_explode(node: cst.CSTNode) -> bool:
+    elements = _elements(node)
+    if not elements:
+        return False
+    if any(_has_comment(e) for e in elements):
+        return False  # comments inside stay where the author put them
     # A trailing comma after an unparenthesised generator argument is a syntax error.
-    return bool(call.args) and not any(
-        isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar for arg in call.args
+    return not (
+        isinstance(node, cst.Call)
+        and any(isinstance(arg.value, cst.GeneratorExp) and not arg.value.lpar for arg in node.args)
     )
+
+
+def _has_comment(node: cst.CSTNode) -> bool:
+    return "#" in cst.Module([]).code_for_node(node) and any(
+        isinstance(n, cst.Comment) for n in _walk(node)
+    )
+
+
+def _walk(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
 
 
 def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
@@ -188,25 +403,67 @@ def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
     )
 
 
-class _ArgumentsOnTheirOwnLines(cst.CSTTransformer):
-    def __init__(self, targets: Dict[cst.Call, str]) -> None:
+class _Relayout(cst.CSTTransformer):
+    def __init__(self, plan: Dict[cst.CSTNode, object]) -> None:
         super().__init__()
-        self.targets = targets  # call -> indentation of the line it stands on
+        self.plan = plan
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        indent = self.targets.get(original_node)
-        if indent is None:
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        layout = self.plan.get(original_node)
+        if layout is None:
             return updated_node
-        inner = indent + "    "
-        last = len(updated_node.args) - 1
-        args = [
-            arg.with_changes(
-                whitespace_after_arg=cst.SimpleWhitespace(""),
-                comma=cst.Comma(
+        if layout == "join":
+            return updated_node.with_changes(lpar=[], rpar=[])
+        inner = layout.indent + "    "
+        elements = list(_elements(updated_node))
+        last = len(elements) - 1
+        laid_out = []
+        for index, element in enumerate(elements):
+            if layout.explode:
+                after = _line_break(layout.indent if index == last else inner)
+                comma = cst.Comma(
+                    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=after
+                )
+            elif index < last:
+                comma = cst.Comma(
                     whitespace_before=cst.SimpleWhitespace(""),
-                    whitespace_after=_line_break(indent if index == last else inner),
-                ),
+                    whitespace_after=cst.SimpleWhitespace(" "),
+                )
+            else:
+                comma = cst.MaybeSentinel.DEFAULT
+            changes = {"comma": comma}
+            if isinstance(element, cst.Arg):
+                last_hugged = not layout.explode and index == last
+                changes["whitespace_after_arg"] = (
+                    _line_break(layout.indent) if last_hugged else cst.SimpleWhitespace("")
+                )
+            laid_out.append(element.with_changes(**changes))
+        if isinstance(updated_node, cst.Call):
+            return updated_node.with_changes(
+                args=laid_out, whitespace_before_args=_line_break(inner)
             )
-            for index, arg in enumerate(updated_node.args)
-        ]
-        return updated_node.with_changes(whitespace_before_args=_line_break(inner), args=args)
+        closing_space = cst.SimpleWhitespace("") if layout.explode else _line_break(layout.indent)
+        if isinstance(updated_node, cst.Tuple):
+            lpar = updated_node.lpar or [cst.LeftParen()]
+            rpar = updated_node.rpar or [cst.RightParen()]
+            return updated_node.with_changes(
+                elements=laid_out,
+                lpar=[lpar[0].with_changes(whitespace_after=_line_break(inner)), *lpar[1:]],
+                rpar=[rpar[0].with_changes(whitespace_before=closing_space), *rpar[1:]],
+            )
+        if isinstance(updated_node, cst.Dict):
+            brackets = {
+                "lbrace": updated_node.lbrace.with_changes(whitespace_after=_line_break(inner)),
+                "rbrace": updated_node.rbrace.with_changes(whitespace_before=closing_space),
+            }
+        elif isinstance(updated_node, cst.Set):
+            brackets = {
+                "lbrace": updated_node.lbrace.with_changes(whitespace_after=_line_break(inner)),
+                "rbrace": updated_node.rbrace.with_changes(whitespace_before=closing_space),
+            }
+        else:
+            brackets = {
+                "lbracket": updated_node.lbracket.with_changes(whitespace_after=_line_break(inner)),
+                "rbracket": updated_node.rbracket.with_changes(whitespace_before=closing_space),
+            }
+        return updated_node.with_changes(elements=laid_out, **brackets)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import run_cli
 from optimizer_codemod.formatting import (
@@ -72,8 +75,9 @@ def test_without_black_a_call_made_too_long_gets_one_argument_per_line(tmp_path:
     script = _project(tmp_path, "[tool.ruff]\nline-length = 100\n")
     run_cli(["apply", str(script), "--select", "OPT501"])
     text = script.read_text()
-    # 110 characters exceed both 88 and the original's longest line (97): black's layout.
-    assert text == SCRIPT.replace(ONE_LINE.replace(", fused=True", ""), EXPLODED)
+    # 110 characters exceed both 88 and the original's longest line (97): black's layout,
+    # the arguments hugged on one line since they fit there.
+    assert text == SCRIPT.replace(ONE_LINE.replace(", fused=True", ""), WRAPPED)
 
 
 def test_without_black_a_file_written_wide_keeps_its_width() -> None:
@@ -123,7 +127,7 @@ def test_files_black_excludes_are_not_formatted(tmp_path: Path) -> None:
     script = generated / "train.py"
     script.write_text(SCRIPT)
     run_cli(["apply", str(script), "--select", "OPT501"])
-    assert EXPLODED in script.read_text()  # optcodemod's own layout, not black's at 100
+    assert WRAPPED in script.read_text()  # optcodemod's own layout (97 columns), not black's
 
 
 def test_black_configured_but_not_installed_keeps_the_fix_and_says_so(
@@ -133,5 +137,150 @@ def test_black_configured_but_not_installed_keeps_the_fix_and_says_so(
     monkeypatch.setitem(sys.modules, "black", None)  # makes `import black` raise ImportError
     result = run_cli(["apply", str(script), "--select", "OPT501"])
     assert result.exit_code == 1
-    assert EXPLODED in script.read_text()  # optcodemod's own layout instead
+    assert WRAPPED in script.read_text()  # optcodemod's own layout at the configured 100
     assert "configures black, but black is not installed" in result.stderr
+
+
+# Edits look hand-made on black-formatted files (issue 12 item 7) ----------------------------
+BLACK_CLEAN = """import torch
+from torch.utils.data import DataLoader
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.AdamW(
+    model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1
+)
+loader = DataLoader(
+    dataset, batch_size=opt.batch_size, shuffle=True, num_workers=int(opt.workers)
+)
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+for epoch in range(3):
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        loss = model(images).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_keyword_added_to_a_hugged_call_keeps_its_layout() -> None:
+    from optimizer_codemod import rewrite
+
+    new = rewrite(BLACK_CLEAN, select=["OPT501"]).source
+    assert (
+        "optimizer = torch.optim.AdamW(\n"
+        "    model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True\n"
+        ")\n"
+    ) in new
+    assert not [line for line in new.splitlines() if line != line.rstrip()]
+
+
+def test_a_hugged_call_that_no_longer_fits_goes_one_argument_per_line() -> None:
+    from optimizer_codemod import rewrite
+
+    new = rewrite(BLACK_CLEAN, select=["OPT101", "OPT103"], unsafe_fixes=True).source
+    assert (
+        "loader = DataLoader(\n"
+        "    dataset,\n"
+        "    batch_size=opt.batch_size,\n"
+        "    shuffle=True,\n"
+        "    num_workers=int(opt.workers),\n"  # the untouched call inside stays as it was
+        "    persistent_workers=int(opt.workers) > 0,\n"
+        ")\n"
+    ) in new
+
+
+def test_untouched_calls_on_an_edited_line_are_not_exploded() -> None:
+    from optimizer_codemod import rewrite
+
+    source = BLACK_CLEAN.replace("num_workers=int(opt.workers)", "pin_memory=True")
+    new = rewrite(source, select=["OPT201"]).source
+    # A line grown past 88 columns goes into parentheses, one element per line (black's
+    # layout); each `.to(...)` stays on one line.
+    assert (
+        "        images, labels = (\n"
+        "            images.to(device, non_blocking=True),\n"
+        "            labels.to(device, non_blocking=True),\n"
+        "        )\n"
+    ) in new
+
+
+def test_a_body_too_long_for_one_line_goes_one_argument_per_line(tmp_path: Path) -> None:
+    script = _project(tmp_path, "[tool.ruff]\n")
+    old = script.read_text()
+    new = old.replace("betas=(0.9, 0.95))", "betas=(0.9, 0.95), fused=True)")
+    assert EXPLODED in wrap_long_calls(old, new, line_length=79)  # 82 columns hugged
+
+
+# The rules that add keywords, arguments or lines; each fixture of theirs is formatted with
+# black's defaults, rewritten, and checked with `black --check` (black's defaults again).
+ADDING_RULES = (
+    "OPT101",
+    "OPT102",
+    "OPT103",
+    "OPT201",
+    "OPT301",
+    "OPT302",
+    "OPT401",
+    "OPT402",
+    "OPT407",
+    "OPT501",
+    "OPT801",
+    "OPT802",
+)
+
+
+def _black(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "black", "--fast", *args], cwd=cwd, capture_output=True, text=True
+    )
+
+
+def _black_formatted_fixtures(folder: Path, rules=ADDING_RULES) -> list:
+    from fixture_cases import fixtures
+
+    cases = [f for f in fixtures() if f.code in rules and f.kind == "fix" and not f.is_notebook]
+    for index, fixture in enumerate(cases):
+        (folder / f"case_{index}.py").write_bytes(fixture.path.read_bytes())
+    assert _black("-q", ".", cwd=folder).returncode == 0
+    return cases
+
+
+def _rewrite_all(folder: Path, cases: list) -> int:
+    from optimizer_codemod.api import rewrite_source
+
+    changed = 0
+    for index, fixture in enumerate(cases):
+        path = folder / f"case_{index}.py"
+        options = fixture.settings().options_for(str(path))
+        result = rewrite_source(path.read_bytes(), str(path), options)
+        path.write_bytes(result.new)
+        changed += result.changed
+        lines = result.new.decode().splitlines()
+        assert not [l for l in lines if l != l.rstrip()], f"trailing whitespace: {fixture.id}"
+    return changed
+
+
+def test_black_formatted_inputs_stay_black_clean(tmp_path: Path) -> None:
+    cases = _black_formatted_fixtures(tmp_path)
+    assert _rewrite_all(tmp_path, cases) >= 40  # most fixtures still change once formatted
+    check = _black("--check", ".", cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+
+
+def test_black_clean_stays_black_clean_without_black_importable(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # A project that configures black (defaults) on a machine without black: the fallback
+    # layout must be black's.
+    (tmp_path / "pyproject.toml").write_text("[tool.black]\n")
+    black_style_for_directory.cache_clear()
+    # The rules whose edits change the layout of existing calls.
+    cases = _black_formatted_fixtures(tmp_path, ("OPT101", "OPT103", "OPT201", "OPT501", "OPT802"))
+    monkeypatch.setitem(sys.modules, "black", None)  # `import black` raises ImportError
+    with pytest.raises(ImportError):
+        import black  # noqa: F401
+    assert _rewrite_all(tmp_path, cases) >= 15
+    monkeypatch.undo()
+    check = _black("--check", ".", cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
