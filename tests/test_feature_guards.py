@@ -193,3 +193,17 @@ def test_sdpa_scale_must_be_a_number() -> None:
     annotated = source.replace("temperature)", "temperature: float)", 1)
     fixed = rewrite(annotated, path="a.py", select=["OPT406"]).source
     assert "scale=1.0 / temperature" in fixed
+
+
+def test_hardware_checks_are_no_feature_checks() -> None:
+    found = marked(
+        """
+        import torch
+        supports_bf16 = torch.cuda.is_bf16_supported()
+        if supports_bf16:
+            a = "bf16"
+        else:
+            b = "fp16 on an older GPU, new torch all the same"
+        """
+    )
+    assert found == {"bf16": False, "fp16 on an older GPU, new torch all the same": False}

@@ -50,7 +50,7 @@ EITHER: Outcomes = frozenset({True, False})
 # Identifiers that name what they test (matched on the last part of a name or callee).
 FEATURE_WORDS = re.compile(
     r"flash|fused|fuse_|sdpa|(^|_)sdp(_|$)|xformers|version|greater|less_than|newer|older"
-    r"|(^|_)(ge|gt|lt|le)_?\d|torch_?\d|(^|_)supports?_",
+    r"|(^|_)(ge|gt|lt|le)_?\d|torch_?\d",
     re.IGNORECASE,
 )
 # Upper-case module constants that state a feature: HAS_FUSED, _APEX_AVAILABLE.
