@@ -74,8 +74,7 @@ def test_escaping_uses(use: str, expected) -> None:
 
 
 def test_a_name_bound_again_is_no_escape() -> None:
-    source = textwrap.dedent(
-        """
+    source = textwrap.dedent("""
         import torch
         for x, y in loader:
             out = model(x)
@@ -86,8 +85,7 @@ def test_a_name_bound_again_is_no_escape() -> None:
             print(out.numpy())
         out = torch.ones(2)
         print(out.numpy(), loss.tolist())
-        """
-    )
+        """)
     facts = ScriptFacts.of(cst.parse_module(source))
     loop = facts.training_loops[0].node
     reads = facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:2]))

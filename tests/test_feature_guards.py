@@ -57,8 +57,7 @@ def marked(source: str):
     ],
 )
 def test_branches_of_a_check(test: str, body: bool, orelse: bool) -> None:
-    found = marked(
-        f"""
+    found = marked(f"""
         import sys, inspect
         import torch
         import torch.nn.functional as F
@@ -68,14 +67,12 @@ def test_branches_of_a_check(test: str, body: bool, orelse: bool) -> None:
         else:
             b = "orelse"
         c = "after"
-        """
-    )
+        """)
     assert found == {"body": body, "orelse": orelse, "after": False}
 
 
 def test_flags_derived_from_checks_and_try_imports() -> None:
-    found = marked(
-        """
+    found = marked("""
         import torch
         try:
             from flash_attn import flash_attn_func
@@ -95,8 +92,7 @@ def test_flags_derived_from_checks_and_try_imports() -> None:
             import numpy
         except KeyboardInterrupt:
             d = "other handler"
-        """
-    )
+        """)
     assert found == {
         "handler": True,
         "try flag body": False,
@@ -119,8 +115,7 @@ def test_conditional_expression_branch() -> None:
 
 
 def test_statements_after_an_exiting_feature_branch() -> None:
-    found = marked(
-        """
+    found = marked("""
         import torch
         def attend(q, k, v):
             if self.flash:
@@ -132,8 +127,7 @@ def test_statements_after_an_exiting_feature_branch() -> None:
             if self.flash:
                 y = "no exit"
             b = "after no exit"
-        """
-    )
+        """)
     assert found == {"after return": True, "no exit": False, "after no exit": False}
 
 
@@ -196,14 +190,12 @@ def test_sdpa_scale_must_be_a_number() -> None:
 
 
 def test_hardware_checks_are_no_feature_checks() -> None:
-    found = marked(
-        """
+    found = marked("""
         import torch
         supports_bf16 = torch.cuda.is_bf16_supported()
         if supports_bf16:
             a = "bf16"
         else:
             b = "fp16 on an older GPU, new torch all the same"
-        """
-    )
+        """)
     assert found == {"bf16": False, "fp16 on an older GPU, new torch all the same": False}
