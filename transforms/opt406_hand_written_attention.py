@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import libcst as cst
 
 from optimizer_codemod.analysis.attention import Attention, find_attentions
 from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.nodes import without_comment
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -204,12 +205,10 @@ class HandWrittenAttention(Rule):
         args.append(f"scale={match.scale}")
         call = cst.parse_expression(f"{module}.scaled_dot_product_attention({', '.join(args)})")
         statement = match.statement.deep_replace(match.product, call)
-        lines: List[cst.EmptyLine] = []
-        for folded in match.chain:
-            lines.extend(folded.leading_lines)
-            comment = folded.trailing_whitespace.comment
-            if comment is not None:
-                lines.append(cst.EmptyLine(comment=comment))
+        # A comment at the end of a replaced line describes the code it replaces (the score
+        # matrix's shapes): it goes with that code. Comments on lines of their own stay.
+        statement = statement.with_changes(trailing_whitespace=without_comment(statement))
+        lines = [line for folded in match.chain for line in folded.leading_lines]
         statement = statement.with_changes(leading_lines=[*lines, *match.statement.leading_lines])
         edits = [Replace(folded, cst.RemovalSentinel.REMOVE) for folded in match.chain]
         return (*edits, Replace(match.statement, statement))

@@ -50,3 +50,9 @@ def under_with(statements: Sequence[cst.BaseStatement], context: str) -> cst.Wit
         body=cst.IndentedBlock(body=[first.with_changes(leading_lines=()), *statements[1:]]),
         leading_lines=first.leading_lines,
     )
+
+
+def without_comment(line: cst.SimpleStatementLine) -> cst.TrailingWhitespace:
+    """`line`'s end without its trailing comment: for a line whose code a rule replaces, the
+    comment described the old code and would mislead beside the new."""
+    return line.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
