@@ -12,8 +12,8 @@ Each case is an original script (the reference) and a candidate text made from i
   differs), or a correct edit written by hand; `verify` must call it equivalent.
 
 Each case is judged at the safety level its edit claims, the level of the fix it pretends to
-be: edits that claim to change nothing at all (moving `zero_grad`, removing a clone or a
-`zero_grad`, adding a `.detach()`, a `_foreach` update) at `safe`; edits of the rewrite, and
+be: edits that claim to change nothing at all (moving or dropping a `zero_grad` or a
+`p.grad = None`, removing a clone, adding a `.detach()`, a `_foreach` update) at `safe`; edits of the rewrite, and
 other edits made while optimizing, at `numerics`, the level of the engine's rewrites (a mutant
 caught at `numerics` hides in bfloat16-sized rounding and is the harder to catch); the engine's
 rewrites at the most permissive level among their fixes.
@@ -21,8 +21,9 @@ rewrites at the most permissive level among their fixes.
 Every case runs `verify_pair(original, candidate, level=...)` once (repeats=1) under the probe
 on the CPU (CUDA hidden). The benchmark prints a table, the detection rate (mutants caught /
 mutants) and the false-alarm rate (correct cases failed / correct cases), and writes
-`verify-mutants-cpu.json` and `.md` (`verify-mutants-cpu-quick.*` with `--quick`) in the output
-folder, default benchmarks/results/, with the machine, torch version and date. The results
+`verify-mutants-cpu.json` and `.md` in the output folder, default benchmarks/results/, with
+the machine, torch version and date (`verify-mutants-cpu-quick.*` with `--quick`,
+`...-partial.*` with `--only`: only a full run writes the file of record). The results
 files are rewritten after each case, so a run cut short keeps what it measured.
 
 Substitutions must each apply exactly once (tests/test_verify_mutants.py checks them against
@@ -329,7 +330,7 @@ CORRECT_CASES: List[Case] = [
         "gan-engine-cuda",
         CORRECT,
         GAN,
-        "the engine's CUDA rewrite of the GAN (bf16 autocast and fused Adam) over 160 steps",
+        "the engine's CUDA rewrite of the GAN (fused Adam, float32 matmul precision 'high')",
         ENGINE_CUDA,
         level=None,
         steps=160,
@@ -593,7 +594,7 @@ def _pct(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-COLUMNS = ("case", "kind", "steps", "verdict", "margin", "decided by", "seconds")
+COLUMNS = ("case", "kind", "level", "steps", "verdict", "margin", "decided by", "seconds")
 
 
 def table_rows(records: List[Dict[str, Any]]) -> List[Tuple[str, ...]]:
@@ -601,6 +602,7 @@ def table_rows(records: List[Dict[str, Any]]) -> List[Tuple[str, ...]]:
         (
             r["name"],
             r["kind"],
+            r.get("level") or "n/a",
             str(r["steps"]),
             r["verdict"],
             _fmt_margin(r.get("margin")),
@@ -651,10 +653,22 @@ def render_markdown(data: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: an infinite margin (nothing measured apart) is written "inf"."""
+    if isinstance(value, float) and value == float("inf"):
+        return "inf"
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_results(data: Dict[str, Any], stem: Path) -> None:
     stem.parent.mkdir(parents=True, exist_ok=True)
     temporary = stem.with_name(stem.name + ".json.tmp")
-    temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps(_finite(data), indent=1, allow_nan=False)
+    temporary.write_text(text + "\n", encoding="utf-8")
     os.replace(temporary, stem.with_name(stem.name + ".json"))
     stem.with_name(stem.name + ".md").write_text(render_markdown(data), encoding="utf-8")
 
@@ -687,7 +701,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.only:
         command += " --only " + " ".join(args.only)
     settings = {"quick": args.quick, "repeats": 1, "command": command}
-    stem = Path(args.output) / (NAME + ("-quick" if args.quick else ""))
+    # Only a full run writes the file of record; a smoke or partial run has its own.
+    suffix = ("-quick" if args.quick else "") + ("-partial" if args.only else "")
+    stem = Path(args.output) / (NAME + suffix)
     records: List[Dict[str, Any]] = []
     for case in chosen:
         steps = case.quick_steps() if args.quick else case.steps
