@@ -39,6 +39,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -514,16 +515,26 @@ def run_case(case: Case, steps: int, timeout: float) -> Dict[str, Any]:
         record.update(level=None, exit_code=2, error=str(problem), verdict="error")
         record["seconds"] = time.monotonic() - started
         return record
-    report = verify_pair(
-        str(case.path),
-        text.encode("utf-8"),
-        level=level,
-        fixed=fixed,
-        args=case.args(steps),
-        steps=steps,
-        repeats=1,
-        timeout=timeout,
-    )
+    try:
+        report = verify_pair(
+            str(case.path),
+            text.encode("utf-8"),
+            level=level,
+            fixed=fixed,
+            args=case.args(steps),
+            steps=steps,
+            repeats=1,
+            timeout=timeout,
+        )
+    except Exception as problem:  # noqa: BLE001 - one case's failure must not end the run
+        record.update(
+            level=level.label,
+            exit_code=2,
+            error="".join(traceback.format_exception_only(type(problem), problem)).strip(),
+            verdict="error",
+            seconds=time.monotonic() - started,
+        )
+        return record
     exit_code = report.exit_code
     record.update(
         level=level.label,
