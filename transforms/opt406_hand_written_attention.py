@@ -59,7 +59,9 @@ class HandWrittenAttention(Rule):
     Fix safety:
         `numerics`: the fused kernels sum in another order (CPU float32, forward and
         backward, agree with the written-out form within 1e-5 relative on our fixtures);
-        with dropout active the random mask is drawn differently. A row whose keys are all
+        with dropout on the attention weights the fix is `behavior` (applied with
+        `--unsafe-fixes`): SDPA draws its random mask differently, so a seeded run drops
+        other weights, as channels_last does for OPT407. A row whose keys are all
         masked gives NaN written out and may give zeros fused. `is_causal=True` assumes the
         slice bound `T` is the query and key length, as in self-attention (the buffer is
         sliced by it). Never rewritten when a name of the chain (the attention weights) is
@@ -170,7 +172,18 @@ class HandWrittenAttention(Rule):
             if binding is None:
                 continue
             module, imports = binding
-            self.report(match.statement, Fix(self._edits(match, module), imports))
+            fix = Fix(self._edits(match, module), imports)
+            if match.dropout_p is None:
+                self.report(match.statement, fix)
+                continue
+            self.report(
+                match.statement,
+                fix,
+                message="Attention written out by hand, with dropout on its weights: "
+                "`F.scaled_dot_product_attention` draws its dropout mask differently, so a "
+                "seeded run drops other weights",
+                safety=Safety.BEHAVIOR,
+            )
 
     def _reduced_precision(self) -> bool:
         """The attention will run under autocast or 16-bit types: the file already does, or
