@@ -188,7 +188,9 @@ class Rule(cst.BatchableCSTVisitor):
         `safety` may only lower the rule's level (a higher value), never raise it: an edit
         whose soundness the analysis cannot prove says so.
         """
-        if self._in_feature_fallback(node, fix):
+        # Only edits are held back: a report changes nothing, and a rule that reports without
+        # asking for facts must not pay for the whole file's (test_engine checks it).
+        if fix is not None and self._in_feature_fallback(node, fix):
             return
         level = self.safety if safety is None else max(safety, self.safety)
         if fix is None:
