@@ -48,7 +48,7 @@ import threading
 import time
 import traceback
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 UNSCALED_ATTRIBUTE = "_optcodemod_unscaled"
 # With --count-flops, the operations between the end of step 1 and the end of step 2 are counted:
@@ -61,9 +61,24 @@ class StopProbe(BaseException):
 
 
 class Recorder:
-    """What the hooks record while the script runs."""
+    """What the hooks record while the script runs.
 
-    def __init__(self, torch: Any, steps: int, warmup: int, count_flops: bool = False) -> None:
+    A step is one training iteration, whatever number of optimizers steps in it (or none, for
+    hand-written updates): iterations are told apart by the line that calls backward. The first
+    such line seen a second time is the anchor; each call from it starts an iteration, and the
+    backward calls between two of them (a GAN's discriminator and generator losses) belong to
+    one iteration. Every backward call on a one-element tensor records a loss.
+    """
+
+    def __init__(
+        self,
+        torch: Any,
+        steps: int,
+        warmup: int,
+        count_flops: bool = False,
+        check: Optional[Any] = None,
+        perturbation: Optional[Any] = None,
+    ) -> None:
         self.torch = torch
         # The counter slows the step it watches: only a warm-up step may be counted.
         self.count_flops = count_flops and warmup >= FLOP_COUNTED_STEP
@@ -71,15 +86,24 @@ class Recorder:
         self._flop_counter: Optional[Any] = None
         self.max_steps = steps
         self.warmup = warmup
+        self.check = check
+        self.check_error: Optional[str] = None
+        self.perturbation = perturbation
         self.losses: List[Any] = []  # detached device tensors; converted once, at the end
         self.backward_calls = 0
-        self.steps = 0
-        self.other_optimizer_steps = 0
+        self.iterations = 0  # iterations started (known once the anchor line is known)
+        self.optimizer_steps = 0
         self.device: Optional[str] = None
         self.started = time.perf_counter()
-        self.stamps: List[float] = []  # perf_counter after each counted step
-        self._primary: Optional[Any] = None
+        self.stamps: List[float] = []  # perf_counter at the start of each iteration
+        self._anchor: Optional[Tuple[str, int]] = None
+        self._first_seen: Dict[Tuple[str, int], float] = {}
         self._local = threading.local()
+
+    @property
+    def steps(self) -> int:
+        """Completed iterations: all started ones once the script has ended on its own."""
+        return self.iterations
 
     @contextlib.contextmanager
     def backward_call(self, tensors: Any):
@@ -89,11 +113,53 @@ class Recorder:
             return
         self._local.inside = True
         try:
+            self._begin_iteration_if_anchor(_caller_site())
             self.backward_calls += 1
             self._record_loss(tensors)
             yield
+            if self.perturbation is not None:
+                self.perturbation.after_backward()
         finally:
             self._local.inside = False
+
+    def _begin_iteration_if_anchor(self, site: Tuple[str, int]) -> None:
+        now = time.perf_counter()
+        if self._anchor is None:
+            if site not in self._first_seen:
+                self._first_seen[site] = now
+                return
+            # The first line seen twice: its first call started iteration 1, this one starts 2.
+            self._anchor = site
+            self.iterations = 1
+            self.stamps.append(self._first_seen[site])
+        elif site != self._anchor:
+            return
+        self.iterations += 1
+        started = self.iterations
+        if started - 1 >= self.max_steps:
+            self.iterations = self.max_steps
+            self.synchronize()
+            self.stamps.append(time.perf_counter())
+            if self.check is not None:
+                self._safely(self.check.iteration_started, started)
+            self._count_flops_around(started)
+            raise StopProbe(self.max_steps)
+        if started == self.warmup + 1:
+            self.synchronize()
+            now = time.perf_counter()
+        self.stamps.append(now)
+        if self.check is not None:
+            self._safely(self.check.iteration_started, started)
+        self._count_flops_around(started)
+
+    def _safely(self, event: Any, *args: Any) -> None:
+        """A failing check is reported in the result; it never breaks the script."""
+        try:
+            event(*args)
+        except Exception:
+            if self.check_error is None:
+                self.check_error = traceback.format_exc()
+            self.check = None
 
     def _record_loss(self, tensors: Any) -> None:
         torch = self.torch
@@ -107,34 +173,29 @@ class Recorder:
             loss = getattr(tensors, UNSCALED_ATTRIBUTE, tensors)
             # A copy: the script may update the loss tensor in place after backward.
             self.losses.append(loss.detach().clone())
+            if self.check is not None:
+                self._safely(self.check.loss, loss)
             if self.device is None:
                 self.device = loss.device.type
         except Exception:  # recording must never break the script
             pass
 
-    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        primary = self._primary() if self._primary is not None else None
-        if primary is None:
-            try:
-                self._primary = weakref.ref(optimizer)
-            except TypeError:
-                self._primary = lambda: optimizer
-            primary = optimizer
-        if optimizer is not primary:
-            self.other_optimizer_steps += 1
-            return
-        self.steps += 1
-        self._count_flops_around(self.steps)
-        if self.steps in (self.warmup, self.max_steps):
-            self.synchronize()
-        self.stamps.append(time.perf_counter())
-        if self.steps >= self.max_steps:
-            raise StopProbe(self.steps)
+    def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.check is not None:
+            self._safely(self.check.optimizer_pre_step, optimizer)
 
-    def _count_flops_around(self, steps_done: int) -> None:
+    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_steps += 1
+        if self.check is not None:
+            self._safely(self.check.optimizer_post_step, optimizer)
+        if self.perturbation is not None:
+            self.perturbation.after_optimizer_step(optimizer)
+
+    def _count_flops_around(self, started: int) -> None:
+        """Count from the start of iteration 2 to the start of iteration 3: one whole iteration."""
         if not self.count_flops:
             return
-        if steps_done == FLOP_COUNTED_STEP - 1 and self._flop_counter is None:
+        if started == FLOP_COUNTED_STEP and self._flop_counter is None:
             try:
                 from torch.utils.flop_counter import FlopCounterMode
 
@@ -143,7 +204,7 @@ class Recorder:
             except Exception:  # counting is an extra: never break the script for it
                 self._flop_counter = None
                 self.count_flops = False
-        elif steps_done == FLOP_COUNTED_STEP:
+        elif started == FLOP_COUNTED_STEP + 1:
             self.stop_counting_flops(keep=True)
 
     def stop_counting_flops(self, keep: bool = False) -> None:
@@ -166,26 +227,28 @@ class Recorder:
             if callable(synchronize):
                 synchronize()
 
-    def result(self) -> Dict[str, Any]:
+    def result(self, ended_on_its_own: bool = False) -> Dict[str, Any]:
         self.stop_counting_flops()  # the script ended inside the counted step
         self.synchronize()
-        losses = [_to_float(loss) for loss in self.losses]
-        start = self.started if self.warmup == 0 else None
-        edges = ([start] if start is not None else []) + self.stamps
-        offset = 0 if start is not None else self.warmup - 1
-        window = edges[max(offset, 0) :] if self.steps > self.warmup else []
+        if self._anchor is None and self._first_seen:
+            self.iterations = 1  # one backward line, called once: one iteration
+            self.stamps = [min(self._first_seen.values())]
+        edges = list(self.stamps)
+        if ended_on_its_own and len(edges) == self.iterations:
+            edges.append(time.perf_counter())  # the last iteration ran until the script ended
+        window = edges[self.warmup : self.iterations + 1] if self.steps > self.warmup else []
         step_times = [b - a for a, b in zip(window, window[1:])]
         device = self.device or ("cuda" if _cuda_used(self.torch) else "cpu")
         peak, kind = _peak_memory(self.torch, device)
         return {
-            "losses": losses,
+            "losses": [_to_float(loss) for loss in self.losses],
             "step_times": step_times,
             "steps": self.steps,
             "warmup": self.warmup,
             "measured_seconds": (window[-1] - window[0]) if len(window) > 1 else None,
             "step_time": _step_time(device, step_times),
             "backward_calls": self.backward_calls,
-            "other_optimizer_steps": self.other_optimizer_steps,
+            "optimizer_steps": self.optimizer_steps,
             "device": device,
             "device_name": _device_name(self.torch, device),
             "torch": self.torch.__version__,
@@ -193,7 +256,20 @@ class Recorder:
             "peak_memory": peak,
             "peak_memory_kind": kind,
             "flops_per_step": self.flops_per_step,
+            "check": self.check.result() if self.check is not None else None,
+            "check_error": self.check_error,
         }
+
+
+def _caller_site() -> Tuple[str, int]:
+    """The line that called backward: the first frame outside this module and contextlib."""
+    frame = sys._getframe(1)
+    skipped = (os.path.abspath(__file__), os.path.abspath(contextlib.__file__))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in skipped:
+        frame = frame.f_back
+    if frame is None:  # pragma: no cover - called from nowhere
+        return ("?", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
 
 
 def _step_time(device: str, step_times: Sequence[float]) -> Optional[float]:
@@ -263,8 +339,12 @@ def install_hooks(torch: Any, recorder: Recorder) -> None:
     torch.Tensor.backward = tensor_backward_hook
     for scaler in _grad_scaler_classes(torch):
         _remember_unscaled(torch, scaler)
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
+    register_optimizer_step_pre_hook(recorder.before_step)
     register_optimizer_step_post_hook(recorder.on_step)
 
 
@@ -339,6 +419,31 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         action="store_true",
         help="count the floating-point operations of step 2 (a warm-up step: needs --warmup 2+)",
     )
+    parser.add_argument(
+        "--check-at",
+        type=lambda text: [int(k) for k in text.split(",") if k],
+        default=[],
+        help="iterations (2 or later) for the local-error check, comma-separated",
+    )
+    parser.add_argument("--check-dir", help="folder shared by the original's and candidate's runs")
+    parser.add_argument(
+        "--check-role",
+        choices=("record", "compare"),
+        help="record: the original writes its states; compare: the candidate steps from them",
+    )
+    parser.add_argument(
+        "--reference-autocast",
+        action="store_true",
+        help="run the whole script under bfloat16 autocast (the local check's rounding reference)",
+    )
+    parser.add_argument("--perturb", help="JSON of per-parameter noise norms (o<i>.p<j>: norm)")
+    parser.add_argument(
+        "--perturb-relative",
+        type=float,
+        default=0.0,
+        help="without --perturb: relative noise on every parameter after each backward",
+    )
+    parser.add_argument("--perturb-seed", type=int, default=1)
     parser.add_argument("--out", required=True, help="where to write the JSON result")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -357,10 +462,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     script = os.path.abspath(ns.script)
     import torch
 
-    recorder = Recorder(torch, ns.steps, ns.warmup, count_flops=ns.count_flops)
+    from optimizer_codemod.verify.checks import LocalCheck, load_perturbation
+
+    rank = os.environ.get("RANK", "0")  # set by torchrun: every process writes its own result
+    check = None
+    if ns.check_role and ns.check_dir:
+        check = LocalCheck(torch, ns.check_role, ns.check_dir, ns.check_at, rank, ns.steps)
+    recorder = Recorder(
+        torch,
+        ns.steps,
+        ns.warmup,
+        count_flops=ns.count_flops,
+        check=check,
+        perturbation=load_perturbation(torch, ns.perturb, ns.perturb_relative, ns.perturb_seed),
+    )
     install_hooks(torch, recorder)
     if ns.seed is not None:
         seed_everything(ns.seed, torch)
+    if ns.reference_autocast:
+        # The original's own sensitivity to bfloat16 rounding: matrix products and
+        # convolutions in bfloat16 everywhere, as the autocast a numerics rewrite adds.
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        # No cast cache: it would keep bfloat16 copies of weights the optimizer changes in place.
+        torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False).__enter__()
     sys.argv = [ns.script, *ns.args]
     sys.path[0] = os.path.dirname(script)
     status, code, error = "finished", 0, None
@@ -379,7 +503,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         status, code = "error", 1
         error = _script_traceback(exc, script)
         del exc
-    result = recorder.result()
+    result = recorder.result(ended_on_its_own=status == "finished")
     result.update(
         status=status,
         error=error,
@@ -391,7 +515,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         script=ns.script,
         args=list(ns.args),
     )
-    rank = os.environ.get("RANK", "0")  # set by torchrun: every process writes its own result
     result["rank"] = int(rank) if rank.isdigit() else rank
     _write_json(ns.out if rank == "0" else f"{ns.out}.rank{rank}", result)
     if error:

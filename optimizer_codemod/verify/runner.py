@@ -98,7 +98,7 @@ class ProbeRun:
             ranks = ", ".join(f"rank {r['rank']}: {r.get('status')}" for r in failed)
             return f"{name} failed on other ranks ({ranks}; exit code {self.returncode})"
         if not self.result.get("steps"):
-            return f"{name} ran no optimizer step: is it a training script?"
+            return f"{name} ran no training step (no backward() call): is it a training script?"
         return None
 
 
@@ -116,6 +116,16 @@ class ProbeOptions:
     nproc_per_node: int = 1
     # Count one warm-up step's floating-point operations (the probe's --count-flops).
     count_flops: bool = False
+    # The local-error check (see checks.py): iterations, shared folder, "record" or "compare".
+    check_at: Sequence[int] = ()
+    check_dir: Optional[str] = None
+    check_role: Optional[str] = None
+    # The original under bfloat16 autocast: how much rounding alone moves one step.
+    reference_autocast: bool = False
+    # A perturbed reference run: per-parameter noise norms (a JSON file), or relative noise.
+    perturb: Optional[str] = None
+    perturb_relative: float = 0.0
+    perturb_seed: int = 1
 
 
 def probe_command(script: str, args: Sequence[str], options: ProbeOptions, out: str) -> List[str]:
@@ -129,6 +139,17 @@ def probe_command(script: str, args: Sequence[str], options: ProbeOptions, out: 
         command += ["--seed", str(options.seed)]
     if options.count_flops:
         command.append("--count-flops")
+    if options.check_role and options.check_dir:
+        command += ["--check-role", options.check_role, "--check-dir", options.check_dir]
+        command += ["--check-at", ",".join(str(k) for k in options.check_at)]
+    if options.reference_autocast:
+        command.append("--reference-autocast")
+    if options.perturb:
+        command += ["--perturb", options.perturb]
+    if options.perturb_relative:
+        command += ["--perturb-relative", repr(options.perturb_relative)]
+    if options.perturb or options.perturb_relative:
+        command += ["--perturb-seed", str(options.perturb_seed)]
     return command + ["--", script, *args]
 
 
