@@ -29,6 +29,7 @@ from optimizer_codemod.registry import all_rules, rule_by_code
 from optimizer_codemod.report import FORMATS, ReportContext, statistics
 from optimizer_codemod.measured_gains import load_results
 from optimizer_codemod.rule_docs import render_rule_page, stale_pages, write_docs
+from optimizer_codemod.rule import Safety
 from optimizer_codemod.runner import Mode, process_bytes, run
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -331,10 +332,22 @@ def generate_docs(output: str, check: bool, results: Optional[str]) -> None:
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all results.")
 @click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
+@click.option(
+    "--against",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Compare SCRIPT with this version of it (written by a person) instead of its rewrite.",
+)
+@click.option(
+    "--level",
+    type=click.Choice(["safe", "numerics", "behavior"]),
+    help="With --against: the tolerance to judge at [default: numerics].",
+)
 def verify(script, script_args, select, ignore, extend_select, config, **options) -> None:
-    """Run SCRIPT and its rewrite for a few steps; compare losses, step time and memory.
+    """Run SCRIPT and its rewrite for a few steps; judge losses, step time and memory.
 
-    Arguments after `--` go to the script. Exit 0: the losses agree; 1: they disagree; 2: error.
+    The rewrite covers the local modules SCRIPT imports. With --against CANDIDATE, nothing is
+    rewritten: SCRIPT and CANDIDATE are compared as they are. Arguments after `--` go to the
+    script. Exit 0: equivalent; 1: not equivalent; 2: error.
     """
     from optimizer_codemod.verify.equivalence import verify_command
     from optimizer_codemod.verify.runner import end_runs_on_sigterm
@@ -352,6 +365,10 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
         precision=options.pop("precision"),
         target_device=options.pop("target_device"),
     )
+    level = options.pop("level")
+    if level and not options.get("against"):
+        _fail("--level applies only with --against (a rewrite is judged at its fixes' level)")
+    options["level"] = Safety[level.upper()] if level else None
     sys.exit(verify_command(script, script_args, settings, echo=click.echo, **options))
 
 

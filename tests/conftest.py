@@ -11,6 +11,12 @@ from click.testing import CliRunner, Result
 
 from optimizer_codemod.cli import main
 
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # Parallel workers each start torch processes: one thread apiece, or OpenMP threads of
+    # several processes contend for the same cores and every training step slows many times.
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+
 TRAINING_SCRIPT = b"""import torch
 
 model = torch.nn.Linear(4, 2)

@@ -1,123 +1,74 @@
-"""Is the rewritten script equivalent? Run both under the probe and compare what they record.
+"""Is the rewritten script equivalent? Run both under the probe and judge what they record.
 
-`verify_script` rewrites a script with the engine and calls `verify_pair`, which writes the
-rewritten text next to the original (same folder, so relative imports and data paths work),
-runs original and rewritten alternately (ABBA order, so a machine that slows down or warms up
-during the runs does not favour either), compares their loss curves with the tolerance of the
-most permissive safety level among the applied fixes, and removes the temporary file.
+`verify_pair` runs an original and a candidate (the engine's rewrite, or any version a person
+wrote: `verify A --against B`):
 
-The tolerances and the measurements behind them are in docs/verify.md.
+1. the original once with its training state recorded at a few iterations, and the candidate
+   once stepping from each recorded state: the local error (judgment.py);
+2. both alternately, `repeats` times each (ABBA order, so a machine that slows down or warms up
+   during the runs favours neither): their free loss curves and step times;
+3. when the loss curves differ by more than a fifth of the level's floor, perturbed runs of the
+   original: the chaos envelope the trajectory is judged against.
+
+A candidate given as text is written next to the original (same folder, so relative imports
+and data paths work) and removed after. The tolerances and the measurements behind them are in
+docs/verify.md.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from optimizer_codemod.rule import Safety
+from optimizer_codemod.verify.judgment import (
+    ENVELOPE_FACTOR,
+    FALLBACK_RELATIVE_NOISE,
+    MARGIN_GOAL,
+    PERTURBED_RUNS,
+    TOLERANCES,
+    Comparison,
+    LocalJudgment,
+    Tolerance,
+    TrajectoryJudgment,
+    compare_losses,
+    judge_local,
+    judge_trajectory,
+    rounding_of,
+    relative_difference,
+    tolerance_for,
+)
 from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, declared_processes, run_probe
+
+__all__ = [
+    "TOLERANCES",
+    "Comparison",
+    "Tolerance",
+    "VerifyReport",
+    "compare_losses",
+    "relative_difference",
+    "tolerance_for",
+    "verify_pair",
+    "verify_script",
+]
 
 EXIT_EQUIVALENT, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 DEFAULT_STEPS, DEFAULT_REPEATS, DEFAULT_WARMUP = 20, 3, 3
-# The tolerance grows to this multiple of the original's own run-to-run difference, when that is
-# larger (a script whose kernels are not deterministic cannot be held to a tighter standard).
-NOISE_FACTOR = 4.0
+# A speed ratio within this factor of the runs' own spread is "within noise".
+SPREAD_QUANTILES = (0.25, 0.75)
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """How close two loss curves must be for fixes of one safety level.
-
-    Losses `a` (original) and `b` (rewritten) agree when `|a - b| <= rtol * max(|a|, floor)`,
-    with `floor = atol / rtol` so that losses near zero are compared absolutely. With
-    `window > 1` the curves are first averaged over consecutive blocks of that many losses: a
-    curve-level comparison, for fixes that may change random streams (data order, augmentation)
-    and so move each step's loss but not the training.
-    """
-
-    level: Safety
-    rtol: float
-    atol: float
-    window: int = 1
-
-    @property
-    def floor(self) -> float:
-        return self.atol / self.rtol
-
-    def describe(self) -> str:
-        text = f"{self.rtol:.1e}"
-        if self.window > 1:
-            text += f" on means of {self.window} losses"
-        return text
-
-
-TOLERANCES: Dict[Safety, Tolerance] = {
-    Safety.SAFE: Tolerance(Safety.SAFE, rtol=1e-5, atol=1e-6),
-    Safety.NUMERICS: Tolerance(Safety.NUMERICS, rtol=2e-2, atol=1e-3),
-    Safety.BEHAVIOR: Tolerance(Safety.BEHAVIOR, rtol=1e-1, atol=1e-2, window=5),
-}
-
-
-def tolerance_for(level: Safety) -> Tolerance:
-    return TOLERANCES[min(level, Safety.BEHAVIOR)]
-
-
-@dataclass
-class Comparison:
-    """Two loss curves side by side (block means when compared in windows), and how far apart."""
-
-    before: List[float]
-    after: List[float]
-    differences: List[float]  # relative difference at each position
-    length_before: int
-    length_after: int
-
-    @property
-    def lengths_match(self) -> bool:
-        return self.length_before == self.length_after
-
-    @property
-    def max_relative(self) -> float:
-        return max(self.differences, default=0.0)
-
-    @property
-    def worst(self) -> Optional[int]:
-        if not self.differences:
-            return None
-        return self.differences.index(self.max_relative)
-
-    def first_beyond(self, rtol: float) -> Optional[int]:
-        """The first position (0-based) whose difference exceeds `rtol`."""
-        return next((i for i, d in enumerate(self.differences) if d > rtol), None)
-
-
-def _blocks(values: Sequence[float], window: int) -> List[float]:
-    if window <= 1:
-        return list(values)
-    return [
-        sum(values[i : i + window]) / len(values[i : i + window])
-        for i in range(0, len(values), window)
-    ]
-
-
-def relative_difference(a: float, b: float, floor: float) -> float:
-    if math.isnan(a) and math.isnan(b):
-        return 0.0
-    if math.isnan(a) or math.isnan(b):
-        return math.inf
-    if a == b:  # equal infinities too
-        return 0.0
-    return abs(a - b) / max(abs(a), floor)
-
-
-def compare_losses(before: Sequence[float], after: Sequence[float], tol: Tolerance) -> Comparison:
-    a, b = _blocks(before, tol.window), _blocks(after, tol.window)
-    differences = [relative_difference(x, y, tol.floor) for x, y in zip(a, b)]
-    return Comparison(a, b, differences, len(before), len(after))
+def check_iterations(steps: int) -> List[int]:
+    """Where the local check steps the candidate from the original's state."""
+    if steps < 2:
+        return []
+    return sorted({2, max(2, (steps + 1) // 2), steps})
 
 
 @dataclass
@@ -137,6 +88,14 @@ class VerifyReport:
     steps: int = DEFAULT_STEPS
     warmup: int = DEFAULT_WARMUP
     processes: int = 1  # per run: more than 1 under torchrun
+    candidate: Optional[str] = None  # `--against`: the candidate's path
+    local: Optional[LocalJudgment] = None
+    trajectory: Optional[TrajectoryJudgment] = None
+    recorded: Optional[ProbeRun] = None  # the original's run that recorded its states
+    stepped: Optional[ProbeRun] = None  # the candidate's run that stepped from them
+    rounding: Optional[ProbeRun] = None  # the original under bfloat16 autocast, stepped the same
+    perturbed: List[ProbeRun] = field(default_factory=list)
+    modules: Dict[str, List[str]] = field(default_factory=dict)  # project: fixes per module
 
     @property
     def flops_per_step(self) -> Optional[int]:
@@ -147,19 +106,42 @@ class VerifyReport:
     def effective_rtol(self) -> Optional[float]:
         if self.tolerance is None:
             return None
-        return max(self.tolerance.rtol, NOISE_FACTOR * (self.noise or 0.0))
+        if self.trajectory is not None and self.comparison is not None:
+            worst = self.comparison.worst
+            return self.trajectory.threshold(worst if worst is not None else 0)
+        return self.tolerance.rtol
 
     @property
     def equivalent(self) -> bool:
         if self.unchanged:
             return True
-        if self.error or self.comparison is None:
+        if self.error or self.trajectory is None:
             return False
-        return (
-            self.comparison.lengths_match
-            and self.comparison.length_before > 0
-            and self.comparison.max_relative <= self.effective_rtol
-        )
+        return self.trajectory.passed and (self.local is None or self.local.passed)
+
+    @property
+    def margin(self) -> Optional[float]:
+        """How far below its threshold the closest figure is (above 1: passes)."""
+        if self.trajectory is None:
+            return None
+        margins = [self.trajectory.margin]
+        if self.local is not None and self.local.margin is not None:
+            margins.append(self.local.margin)
+        return min(margins)
+
+    @property
+    def decided_by(self) -> Optional[str]:
+        """Which check decided the verdict (the failing one, or the one with least margin)."""
+        if self.trajectory is None:
+            return None
+        if self.local is not None and not self.local.passed:
+            return "local"
+        if not self.trajectory.passed:
+            return "trajectory"
+        local = self.local.margin if self.local is not None else None
+        if local is not None and local < self.trajectory.margin:
+            return "local"
+        return "trajectory"
 
     @property
     def exit_code(self) -> int:
@@ -171,14 +153,28 @@ class VerifyReport:
         times = [run.step_time for run in runs if run.step_time is not None]
         return statistics.median(times) if times else None
 
+    def spread(self, runs: List[ProbeRun]) -> Optional[float]:
+        """Upper over lower quartile of every measured step of `runs` (1.0: no spread)."""
+        times = sorted(t for run in runs for t in (run.result or {}).get("step_times") or [])
+        if len(times) < 4:
+            return None
+        low, high = (times[int(q * (len(times) - 1))] for q in SPREAD_QUANTILES)
+        return high / low if low > 0 else None
+
     @property
     def speed_within_noise(self) -> bool:
-        """Whether the two versions' step times, run by run, overlap (so do not tell them apart)."""
+        """Whether run-to-run or step-to-step spread could explain the speed ratio."""
         before = [r.step_time for r in self.before if r.step_time is not None]
         after = [r.step_time for r in self.after if r.step_time is not None]
-        if len(before) < 2 or len(after) < 2:
+        if len(before) >= 2 and len(after) >= 2:
+            if max(before) >= min(after) and max(after) >= min(before):
+                return True
+        speedup = self.speedup
+        if not speedup:
             return False
-        return max(before) >= min(after) and max(after) >= min(before)
+        ratio = max(speedup, 1 / speedup)
+        spreads = [s for s in (self.spread(self.before), self.spread(self.after)) if s]
+        return bool(spreads) and ratio <= max(spreads)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -198,9 +194,12 @@ class VerifyReport:
             ]
 
         comparison = self.comparison
+        local, trajectory = self.local, self.trajectory
         return {
             "script": self.script,
+            "candidate": self.candidate,
             "fixed": self.fixed,
+            "modules": self.modules,
             "level": self.level.label if self.level is not None else None,
             "tolerance": (
                 {
@@ -208,11 +207,37 @@ class VerifyReport:
                     "atol": self.tolerance.atol,
                     "window": self.tolerance.window,
                     "effective_rtol": self.effective_rtol,
+                    "local_loss": _finite(self.tolerance.local_loss),
+                    "local_gradient": _finite(self.tolerance.local_gradient),
+                    "local_update": _finite(self.tolerance.local_update),
                 }
                 if self.tolerance
                 else None
             ),
             "max_relative_difference": comparison.max_relative if comparison else None,
+            "local": (
+                {
+                    "judged": local.judged,
+                    "passed": local.passed,
+                    "margin": _finite(local.margin),
+                    "unavailable": local.unavailable,
+                    "steps": [vars(step) for step in local.steps],
+                }
+                if local
+                else None
+            ),
+            "trajectory": (
+                {
+                    "passed": trajectory.passed,
+                    "margin": _finite(trajectory.margin),
+                    "envelope": trajectory.envelope,
+                    "perturbed_runs": trajectory.perturbed_runs,
+                }
+                if trajectory
+                else None
+            ),
+            "margin": _finite(self.margin),
+            "decided_by": self.decided_by,
             "noise": self.noise,
             "equivalent": self.equivalent,
             "exit_code": self.exit_code,
@@ -221,15 +246,21 @@ class VerifyReport:
             "step_time_before": self.step_time(self.before),
             "step_time_after": self.step_time(self.after),
             "speedup": self.speedup,
+            "speed_within_noise": self.speed_within_noise,
             "processes": self.processes,
             "before": runs(self.before),
             "after": runs(self.after),
+            "perturbed": runs(self.perturbed),
         }
+
+
+def _finite(value: Optional[float]) -> Optional[float]:
+    return value if value is None or math.isfinite(value) else None
 
 
 def verify_pair(
     original: Union[str, os.PathLike],
-    rewritten: Union[str, bytes],
+    candidate: Union[str, bytes, os.PathLike],
     *,
     level: Safety = Safety.NUMERICS,
     fixed: Sequence[str] = (),
@@ -243,28 +274,31 @@ def verify_pair(
     nproc_per_node: Optional[int] = None,
     on_run: Optional[Callable[[ProbeRun], None]] = None,
     count_flops: bool = False,
+    local_check: bool = True,
+    candidate_path: Optional[str] = None,
 ) -> VerifyReport:
-    """Run `original` and the `rewritten` text of it alternately; compare at `level`'s tolerance.
+    """Run `original` and `candidate` and judge them at `level`.
 
-    The rewritten text is written to a temporary file in the original's folder, removed after.
-    `nproc_per_node` None: as the original declares (`# bench: torchrun --nproc-per-node N`),
-    else one process. `count_flops`: the original's runs count one warm-up step's floating-point
-    operations (the rewrite computes the same model; it may compile, which the counter must
-    not watch).
+    `candidate`: the candidate's text (str or bytes), written to a temporary file next to the
+    original and removed after; or, with `candidate_path`, a script that already exists (then
+    `candidate` is ignored). `nproc_per_node` None: as the original declares (`# bench:
+    torchrun --nproc-per-node N`), else one process. `count_flops`: the original's runs count
+    one warm-up step's floating-point operations. `local_check` False: trajectory only (the
+    ablation rows of bench, which measure speed).
     """
     original = os.fspath(original)
     if nproc_per_node is None:
         nproc_per_node = declared_processes(original) or 1
     warmup = min(DEFAULT_WARMUP if warmup is None else warmup, steps - 1)
-    tolerance = tolerance_for(level)
     report = VerifyReport(
         original,
         level,
-        tolerance,
+        tolerance_for(level),
         list(fixed),
         steps=steps,
         warmup=max(warmup, 0),
         processes=nproc_per_node,
+        candidate=candidate_path,
     )
     options = ProbeOptions(
         steps=steps,
@@ -274,56 +308,123 @@ def verify_pair(
         cwd=cwd,
         nproc_per_node=nproc_per_node,
     )
-    folder = os.path.dirname(os.path.abspath(original))
-    stem = os.path.splitext(os.path.basename(original))[0]
-    data = rewritten.encode("utf-8") if isinstance(rewritten, str) else rewritten
-    handle, temporary = tempfile.mkstemp(
-        prefix=f".{stem}.optcodemod-verify-", suffix=".py", dir=folder
-    )
-    try:
+    temporary = None
+    if candidate_path is None:
+        folder = os.path.dirname(os.path.abspath(original))
+        stem = os.path.splitext(os.path.basename(original))[0]
+        data = candidate.encode("utf-8") if isinstance(candidate, str) else candidate
+        handle, temporary = tempfile.mkstemp(
+            prefix=f".{stem}.optcodemod-verify-", suffix=".py", dir=folder
+        )
         with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        _run_alternately(
-            report, original, temporary, args, options, max(repeats, 1), on_run, count_flops
+            stream.write(data)  # type: ignore[arg-type]
+    scripts = {"original": original, "rewritten": candidate_path or temporary}
+    work = tempfile.mkdtemp(prefix="optcodemod-verify-")
+    try:
+        _run_all(
+            report, scripts, args, options, max(repeats, 1), on_run, count_flops, work, local_check
         )
     finally:
-        os.unlink(temporary)
-    if report.error is None:
-        _compare(report)
+        shutil.rmtree(work, ignore_errors=True)
+        if temporary is not None:
+            os.unlink(temporary)
     return report
 
 
-def _run_alternately(
+def _run_all(
     report: VerifyReport,
-    original: str,
-    temporary: str,
+    scripts: Dict[str, str],
     args: Sequence[str],
     options: ProbeOptions,
     repeats: int,
     on_run: Optional[Callable[[ProbeRun], None]],
-    count_flops: bool = False,
+    count_flops: bool,
+    work: str,
+    local_check: bool,
 ) -> None:
-    scripts = {
-        "original": (original, report.before, replace(options, count_flops=count_flops)),
-        "rewritten": (temporary, report.after, options),
+    def run(label: str, run_options: ProbeOptions, fatal: bool = True) -> Optional[ProbeRun]:
+        done = run_probe(
+            scripts["original" if label.startswith("original") else "rewritten"],
+            args,
+            run_options,
+            label=label,
+        )
+        if on_run is not None:
+            on_run(done)
+        problem = done.problem()
+        if problem is not None and not fatal:
+            return None  # a reference that cannot run (bfloat16 everywhere) leaves fixed limits
+        if problem is not None:
+            report.error = _crash_message(
+                label, problem, done, report.before + report.perturbed, report.recorded
+            )
+            return None
+        return done
+
+    iterations = check_iterations(options.steps) if local_check else []
+    if iterations:
+        shared = dict(check_at=tuple(iterations), check_dir=work)
+        report.recorded = run("original", replace(options, check_role="record", **shared))
+        if report.recorded is None:
+            return
+        if report.tolerance is not None and report.tolerance.rounding_factor is not None:
+            report.rounding = run(
+                "original (bfloat16 reference)",
+                replace(options, check_role="compare", reference_autocast=True, **shared),
+                fatal=False,
+            )
+        report.stepped = run("rewritten", replace(options, check_role="compare", **shared))
+        if report.stepped is None:
+            return
+    timed = {
+        "original": (report.before, replace(options, count_flops=count_flops)),
+        "rewritten": (report.after, options),
     }
     for repeat in range(repeats):
         order = ("original", "rewritten") if repeat % 2 == 0 else ("rewritten", "original")
         for label in order:
-            path, runs, run_options = scripts[label]
-            run = run_probe(path, args, run_options, label=label)
-            runs.append(run)
-            if on_run is not None:
-                on_run(run)
-            problem = run.problem()
-            if problem is not None:
-                report.error = _crash_message(label, problem, run, report.before)
+            runs, run_options = timed[label]
+            done = run(label, run_options)
+            if done is None:
                 return
+            runs.append(done)
+    _judge(report)
+    if report.trajectory is None or report.trajectory.margin >= MARGIN_GOAL:
+        return
+    if report.local is not None and not report.local.passed:
+        return  # decided; and a wrong step's error would size a meaninglessly wide envelope
+    sizes = report.local.update_errors(_checks(report.stepped)) if report.local else {}
+    if report.local is not None and report.local.judged and not any(sizes.values()):
+        return  # the candidate's steps equal the original's: chaos has nothing to amplify
+    noise: Dict[str, Any] = {"perturb_relative": FALLBACK_RELATIVE_NOISE}
+    if any(sizes.values()):
+        path = os.path.join(work, "perturbation.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(sizes, handle)
+        noise = {"perturb": path}
+    for index in range(PERTURBED_RUNS):
+        done = run("original (perturbed)", replace(options, perturb_seed=index + 1, **noise))
+        if done is None:
+            return
+        report.perturbed.append(done)
+    _judge(report)
 
 
-def _crash_message(label: str, problem: str, run: ProbeRun, before: List[ProbeRun]) -> str:
+def _checks(run: Optional[ProbeRun]) -> List[Dict[str, Any]]:
+    check = ((run.result or {}).get("check") if run else None) or {}
+    return check.get("checks") or []
+
+
+def _crash_message(
+    label: str,
+    problem: str,
+    run: ProbeRun,
+    before: List[ProbeRun],
+    recorded: Optional[ProbeRun] = None,
+) -> str:
     lines = [f"The {problem}" + ("" if problem.endswith(("?", ".")) else ".")]
-    if label == "rewritten" and any(r.ok for r in before):
+    original_ran = any(r.ok for r in before) or (recorded is not None and recorded.ok)
+    if label == "rewritten" and original_ran:
         lines.append(
             "The original script ran; the rewrite broke it. Please report this with the script."
         )
@@ -334,23 +435,43 @@ def _crash_message(label: str, problem: str, run: ProbeRun, before: List[ProbeRu
 
 
 def _compare(report: VerifyReport) -> None:
+    """Judge from the runs recorded so far (kept for callers that build a report by hand)."""
+    _judge(report)
+
+
+def _judge(report: VerifyReport) -> None:
     tolerance = report.tolerance
-    reference = report.before[0].losses
+    assert tolerance is not None
+    reference_run = report.recorded or (report.before[0] if report.before else None)
+    reference = reference_run.losses if reference_run else []
     if not reference:
         report.error = (
             "The original recorded no loss: it never called backward() on a one-element "
             "tensor, so there is nothing to compare."
         )
         return
-    noise = [compare_losses(reference, run.losses, tolerance) for run in report.before[1:]]
+    own = [r for r in report.before if r is not reference_run]
+    noise = [compare_losses(reference, run.losses, tolerance) for run in own]
     report.noise = max((c.max_relative for c in noise if c.lengths_match), default=None)
-    comparisons = [compare_losses(reference, run.losses, tolerance) for run in report.after]
-    mismatched = [c for c in comparisons if not c.lengths_match]
-    report.comparison = mismatched[0] if mismatched else max(comparisons, key=_largest)
-
-
-def _largest(comparison: Comparison) -> float:
-    return comparison.max_relative
+    if report.stepped is not None:
+        rounding = None
+        if report.rounding is not None:
+            rounding = rounding_of(tolerance, (report.rounding.result or {}).get("check"))
+        report.local = judge_local(
+            tolerance, (report.stepped.result or {}).get("check"), rounding or None
+        )
+        error = (report.stepped.result or {}).get("check_error")
+        if error:
+            report.local.unavailable = "the check failed: " + error.strip().splitlines()[-1]
+    # The original's own runs differ when its kernels or data are not deterministic: those
+    # runs are then perturbed references too.
+    perturbed = [run.losses for run in report.perturbed]
+    if report.noise:
+        perturbed += [run.losses for run in own]
+    report.trajectory = judge_trajectory(
+        tolerance, reference, [run.losses for run in report.after], perturbed
+    )
+    report.comparison = report.trajectory.comparison
 
 
 def verify_script(
@@ -366,32 +487,41 @@ def verify_script(
     nproc_per_node: Optional[int] = None,
     on_run: Optional[Callable[[ProbeRun], None]] = None,
 ) -> VerifyReport:
-    """Rewrite `path` with `settings` (defaults: the built-in ones) and verify the result."""
+    """Rewrite `path` and the local modules it imports with `settings`; verify the result."""
     from optimizer_codemod.api import is_notebook, rewrite_source
     from optimizer_codemod.config import Settings
     from optimizer_codemod.diagnostics import Status
     from optimizer_codemod.errors import OptcodemodError
+    from optimizer_codemod.verify.project import local_modules, remove_shadow, shadow_folder
 
     if is_notebook(path):
         return VerifyReport(
             path, None, None, error=f"{path}: verify runs .py scripts, not notebooks"
         )
     settings = settings or Settings()
-    try:
-        with open(path, "rb") as handle:
-            src = handle.read()
-        result = rewrite_source(src, path, settings.options_for(path))
-    except OSError as exc:
-        return VerifyReport(path, None, None, error=f"{path}: {exc.strerror or exc}")
-    except OptcodemodError as error:
-        return VerifyReport(path, None, None, error=error.render())
-    fixed = [d for d in result.diagnostics if d.status is Status.FIXED]
-    if not result.changed:
+    root = os.path.dirname(os.path.abspath(path))
+    rewritten: Dict[str, bytes] = {}
+    modules: Dict[str, List[str]] = {}
+    fixed = []
+    for file in [os.path.abspath(path)] + local_modules(path):
+        shown = path if file == os.path.abspath(path) else os.path.relpath(file, root)
+        try:
+            with open(file, "rb") as handle:
+                src = handle.read()
+            result = rewrite_source(src, shown, settings.options_for(file))
+        except OSError as exc:
+            return VerifyReport(path, None, None, error=f"{shown}: {exc.strerror or exc}")
+        except OptcodemodError as error:
+            return VerifyReport(path, None, None, error=error.render())
+        if result.changed:
+            rewritten[file] = result.new
+            codes = [d for d in result.diagnostics if d.status is Status.FIXED]
+            fixed += codes
+            modules[shown] = [d.code for d in codes]
+    if not rewritten:
         return VerifyReport(path, None, None, unchanged=True)
     level = max(d.safety for d in fixed) if fixed else Safety.SAFE
-    return verify_pair(
-        path,
-        result.new,
+    common = dict(
         level=level,
         fixed=[d.code for d in fixed],
         args=args,
@@ -403,6 +533,22 @@ def verify_script(
         nproc_per_node=nproc_per_node,
         on_run=on_run,
     )
+    if list(rewritten) == [os.path.abspath(path)]:
+        return verify_pair(path, rewritten[os.path.abspath(path)], **common)
+    driver = os.path.abspath(path)
+    if driver not in rewritten:
+        with open(driver, "rb") as handle:
+            rewritten[driver] = handle.read()
+    shadow = shadow_folder(root, rewritten)
+    try:
+        report = verify_pair(
+            path, b"", candidate_path=os.path.join(shadow, os.path.basename(path)), **common
+        )
+    finally:
+        remove_shadow(shadow)
+    report.candidate = None
+    report.modules = modules
+    return report
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -450,6 +596,11 @@ def render(report: VerifyReport) -> str:
     if report.unchanged:
         return f"{report.script}: nothing to verify: no fix applies with these settings.\n"
     lines: List[str] = []
+    if report.candidate:
+        level = report.level.label if report.level is not None else "?"
+        lines.append(f"{report.script} against {report.candidate}: judged at the {level} level")
+    for module, codes in sorted(report.modules.items()):
+        lines.append(f"  {module}: {len(codes)} fixes ({', '.join(sorted(set(codes)))})")
     if report.fixed:
         codes = ", ".join(sorted(set(report.fixed)))
         level = report.level.label if report.level is not None else "?"
@@ -520,39 +671,103 @@ def _peak(runs: List[ProbeRun]) -> Optional[int]:
 
 
 def _verdict(report: VerifyReport) -> List[str]:
-    comparison, tolerance = report.comparison, report.tolerance
-    assert comparison is not None and tolerance is not None
+    comparison, tolerance, trajectory = report.comparison, report.tolerance, report.trajectory
+    assert comparison is not None and tolerance is not None and trajectory is not None
     level = tolerance.level.label
-    lines = []
     if not comparison.lengths_match:
-        lines.append(
+        return [
             f"Losses disagree: the original recorded {comparison.length_before} losses, "
             f"the rewritten script {comparison.length_after}."
-        )
-        return lines
-    rtol = report.effective_rtol
-    tolerance_text = f"tolerance {rtol:.1e} for {level} fixes"
-    if tolerance.window > 1:
-        tolerance_text += f", on means of {tolerance.window} consecutive losses"
-    lines.append(
-        f"loss agreement: max relative difference {comparison.max_relative:.1e} "
-        f"({tolerance_text})"
-    )
-    if report.noise and rtol > tolerance.rtol:
-        lines.append(
-            f"note: the original's own runs differ by up to {report.noise:.1e}; the tolerance "
-            f"was widened to {NOISE_FACTOR:g}x that (its kernels or data are not deterministic)."
-        )
-    first = comparison.first_beyond(rtol)
+        ]
     if comparison.length_before == 0:
-        lines.append("No losses recorded: no backward() on a one-element tensor was seen.")
-    elif first is None:
+        return ["No losses recorded: no backward() on a one-element tensor was seen."]
+    lines = _local_lines(report.local, level) + _trajectory_lines(trajectory, level, report)
+    if report.equivalent:
         speedup = report.speedup
         faster = f"; speedup {speedup:.2f}x" if speedup else ""
         if speedup and report.speed_within_noise:
-            faster += " (within run-to-run noise: the runs' step times overlap)"
-        lines.append(f"Equivalent: the losses agree within tolerance{faster}.")
+            faster += " (within run-to-run noise: the step times' spread could explain it)"
+        margin = report.margin
+        closest = f", {margin:.0f}x below the closest threshold" if margin and margin < 1e6 else ""
+        lines.append(f"Equivalent ({report.decided_by} check closest{closest}){faster}.")
     else:
+        lines.append(f"Not equivalent: decided by the {report.decided_by} check.")
+    spread = max(
+        (s for s in (report.spread(report.before), report.spread(report.after)) if s), default=1
+    )
+    if spread > 1.2:
+        lines.append(
+            f"note: step times vary {spread:.1f}x between the quartiles of steps: the machine "
+            f"is busy or the steps differ; more --repeats and --steps give a steadier ratio."
+        )
+    return lines
+
+
+def _local_lines(local: Optional[LocalJudgment], level: str) -> List[str]:
+    if local is None:
+        return []
+    if local.unavailable:
+        return [f"local check: not run ({local.unavailable})."]
+    worst = local.worst
+    if worst is None:
+        return []
+    step, what, limit, value = worst
+    if not local.judged:
+        return [
+            f"local check (reported, not judged for {level} fixes, which may change random "
+            f"streams): largest {what} difference {value:.1e} at iteration {step.iteration}."
+        ]
+    if what == "structure":
+        return [f"local check: FAILED at iteration {step.iteration}: {step.problem}."]
+    measured = [s for s in local.steps if s.problem is None]
+    figures = ", ".join(
+        f"{metric} {max((getattr(s, metric) or 0.0) for s in measured):.1e} "
+        f"(limit {local.limit(metric):.2g})"
+        for metric in ("loss", "gradient", "update")
+    )
+    basis = ""
+    if local.rounding:
+        rounding = ", ".join(f"{m} {v:.1e}" for m, v in sorted(local.rounding.items()))
+        basis = (
+            f" Limits: the {level} level's, or {local.tolerance.rounding_factor:g}x what bfloat16 "
+            f"rounding alone does to this script ({rounding}), whichever is larger."
+        )
+    iterations = ", ".join(str(s.iteration) for s in local.steps)
+    if local.passed:
+        return [
+            f"local check: one step from the original's own state at iterations {iterations} "
+            f"differs by at most: {figures}.{basis}"
+        ]
+    return [
+        f"local check: FAILED: one step from the original's own state at iteration "
+        f"{step.iteration} gives a {what} {value:.1e} away from the original's "
+        f"(limit {limit:.2g} for {level} fixes): the rewrite computes something else, "
+        f"not just rounding it differently. All figures: {figures}.{basis}"
+    ]
+
+
+def _trajectory_lines(
+    trajectory: TrajectoryJudgment, level: str, report: VerifyReport
+) -> List[str]:
+    comparison, tolerance = trajectory.comparison, trajectory.tolerance
+    unit = "step" if tolerance.window <= 1 else f"mean of {tolerance.window} losses"
+    worst = comparison.worst or 0
+    threshold = trajectory.threshold(worst)
+    if trajectory.envelope is None:
+        basis = f"the {level} floor {tolerance.rtol:.2g}"
+    else:
+        basis = (
+            f"max of the {level} floor {tolerance.rtol:.2g} and {ENVELOPE_FACTOR:g}x the spread of "
+            f"{trajectory.perturbed_runs} runs of the original nudged each step by the "
+            f"rewrite's own rounding"
+        )
+    lines = [
+        f"trajectory: losses over {comparison.length_before} steps differ by at most "
+        f"{comparison.max_relative:.1e} (at {unit} {worst + 1}; threshold there {threshold:.1e}"
+        f": {basis})."
+    ]
+    first = trajectory.first_beyond
+    if first is not None:
         if tolerance.window > 1:
             last = min((first + 1) * tolerance.window, comparison.length_before)
             where = f"the mean of losses {first * tolerance.window + 1}-{last}"
@@ -561,7 +776,12 @@ def _verdict(report: VerifyReport) -> List[str]:
         lines.append(
             f"Losses disagree at {where}: original {_loss(comparison.before[first])}, "
             f"rewritten {_loss(comparison.after[first])} (relative difference "
-            f"{comparison.differences[first]:.1e} > {rtol:.1e})."
+            f"{comparison.differences[first]:.1e} > {trajectory.threshold(first):.1e})."
+        )
+    if report.noise:
+        lines.append(
+            f"note: the original's own runs differ by up to {report.noise:.1e} (its kernels or "
+            f"data are not deterministic); they count as perturbed runs."
         )
     return lines
 
@@ -581,23 +801,21 @@ def verify_command(
     nproc_per_node: Optional[int] = None,
     json_path: Optional[str] = None,
     echo: Optional[Callable[..., None]] = None,
+    against: Optional[str] = None,
+    level: Optional[Safety] = None,
 ) -> int:
     """What `optcodemod verify` does: verify, print progress and the table; the exit code."""
     import click
 
     echo = echo or click.echo
-    total = 2 * repeats
     done: List[ProbeRun] = []
 
     def progress(run: ProbeRun) -> None:
         done.append(run)
         state = "ok" if run.ok else "failed"
-        echo(f"run {len(done)}/{total}: {run.label} {state} in {run.seconds:.1f} s", err=True)
+        echo(f"run {len(done)}: {run.label} {state} in {run.seconds:.1f} s", err=True)
 
-    report = verify_script(
-        script,
-        settings,
-        args=script_args,
+    common = dict(
         steps=steps,
         repeats=repeats,
         warmup=warmup,
@@ -605,10 +823,19 @@ def verify_command(
         nproc_per_node=nproc_per_node,
         on_run=progress,
     )
+    if against is not None:
+        report = verify_pair(
+            script,
+            b"",
+            candidate_path=against,
+            level=Safety.NUMERICS if level is None else level,
+            args=script_args,
+            **common,
+        )
+    else:
+        report = verify_script(script, settings, args=script_args, **common)
     echo(report.render(), nl=False)
     if json_path:
-        import json
-
         with open(json_path, "w", encoding="utf-8") as handle:
             json.dump(report.to_json(), handle, indent=1)
     return report.exit_code
