@@ -9,15 +9,17 @@ set them) after these hooks are installed:
   tensor as a loss. A tensor returned by `GradScaler.scale` remembers the loss it scaled, so a
   float16 script's losses are recorded unscaled. Losses are kept on their device as detached
   copies and read once at the end: reading them per step would synchronise the device.
-- a global optimizer step post-hook: the first optimizer that steps is the one whose steps count
-  (a GAN's second optimizer does not double the count). The time after each of its steps is
-  recorded; the device is synchronised only at the two edges of the measured window (after the
-  last warm-up step and after the last step), so the window's total is exact while per-step
-  intervals inside it are host-side times: exact on CPU, and on an accelerator right on average
-  but not per step (the host runs ahead of the device until its queue fills).
-- after `--steps` steps of that optimizer the hook raises `StopProbe` (a BaseException, so a
+- steps are training iterations (see `Recorder`): the line that calls backward tells them
+  apart, whatever number of optimizers steps in one, or none. The start of each iteration is
+  recorded; the device is synchronised only at the two edges of the measured window (the start
+  of the first timed iteration and of the one after the last), so the window's total is exact
+  while per-step intervals inside it are host-side times: exact on CPU, and on an accelerator
+  right on average but not per step (the host runs ahead of the device until its queue fills).
+- when iteration `--steps` + 1 begins, the hook raises `StopProbe` (a BaseException, so a
   script's `except Exception:` does not swallow it); the probe catches it, writes the result,
   and lets the script's DataLoader iterators be collected so their workers shut down.
+- optimizer step pre- and post-hooks drive the local-error check and the perturbation of
+  reference runs (checks.py), when asked for.
 
 Under torchrun every process runs the probe and stops after the same step (DDP keeps the
 ranks in step, so no collective is left waiting); each then destroys the process group the
@@ -26,7 +28,7 @@ script left. Rank 0 (env RANK) writes `--out`, rank N writes `--out` + `.rankN`.
 The JSON result holds `losses`, `step_times` (seconds, measured steps only), `steps`, `warmup`,
 `measured_seconds` (synchronised window), `step_time` (the figure to compare, see `_step_time`),
 `device`, `torch`, `peak_memory` with `peak_memory_kind`, `flops_per_step` (with `--count-flops`:
-the floating-point operations of the second step, counted by `torch.utils.flop_counter`; that step
+the floating-point operations of the second iteration, counted by `torch.utils.flop_counter`; that step
 is a warm-up step, left out of the timing, so at least 2 warm-up steps are needed), `status`
 (`stopped` after the requested steps, `finished` when the script ended first, `error`, `exit`)
 and `error` (the traceback).
@@ -47,7 +49,6 @@ import sys
 import threading
 import time
 import traceback
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 UNSCALED_ATTRIBUTE = "_optcodemod_unscaled"
