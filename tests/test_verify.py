@@ -658,7 +658,7 @@ def test_the_local_check_catches_a_wrong_step_the_losses_do_not_show(tmp_path: P
 def test_verify_against_compares_two_versions_a_person_wrote(tmp_path: Path) -> None:
     original = _write(tmp_path, "train.py", PRINTS_ITS_LOSSES)
     same = _write(tmp_path, "train_fast.py", PRINTS_ITS_LOSSES.replace("print(", "(print)("))
-    wrong = _write(tmp_path, "train_wrong.py", PRINTS_ITS_LOSSES.replace("lr=0.05", "lr=0.06"))
+    wrong = _write(tmp_path, "train_wrong.py", PRINTS_ITS_LOSSES.replace("lr=0.05", "lr=0.1"))
     out = tmp_path / "report.json"
     args = ["--steps", "4", "--repeats", "1", "--json", str(out)]
     result = run_cli(["verify", str(original), "--against", str(same), "--level", "safe"] + args)
