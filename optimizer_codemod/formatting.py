@@ -185,6 +185,16 @@ def _may_join(lines: List[str], changed) -> bool:
 
 
 @dataclass(frozen=True)
+class _Chain:
+    indent: str  # the indentation of the statement whose value the chain is
+
+
+@dataclass(frozen=True)
+class _BreakBefore:
+    indent: str  # a chain's `.call(...)` starts a line of its own, at this indentation
+
+
+@dataclass(frozen=True)
 class _Layout:
     explode: bool  # one element per line with a trailing comma; else hugged on one line
     indent: str  # the indentation of the line the opening bracket stands on
@@ -199,7 +209,14 @@ class _Planner:
 
     def plan(self, too_long: List[int]) -> Dict[cst.CSTNode, _Layout]:
         by_start: Dict[int, List[cst.CSTNode]] = {}
+        links: Dict[int, cst.Call] = {}  # `.name(...)` beginning a line of a split chain
         for node, where in self.positions.items():
+            if (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and isinstance(node.func.dot.whitespace_before, cst.ParenthesizedWhitespace)
+            ):
+                links[self.positions[node.func.attr].start.line] = node
             if (
                 isinstance(node, _BRACKETED)
                 and where.start.line in too_long
@@ -209,6 +226,8 @@ class _Planner:
         plan: Dict[cst.CSTNode, _Layout] = {}
         for line in too_long:
             found = self._hugged_body(line, by_start.get(line - 1, ()))
+            found = found or self._method_chain(line, by_start.get(line, ()), plan)
+            found = found or self._chain_link(line, links.get(line))
             found = found or self._ending_bracket(line, by_start.get(line, ()))
             if found is not None:
                 plan[found[0]] = found[1]
@@ -254,6 +273,97 @@ class _Planner:
                 _closing(node)
             ):
                 return node, _Layout(True, self._indent(line - 1))
+        return None
+
+    def _method_chain(
+        self, line: int, candidates, plan: Dict[cst.CSTNode, object]
+    ) -> Optional[Tuple[cst.CSTNode, object]]:
+        """A statement's value that is a method chain (`y = f(x).transpose(1, 2).view(B, T)`).
+        With two or more links after a bracket black puts it in parentheses, on one line when
+        it fits there, else one link per line; with one, it splits the last call whose
+        opening line fits."""
+        for node in candidates:
+            top = self._chain_top(node)
+            where = self.positions[top]
+            holder = self._holder(top)
+            if (
+                top is not node
+                and top in candidates
+                or where.start.line != line
+                or where.end.line != line
+                or not isinstance(holder, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return))
+                or _code_part(self.lines[line - 1][where.end.column :]).strip()
+                or "#" in self.lines[line - 1]
+                or "\n" in cst.Module([]).code_for_node(top)
+            ):
+                continue
+            dots = _chain_dots(top)
+            if not dots:
+                return None  # no link after a bracket: the bracket that ends the line splits
+            indent = self._indent(line)
+            if len(dots) == 1:
+                return self._call_in_chain(line, top, indent)
+            flat = cst.Module([]).code_for_node(top)
+            if len(indent) + 4 + len(flat) > self.limit:
+                for dot in dots:
+                    plan[dot] = _BreakBefore(indent + "    ")
+            return top, _Chain(indent)
+        return None
+
+    def _chain_link(
+        self, line: int, call: Optional[cst.Call]
+    ) -> Optional[Tuple[cst.CSTNode, _Layout]]:
+        """One link of a chain laid out one link per line, `.view(...)` or `.view(...)[0]`,
+        split at its call's brackets as black's right-hand split does."""
+        if call is None or not _can_explode(call):
+            return None
+        text = self.lines[line - 1]
+        rest = text[self.positions[call].end.column :]
+        if self.positions[call].end.line != line or "#" in text:
+            return None
+        if rest.strip() and not rest.lstrip().startswith("["):
+            return None
+        if rest.startswith("[") and len(text) - len(rest) + 1 <= self.limit:
+            return None  # black splits the subscript's brackets instead, a layout not made here
+        if self.positions[call.func].end.column + 1 > self.limit:
+            return None
+        indent = self._indent(line)
+        several = len(call.args) > 1 or _has_trailing_comma(call)
+        explode = several and len(indent) + 4 + len(_flat_body(call)) > self.limit
+        return call, _Layout(explode, indent)
+
+    def _chain_top(self, node: cst.CSTNode) -> cst.CSTNode:
+        while True:
+            parent = self.parents.get(node)
+            if (
+                isinstance(parent, cst.Call)
+                and parent.func is node
+                or isinstance(parent, (cst.Attribute, cst.Subscript))
+                and parent.value is node
+            ):
+                node = parent
+            else:
+                return node
+
+    def _call_in_chain(
+        self, line: int, top: cst.CSTNode, indent: str
+    ) -> Optional[Tuple[cst.CSTNode, _Layout]]:
+        """black's right-hand split of a one-link chain: the last call with arguments whose
+        line up to its opening bracket fits."""
+        text = self.lines[line - 1]
+        for call in _spine_calls(top):
+            opening = self.positions[call.func].end
+            if opening.line != line or not _can_explode(call):
+                continue
+            if opening.column + 1 > self.limit:
+                continue
+            body = _flat_body(call)
+            several = len(call.args) > 1 or _has_trailing_comma(call)
+            explode = several and len(indent) + 4 + len(body) > self.limit
+            closing_line = len(indent) + len(text.rstrip()) - self.positions[call].end.column + 1
+            if closing_line > self.limit:
+                return None
+            return call, _Layout(explode, indent)
         return None
 
     def _ending_bracket(self, line: int, candidates) -> Optional[Tuple[cst.CSTNode, _Layout]]:
@@ -312,11 +422,51 @@ class _Planner:
             ):
                 return statement
             return None
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            # The first link of a method chain laid out one call per line.
+            where = self.positions[node]
+            if where.start.column == len(self._indent(where.start.line)):
+                return parent
+            return None
         if isinstance(parent, (cst.Arg, cst.Element, cst.DictElement)) and parent.value is node:
             where = self.positions[parent]
             if where.start.column == len(self._indent(where.start.line)):
                 return parent
         return None
+
+
+def _chain_dots(node: cst.CSTNode) -> List[cst.Attribute]:
+    """The `.name` links of a method chain that follow a closing bracket, outermost first:
+    where black splits a chain. Empty unless the chain starts from a plain name or dotted
+    name (`x.f(a).g()`, `F.sdpa(q, k, v).transpose(1, 2)`)."""
+    dots: List[cst.Attribute] = []
+    current = node
+    while not current.lpar or current is node:
+        if isinstance(current, cst.Call):
+            current = current.func
+        elif isinstance(current, cst.Subscript):
+            current = current.value
+        elif isinstance(current, cst.Attribute):
+            if isinstance(current.value, (cst.Call, cst.Subscript)) or current.value.lpar:
+                dots.append(current)
+            current = current.value
+        else:
+            break
+    if node.lpar or not isinstance(current, cst.Name):
+        return []
+    return dots
+
+
+def _spine_calls(node: cst.CSTNode) -> List[cst.Call]:
+    """The calls along a chain's spine, outermost first."""
+    calls = []
+    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Call):
+            calls.append(node)
+            node = node.func
+        else:
+            node = node.value
+    return calls
 
 
 def _opening(node: cst.CSTNode) -> str:
@@ -414,6 +564,15 @@ class _Relayout(cst.CSTTransformer):
             return updated_node
         if layout == "join":
             return updated_node.with_changes(lpar=[], rpar=[])
+        if isinstance(layout, _BreakBefore):
+            return updated_node.with_changes(
+                dot=updated_node.dot.with_changes(whitespace_before=_line_break(layout.indent))
+            )
+        if isinstance(layout, _Chain):
+            return updated_node.with_changes(
+                lpar=[cst.LeftParen(whitespace_after=_line_break(layout.indent + "    "))],
+                rpar=[cst.RightParen(whitespace_before=_line_break(layout.indent))],
+            )
         inner = layout.indent + "    "
         elements = list(_elements(updated_node))
         last = len(elements) - 1

@@ -284,3 +284,71 @@ def test_black_clean_stays_black_clean_without_black_importable(
     monkeypatch.undo()
     check = _black("--check", ".", cwd=tmp_path)
     assert check.returncode == 0, check.stderr
+
+
+def test_every_fixture_rewritten_by_every_rule_stays_black_clean(tmp_path: Path) -> None:
+    # All rules at once, unsafe fixes included: an edit inside a method chain (OPT406 turning
+    # `(att @ v).transpose(1, 2).contiguous().view(B, T, C)` into an SDPA call) must be laid
+    # out as black lays out chains.
+    from fixture_cases import fixtures
+    from optimizer_codemod.api import rewrite_source
+    from optimizer_codemod.config import Settings
+
+    cases = [f for f in fixtures() if f.kind == "fix" and not f.is_notebook]
+    for index, fixture in enumerate(cases):
+        (tmp_path / f"case_{index}.py").write_bytes(fixture.path.read_bytes())
+    assert _black("-q", ".", cwd=tmp_path).returncode == 0
+    settings = Settings().with_overrides(unsafe_fixes=True)
+    changed = 0
+    for index, fixture in enumerate(cases):
+        path = tmp_path / f"case_{index}.py"
+        result = rewrite_source(path.read_bytes(), str(path), settings.options_for(str(path)))
+        path.write_bytes(result.new)
+        changed += result.changed
+    assert changed >= len(cases) * 3 // 4
+    check = _black("--check", ".", cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+
+
+CHAIN_OLD = "def forward(self, q, k, v):\n    if self.flash:\n        pass\n"
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # two links after a call: in parentheses, one link per line, the first call exploded
+        "y = F.scaled_dot_product_attention(query_states, key_states, value_states, "
+        "is_causal=True).transpose(1, 2).contiguous().view(B, T, C)",
+        # the same chain fits on one line inside the parentheses
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)"
+        ".contiguous().view(B, T, C)",
+        # a subscript at the end, and an augmented assignment
+        "y += F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)"
+        ".transpose(1, 2).view(B, T, C)[0]",
+        "return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=s)"
+        ".transpose(1, 2).view(batch_size, sequence_length, heads * head_dim)",
+        # one link after a call: black splits the call whose opening line fits
+        "y = F.scaled_dot_product_attention(query_states, key_states, value_states, "
+        "is_causal=True).view(B, T, C)",
+        # a link too long for its own line is split at its brackets
+        "y = model(key_states, value_states, query_states, attention_mask, position_ids)"
+        ".to(device, non_blocking=True).reshape(batch_size, sequence_length, heads, head_dim,"
+        " extra_dimension)",
+    ],
+)
+def test_a_method_chain_made_too_long_is_split_as_black_splits_it(statement: str) -> None:
+    import black
+
+    new = CHAIN_OLD.replace("pass", statement)
+    wrapped = wrap_long_calls(CHAIN_OLD, new, line_length=88)
+    assert wrapped != new
+    assert black.format_str(wrapped, mode=black.Mode()) == wrapped
+
+
+def test_a_method_chain_with_a_comment_on_its_line_is_left_as_written() -> None:
+    statement = (
+        "y = F.scaled_dot_product_attention(query_states, key_states, value_states, "
+        "is_causal=True).transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)"
+    )
+    new = CHAIN_OLD.replace("pass", statement)
+    assert wrap_long_calls(CHAIN_OLD, new, line_length=88) == new
