@@ -198,12 +198,15 @@ def rewrite(
     target_torch: Optional[str] = None,
     precision: Optional[str] = None,
     target_device: Optional[str] = None,
+    why_not: Optional[bool] = None,
     settings: Optional[Settings] = None,
 ) -> Rewritten:
     """Rewrite Python source (or notebook JSON when `path` ends in .ipynb).
 
     Options mirror the command line; `settings` (e.g. from `load_settings`) is the base they
-    override. Raises `OptcodemodError` with the path, line and problem on bad input.
+    override. `why_not=True` adds a diagnostic with status `declined` for each site a rule
+    examined and left alone, its message the reason. Raises `OptcodemodError` with the path,
+    line and problem on bad input.
     """
     base = settings or Settings()
     if precision is not None and precision not in PRECISIONS:
@@ -222,6 +225,7 @@ def rewrite(
         target_torch=TorchVersion.parse(target_torch) if target_torch is not None else None,
         precision=precision,
         target_device=target_device,
+        why_not=why_not,
     )
     as_text = isinstance(source, str)
     src = source.encode("utf-8") if as_text else source

@@ -96,6 +96,11 @@ def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
     "--output-format", type=click.Choice(sorted(FORMATS)), default="text", show_default=True
 )
 @click.option("--statistics", "show_statistics", is_flag=True, help="Count findings per rule.")
+@click.option(
+    "--why-not",
+    is_flag=True,
+    help="Also list each site a rule examined and left alone, with the reason.",
+)
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, help="Worker processes.")
 @click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
 @click.option("--stdin-filename", help="The path to report for `-` (stdin).")
@@ -114,6 +119,7 @@ def apply(
     target_device: Optional[str],
     output_format: str,
     show_statistics: bool,
+    why_not: bool,
     jobs: int,
     config: Optional[str],
     stdin_filename: Optional[str],
@@ -131,6 +137,7 @@ def apply(
         target_torch=target_torch,
         precision=precision,
         target_device=target_device,
+        why_not=why_not or None,
     )
     if "-" in paths:
         if len(paths) > 1:

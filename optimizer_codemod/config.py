@@ -77,6 +77,7 @@ class Settings:
     target_device: str = DEFAULT_TARGET_DEVICE
     exclude: Tuple[str, ...] = ()
     respect_gitignore: bool = True
+    why_not: bool = False
     overrides: Tuple[RuleSelection, ...] = ()  # command-line or API layers, in order
     # Where the configuration came from; relative patterns are relative to `root`.
     root: str = "."
@@ -108,6 +109,7 @@ class Settings:
             target_device=self.target_device,
             extend_safe_fixes=self.extend_safe_fixes,
             extend_unsafe_fixes=self.extend_unsafe_fixes,
+            why_not=self.why_not,
         )
 
     def excludes(self, path: str) -> bool:

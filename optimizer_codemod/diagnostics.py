@@ -14,6 +14,8 @@ class Status(enum.Enum):
     FIXED = "fixed"  # the fix was applied (or would be, under --check/--diff)
     UNSAFE = "unsafe"  # a behaviour-level fix that --unsafe-fixes would apply
     REPORTED = "reported"  # no fix is offered
+    # A site a rule examined and left alone, with the reason (only under --why-not).
+    DECLINED = "declined"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class RewriteOptions:
     extend_unsafe_fixes: Tuple[str, ...] = ()
     precision: str = DEFAULT_PRECISION
     target_device: str = DEFAULT_TARGET_DEVICE
+    why_not: bool = False  # rules also say which sites they examined and left alone, and why
 
     def may_apply(self, code: str, safety: Safety) -> bool:
         if safety is Safety.SUGGEST:
@@ -358,6 +359,8 @@ def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) 
 
 
 def _left_status(finding: Finding) -> Status:
+    if finding.declined:
+        return Status.DECLINED
     if finding.fix is not None and finding.safety is not Safety.SUGGEST:
         return Status.UNSAFE
     return Status.REPORTED

@@ -42,6 +42,8 @@ def _status_text(diagnostic: Diagnostic, writing: bool) -> str:
         return f"{verb}: {diagnostic.fix_title}"
     if diagnostic.status is Status.UNSAFE:
         return f"with --unsafe-fixes: {diagnostic.fix_title}"
+    if diagnostic.status is Status.DECLINED:
+        return "declined"
     return "no automatic fix"
 
 
@@ -55,6 +57,10 @@ def text_report(context: ReportContext) -> str:
     for outcome in context.outcomes:
         for d in outcome.diagnostics:
             where = _style(location(outcome.path, d), context.color, bold=True)
+            if d.status is Status.DECLINED:
+                code = _style(d.code, context.color, dim=True)
+                lines.append(f"{where}: {code} not applied: {d.message}")
+                continue
             code = _style(
                 d.code, context.color, fg="red" if d.status is Status.REPORTED else "cyan"
             )
@@ -67,8 +73,9 @@ def text_report(context: ReportContext) -> str:
 
 
 def summary_lines(context: ReportContext) -> List[str]:
-    diagnostics = [d for o in context.outcomes for d in o.diagnostics]
-    counts = Counter(d.status for d in diagnostics)
+    everything = [d for o in context.outcomes for d in o.diagnostics]
+    diagnostics = [d for d in everything if d.status is not Status.DECLINED]
+    counts = Counter(d.status for d in everything)
     changed = [o for o in context.outcomes if o.changed and not o.error]
     lines = []
     if not diagnostics:
@@ -91,6 +98,12 @@ def summary_lines(context: ReportContext) -> List[str]:
         lines.append(
             f"{unsafe} more fix{'es' if unsafe != 1 else ''} available with --unsafe-fixes "
             "(behaviour-level: read each before enabling)."
+        )
+    if counts[Status.DECLINED]:
+        declined = counts[Status.DECLINED]
+        lines.append(
+            f"{declined} site{'s' if declined != 1 else ''} examined and left alone, "
+            "each with its reason (--why-not)."
         )
     errors = [o for o in context.outcomes if o.error]
     if errors:
@@ -127,6 +140,8 @@ def github_report(context: ReportContext) -> str:
     lines = []
     for outcome in context.outcomes:
         for d in outcome.diagnostics:
+            if d.status is Status.DECLINED:
+                continue  # no annotation on code left alone
             # Notebook lines are cell-relative: annotate the notebook file without a line.
             where = f"file={_github_escape(outcome.path, True)}"
             if d.cell is None:
@@ -171,6 +186,8 @@ def statistics(outcomes: Sequence[FileOutcome]) -> str:
     names: Dict[str, str] = {}
     for outcome in outcomes:
         for d in outcome.diagnostics:
+            if d.status is Status.DECLINED:
+                continue
             rows.setdefault(d.code, Counter())[d.status] += 1
             names[d.code] = d.name
     if not rows:

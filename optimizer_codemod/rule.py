@@ -110,6 +110,7 @@ class Finding:
     safety: Safety
     fix: Optional[Fix]
     fix_title: str
+    declined: bool = False  # a site examined and left alone; `message` says why
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,24 @@ class Rule(cst.BatchableCSTVisitor):
                 safety=level,
                 fix=fix,
                 fix_title=fix_title or self.fix_title,
+            )
+        )
+
+    def decline(self, node: cst.CSTNode, reason: str) -> None:
+        """Say why the site at `node`, which the rule examined, gets no fix: `apply
+        --why-not` lists these, so that no miss is silent. `reason` is a sentence about this
+        script ("no `__main__` guard: worker processes would re-run the script")."""
+        if not self.context.options.why_not:
+            return
+        self.findings.append(
+            Finding(
+                rule=type(self),
+                node=node,
+                message=reason,
+                safety=Safety.SUGGEST,
+                fix=None,
+                fix_title=self.fix_title,
+                declined=True,
             )
         )
 

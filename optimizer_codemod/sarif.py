@@ -18,7 +18,12 @@ from optimizer_codemod.registry import all_rules
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/optcodemod/optcodemod"
 # A finding with a fix is something to act on; one without a fix is advice.
-LEVELS = {Status.FIXED: "warning", Status.UNSAFE: "warning", Status.REPORTED: "note"}
+LEVELS = {
+    Status.FIXED: "warning",
+    Status.UNSAFE: "warning",
+    Status.REPORTED: "note",
+    Status.DECLINED: "none",  # examined and left alone (--why-not): informational only
+}
 
 
 def _uri(path: str) -> str:

@@ -114,10 +114,21 @@ class DataloaderWithoutPinnedMemory(Rule):
             if option(call, "pin_memory") is not None or keyword(call, "pin_memory_device"):
                 continue
             if not copies_batches_to_accelerator(self.facts, site):
+                self.decline(
+                    call,
+                    "no loop over this loader copies its batches to an accelerator with "
+                    "`.to(device)` or `.cuda()`: pinned memory would speed up nothing",
+                )
                 continue
             kind = dataset_kind(self.facts, site)
             collate = collate_places_on_accelerator(self.facts, call)
             if kind is DatasetKind.ON_DEVICE or collate is True:
+                where = (
+                    "the dataset's tensors may already be on the device"
+                    if kind is DatasetKind.ON_DEVICE
+                    else "collate_fn places batches on the device"
+                )
+                self.decline(call, f"{where}, and pinning a device tensor raises")
                 continue
             if options_hidden(call):
                 self.report(
@@ -138,6 +149,7 @@ class DataloaderWithoutPinnedMemory(Rule):
                 continue
             torch_name = module_name(self.facts, "torch")
             if torch_name is None:
+                self.decline(call, "`torch` is not imported under a name the fix could use")
                 continue
             value = cst.parse_expression(f"{torch_name}.cuda.is_available()")
             imports = () if self.facts.imports.name_for_module("torch") else (ImportSpec("torch"),)

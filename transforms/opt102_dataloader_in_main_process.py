@@ -23,6 +23,18 @@ from optimizer_codemod.torch_version import TorchVersion
 NOTEBOOK_SUFFIX = ".ipynb"
 
 
+# Why a loader whose items cost nothing to prepare gets no workers, by dataset kind.
+_NO_WORK_FOR_WORKERS = {
+    DatasetKind.TENSORS: "the dataset is a TensorDataset: items are slices of tensors in "
+    "memory, and workers would only add inter-process copies",
+    DatasetKind.ITERABLE: "the dataset is an IterableDataset: each worker would replay it "
+    "unless it shards by worker id",
+    DatasetKind.ON_DEVICE: "the dataset's tensors may live on the device, which worker "
+    "processes cannot share",
+    None: "collate_fn places batches on the device, which worker processes cannot do",
+}
+
+
 class DataloaderInMainProcess(Rule):
     """
     What it does:
@@ -138,13 +150,31 @@ class DataloaderInMainProcess(Rule):
             kind = dataset_kind(self.facts, site)
             collate = collate_places_on_accelerator(self.facts, call)
             if kind not in (DatasetKind.PER_ITEM, DatasetKind.UNKNOWN) or collate is True:
+                self.decline(call, _NO_WORK_FOR_WORKERS.get(kind, _NO_WORK_FOR_WORKERS[None]))
                 continue
             if not runs_only_under_main_guard(self.facts, site):
+                self.decline(
+                    call,
+                    'no `if __name__ == "__main__":` guard around the loop over this loader: '
+                    "worker processes started with spawn would re-run the script",
+                )
                 continue
-            if dataset_mutated(self.facts, site) or any(
+            if dataset_mutated(self.facts, site):
+                self.decline(
+                    call,
+                    "the dataset is changed after it is built, and each worker would keep "
+                    "its own unchanged copy",
+                )
+                continue
+            if any(
                 opens_handles_when_built(self.facts, name)
                 for name in dataset_classes(self.facts, site)
             ):
+                self.decline(
+                    call,
+                    "the dataset opens a file handle in `__init__`, which forked workers "
+                    "would share: open it lazily in `__getitem__` first",
+                )
                 continue
             if options_hidden(call):
                 self.report(
@@ -165,6 +195,7 @@ class DataloaderInMainProcess(Rule):
                 continue
             os_name = module_name(self.facts, "os")
             if os_name is None or self.facts.imports.is_bound("min"):
+                self.decline(call, "`os` or `min` is shadowed here, so the fix cannot name them")
                 continue
             count = cst.parse_expression(f"min(4, {os_name}.cpu_count() or 1)")
             if workers is None:

@@ -132,7 +132,19 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             count = literal(workers.value, NOT_LITERAL)
             if count is not NOT_LITERAL and not (type(count) is int and count > 0):
                 continue  # 0 (no workers), or a literal DataLoader would reject anyway
-            if not iterated_repeatedly(self.facts, site) or dataset_mutated(self.facts, site):
+            if not iterated_repeatedly(self.facts, site):
+                self.decline(
+                    call,
+                    "the loader is not iterated again and again (once per epoch), so its "
+                    "workers start only once",
+                )
+                continue
+            if dataset_mutated(self.facts, site):
+                self.decline(
+                    call,
+                    "the dataset is changed after it is built; persistent workers would "
+                    "never see the change",
+                )
                 continue
             if options_hidden(call):
                 self.report(

@@ -17,11 +17,13 @@ from optimizer_codemod.analysis.training import (
     gradient_clipping,
     is_expression_statement,
     loop_method_calls,
+    model_built,
     model_device,
     optimizer_name,
     the_trained_model,
     training_steps,
     visible_at,
+    why_no_trained_model,
 )
 from optimizer_codemod.rule import (
     Edit,
@@ -174,11 +176,27 @@ class Float32TrainingWithoutAutocast(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         model = the_trained_model(facts)
-        if model is None or uses_reduced_precision(facts, count_grad_scalers=False):
+        if uses_reduced_precision(facts, count_grad_scalers=False):
+            return
+        if model is None:
+            missing = why_no_trained_model(facts)
+            if missing is not None:
+                self.decline(*missing)
             return
         steps = training_steps(facts, model)
         device = model_device(facts, model)
         if not steps or device is None:
+            anchor = model_built(facts, model) or model.optimizer.node
+            self.decline(
+                anchor,
+                (
+                    f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` in "
+                    "this file, so the device type autocast needs is unknown"
+                    if device is None
+                    else f"no step that computes a loss from `{model.name}` and calls "
+                    "`.backward()` on it was found"
+                ),
+            )
             return
         anchor = steps[0].forward[0]
         if self._reports_hazard(anchor):

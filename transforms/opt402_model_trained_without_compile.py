@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.training import (
     model_device,
     the_trained_model,
     visible_at,
+    why_no_trained_model,
 )
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -107,11 +108,30 @@ class ModelTrainedWithoutCompile(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         model = the_trained_model(facts)
-        if model is None or compiles(facts):
+        if compiles(facts):
+            return
+        if model is None:
+            missing = why_no_trained_model(facts)
+            if missing is not None:
+                self.decline(*missing)
             return
         anchor = model_built(facts, model)
         device = model_device(facts, model)
         if anchor is None or device is None or not visible_at(facts, device, anchor):
+            self.decline(
+                anchor or model.optimizer.node,
+                (
+                    f"`{model.name}` is built or moved in several places, in a loop, or after its "
+                    "optimizer: there is no one statement after which to compile it"
+                    if anchor is None
+                    else (
+                        f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` "
+                        "in this file"
+                        if device is None
+                        else "the device the model is moved to is not visible where it is built"
+                    )
+                ),
+            )
             return
         device_type = device_type_code(facts, device)
         compile_call = f"{model.name}.compile()"

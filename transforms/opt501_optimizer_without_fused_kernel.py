@@ -86,17 +86,27 @@ class OptimizerWithoutFusedKernel(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         for site in self.facts.optimizer_constructions():
             since = FUSED_ON_CPU_AND_CUDA.get(site.qualname or "")
-            if since is None or since > self.context.target_torch:
+            if since is None:
                 continue
             call = site.node
+            if since > self.context.target_torch:
+                self.decline(
+                    call,
+                    f"its fused kernel needs torch {since}, newer than target-torch "
+                    f"{self.context.target_torch}",
+                )
+                continue
             label = site.qualname.rsplit(".", 1)[-1]
             if keyword(call, "fused") is not None:
                 continue
-            if any(
-                keyword(call, option) is not None
-                and literal(keyword(call, option).value, None) is not False
+            exclusive = [
+                option
                 for option in EXCLUSIVE_OPTIONS
-            ):
+                if keyword(call, option) is not None
+                and literal(keyword(call, option).value, None) is not False
+            ]
+            if exclusive:
+                self.decline(call, f"`{exclusive[0]}` is set, and torch refuses it with `fused`")
                 continue
             if has_double_star(call) or has_star_args(call):
                 self.report(
@@ -106,6 +116,9 @@ class OptimizerWithoutFusedKernel(Rule):
                 )
                 continue
             if self.facts.uses_sparse_gradients:
+                self.decline(
+                    call, "the script uses sparse gradients, which fused kernels do not take"
+                )
                 continue
             fixed = with_keyword(call, "fused", cst.Name("True"))
             self.report(

@@ -260,6 +260,29 @@ def the_trained_model(facts: "ScriptFacts") -> Optional[TrainedModel]:
     return models[0] if len(names) == 1 else None
 
 
+def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, str]]:
+    """Where this file trains (its first `.backward()` call) and why `the_trained_model`
+    finds no model there; None when the file does not train or the model is found."""
+    if not facts.trains:
+        return None
+    backward = facts.method_calls("backward")
+    if not backward:
+        return None
+    names = sorted({m.name for m in trained_models(facts)})
+    if len(names) == 1:
+        return None
+    if names:
+        return backward[0].node, (
+            f"this file trains several models ({', '.join(names)}); the rules that change "
+            "how a model is trained act only where one model is trained"
+        )
+    return backward[0].node, (
+        "the model this step trains is not a module built in this file and handed to a "
+        "`torch.optim` optimizer by name (an attribute such as `self.model`, a function "
+        "parameter, or a hand-written update): the analysis cannot tell which model it is"
+    )
+
+
 def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.SimpleStatementLine]:
     """The statement after which `model` is built and placed on its device: its last
     assignment or `model.to(...)` statement, all in one function, none in a loop, before the

@@ -1,0 +1,173 @@
+"""`apply --why-not`: each site a rule examined and left alone is listed with the rule's reason,
+and asking for reasons never changes what is rewritten or reported."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from fixture_cases import fixtures
+
+from optimizer_codemod import rewrite
+from optimizer_codemod.api import rewrite_source
+from optimizer_codemod.diagnostics import Status
+
+LOADER_SCRIPT = """import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        x = torch.full((8,), float(i))
+        return x, x.sum()
+
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(Squares(), batch_size=10)
+for epoch in range(2):
+    for x, y in loader:
+        loss = (model(x).squeeze(-1) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+TRAINER_SCRIPT = """import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, model, lr=3e-4):
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = model.to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, foreach=True)
+
+    def step(self, x, y):
+        loss = F.mse_loss(self.model(x.to(self.device)), y.to(self.device))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+TENSOR_LOADER_SCRIPT = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def main():
+    device = torch.device("cuda")
+    model = torch.nn.Linear(8, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=16, num_workers=2)
+    for x, y in loader:
+        loss = (model(x.to(device)) - y.to(device)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def declined(source: str, **options) -> dict:
+    result = rewrite(source, path="train.py", why_not=True, **options)
+    return {(d.code, d.line): d.message for d in result.diagnostics if d.status is Status.DECLINED}
+
+
+@pytest.mark.parametrize(
+    "source, code, line, reason",
+    [
+        (LOADER_SCRIPT, "OPT102", 16, 'no `if __name__ == "__main__":` guard'),
+        (LOADER_SCRIPT, "OPT101", 16, "no loop over this loader copies its batches"),
+        (LOADER_SCRIPT, "OPT302", 14, "`model` is not moved to a device"),
+        (LOADER_SCRIPT, "OPT402", 14, "`model` is not moved to a device"),
+        (TRAINER_SCRIPT, "OPT302", 14, "an attribute such as `self.model`"),
+        (TRAINER_SCRIPT, "OPT402", 14, "an attribute such as `self.model`"),
+        (TRAINER_SCRIPT, "OPT501", 9, "`foreach` is set, and torch refuses it with `fused`"),
+        (
+            TENSOR_LOADER_SCRIPT.replace(", num_workers=2", ""),
+            "OPT102",
+            9,
+            "the dataset is a TensorDataset",
+        ),
+        (TENSOR_LOADER_SCRIPT, "OPT103", 9, "not iterated again and again"),
+    ],
+)
+def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:
+    found = declined(source)
+    assert (code, line) in found, sorted(found)
+    assert reason in found[(code, line)]
+
+
+def test_a_fused_kernel_newer_than_target_torch_is_explained() -> None:
+    # Adagrad's fused kernel runs on CUDA from torch 2.13; the rule itself from 2.4.
+    source = TRAINER_SCRIPT.replace(", foreach=True", "").replace("AdamW", "Adagrad")
+    assert ("OPT501", 9) not in declined(source, target_torch="2.13")  # fixed there
+    reason = declined(source, target_torch="2.4")[("OPT501", 9)]
+    assert "needs torch 2.13, newer than target-torch 2.4" in reason
+
+
+def test_reasons_are_only_given_when_asked_for() -> None:
+    result = rewrite(LOADER_SCRIPT, path="train.py")
+    assert not [d for d in result.diagnostics if d.status is Status.DECLINED]
+
+
+@pytest.mark.parametrize(
+    "fixture", [f for f in fixtures() if not f.is_notebook], ids=lambda f: f.id
+)
+def test_asking_why_not_changes_nothing_else(fixture) -> None:
+    # Every rule on every fixture: the rewrite and its findings are the same with reasons on,
+    # and no site is both fixed and declined by the same rule.
+    settings = fixture.settings(all_selected=True)
+    src = fixture.path.read_bytes()
+    plain = rewrite_source(src, str(fixture.path), settings.options_for(str(fixture.path)))
+    asked = replace(settings, why_not=True)
+    explained = rewrite_source(src, str(fixture.path), asked.options_for(str(fixture.path)))
+    assert explained.new == plain.new
+    kept = [d for d in explained.diagnostics if d.status is not Status.DECLINED]
+    assert kept == plain.diagnostics
+    fixed = {(d.code, d.line) for d in kept if d.status is Status.FIXED}
+    assert not [
+        d
+        for d in explained.diagnostics
+        if d.status is Status.DECLINED and (d.code, d.line) in fixed
+    ]
+
+
+def test_the_command_line_lists_reasons_in_text_and_json(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(LOADER_SCRIPT)
+    plain = run_cli(["apply", str(script), "--check"])
+    text = run_cli(["apply", str(script), "--check", "--why-not"])
+    assert text.exit_code == plain.exit_code == 1  # reasons never change the exit status
+    assert "not applied" not in plain.output
+    assert f"{script}:16:10: OPT102 not applied: no `if __name__" in text.output
+    assert "sites examined and left alone" in text.output
+    document = json.loads(
+        run_cli(["apply", str(script), "--check", "--why-not", "--output-format", "json"]).output
+    )
+    statuses = {(f["code"], f["status"]) for f in document["findings"]}
+    assert ("OPT102", "declined") in statuses and ("OPT501", "fixed") in statuses
+    github = run_cli(["apply", str(script), "--check", "--why-not", "--output-format", "github"])
+    assert "OPT102" not in github.output  # no annotation on code left alone
+    sarif = json.loads(
+        run_cli(["apply", str(script), "--check", "--why-not", "--output-format", "sarif"]).output
+    )
+    levels = {r["ruleId"]: r["level"] for r in sarif["runs"][0]["results"]}
+    assert levels["OPT102"] == "none" and levels["OPT501"] == "warning"
+
+
+def test_the_documented_example_is_what_the_tool_prints(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "why-not.md").read_text()
+    assert f"```python\n{LOADER_SCRIPT}```" in page
+    (tmp_path / "loop.py").write_text(LOADER_SCRIPT)
+    result = run_cli(["apply", "loop.py", "--check", "--why-not"], cwd=tmp_path)
+    assert "loop.py:16:10: OPT102 not applied" in result.output
+    assert f"$ optcodemod apply loop.py --check --why-not\n{result.output}```" in page
