@@ -46,6 +46,7 @@ class FileOutcome:
     written: bool = False
     error: Optional[str] = None
     warning: Optional[str] = None
+    skipped: Optional[str] = None  # why the file was not looked at (for --verbose)
     diff: Optional[str] = None
     new_text: Optional[bytes] = None
     # The changes as line-level edits of the original text (Python files, not notebooks).

@@ -183,3 +183,23 @@ def statistics(outcomes: Sequence[FileOutcome]) -> str:
             f"{counter[Status.REPORTED]:>5}  {code}  {names[code]}"
         )
     return "\n".join(lines) + "\n"
+
+
+def fixes_summary(context: ReportContext) -> str:
+    """ruff's --show-fixes: the fixes made (or that would be made), per file and rule."""
+    per_file = []
+    total = 0
+    for outcome in context.outcomes:
+        counts = Counter((d.code, d.name) for d in outcome.fixed)
+        if counts and not outcome.error:
+            per_file.append((outcome.path, counts))
+            total += sum(counts.values())
+    if not total:
+        return "No fixes " + ("made" if context.writing else "would be made") + ".\n"
+    verb = "Fixed" if context.writing else "Would fix"
+    lines = [f"{verb} {total} finding{'s' if total != 1 else ''}:"]
+    for path, counts in per_file:
+        lines.append(f"- {path}:")
+        for (code, name), count in sorted(counts.items()):
+            lines.append(f"    {count} × {code} ({name})")
+    return "\n".join(lines) + "\n"
