@@ -22,6 +22,7 @@ from optimizer_codemod.config import (
     resolve_settings,
     validate_codes,
 )
+from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.discovery import discover, excluded_reason
 from optimizer_codemod.engine import PRECISIONS, TARGET_DEVICES
 from optimizer_codemod.errors import ConfigError
@@ -209,9 +210,12 @@ def apply(
     for folder in found.empty_directories:
         click.echo(f"{folder}: no Python files or notebooks found", err=True)
     use_colour = use_color(color, sys.stdout)
-    for missing in found.missing:
-        click.echo(f"{missing}: no such file or directory", err=True)
     outcomes = _run_with_progress(found.files, settings, mode, jobs, quiet)
+    # A path that does not exist is an error of the run: every report format must say so.
+    outcomes = [
+        FileOutcome(path=missing, error=f"{missing}: no such file or directory")
+        for missing in found.missing
+    ] + outcomes
     for outcome in outcomes:
         if verbose and outcome.skipped:
             click.echo(f"skipped {outcome.path}: {outcome.skipped}", err=True)
@@ -239,7 +243,7 @@ def apply(
         # Machine-readable output owns stdout; the enumeration then goes to stderr.
         to_stderr = not report_stream_is_stdout or output_format != "text"
         click.echo(fixes_summary(context), nl=False, err=to_stderr)
-    if found.missing or any(o.error for o in outcomes):
+    if any(o.error for o in outcomes):
         sys.exit(EXIT_ERROR)
     changed = any(o.changed for o in outcomes)
     sys.exit(EXIT_CHANGES if changed and not exit_zero else EXIT_CLEAN)

@@ -31,6 +31,9 @@ class Diagnostic:
     cell: Optional[int] = None  # 1-based cell number in a notebook; lines are cell-relative
     # Original-line ranges (first, last) the fix edits; empty for a finding without a fix.
     edit_lines: Tuple[Tuple[int, int], ...] = ()
+    # In a notebook: (line, column, end line, end column) of the finding in the .ipynb file's
+    # own text, for viewers of the raw file; None where lines are the file's already.
+    file_region: Optional[Tuple[int, int, int, int]] = None
 
     def moved(self, **changes: object) -> "Diagnostic":
         return replace(self, **changes)

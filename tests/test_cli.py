@@ -129,10 +129,14 @@ def test_json_output_carries_safety_and_status(script: Path) -> None:
     [finding] = document["findings"]
     assert finding["code"] == "OPT501"
     assert finding["safety"] == "numerics"
-    assert finding["status"] == "fixed"
+    assert finding["status"] == "fixable"  # --check writes nothing: not "fixed"
     assert finding["location"] == {"row": 4, "column": 13}
     assert document["changed_files"] == [str(script)]
     assert document["written"] is False
+    assert document["summary"] == {"fixable": 1}
+    written = run_cli(["apply", "--output-format", "json", str(script), *ONLY_FUSED])
+    [finding] = json.loads(written.stdout)["findings"]
+    assert finding["status"] == "fixed" and FUSED_LINE in script.read_bytes()
 
 
 def test_statistics_counts_per_rule(script: Path, tmp_path: Path) -> None:
