@@ -369,3 +369,20 @@ def test_force_exclude_passes_excluded_stdin_through(tmp_path: Path) -> None:
         ["apply", "-", "--stdin-filename", "src/train.py"], stdin=TRAINING_SCRIPT, cwd=tmp_path
     )
     assert kept.exit_code == 1 and FUSED_LINE in kept.stdout_bytes
+
+
+def test_the_repository_itself_has_nothing_to_change() -> None:
+    # Its pyproject.toml excludes the deliberately slow code (fixtures, reference workloads,
+    # the example): `optcodemod apply` with no path, run here, must change nothing.
+    root = Path(__file__).resolve().parent.parent
+    result = run_cli(["apply", "--check", "--output-format", "json"], cwd=root)
+    document = json.loads(result.stdout)
+    assert (document["changed_files"], document["errors"]) == ([], []), result.stderr
+    assert result.exit_code == 0
+    # As the pre-commit hook names them (it passes --force-exclude), excluded files stay out;
+    # named without it, as in the README's first command, the example is still rewritten.
+    named = ["examples/train.py", "fixtures/OPT501/fix_adamw_in_training_loop.py"]
+    assert all((root / name).is_file() for name in named)
+    forced = run_cli(["apply", "--check", "--force-exclude", *named], cwd=root)
+    assert forced.exit_code == 0 and "Nothing to change." in forced.stdout, forced.output
+    assert run_cli(["apply", "--check", "examples/train.py"], cwd=root).exit_code == 1
