@@ -26,6 +26,7 @@ from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.discovery import discover, excluded_reason
 from optimizer_codemod.engine import PRECISIONS, TARGET_DEVICES
 from optimizer_codemod.errors import ConfigError
+from optimizer_codemod.extras import missing_torch
 from optimizer_codemod.registry import all_rules, rule_by_code
 from optimizer_codemod.report import FORMATS, ReportContext, fixes_summary, statistics
 from optimizer_codemod.measured_gains import load_results
@@ -310,6 +311,14 @@ def _color_diff(text: str, color: bool) -> str:
     return "".join(styled)
 
 
+def _require_torch(command: str) -> None:
+    # One message and exit code for every command that runs torch, before a child process
+    # would crash on `import torch` with a traceback.
+    missing = missing_torch(command)
+    if missing is not None:
+        _fail(missing)
+
+
 def _fail(message: str, usage: bool = False) -> None:
     click.echo(f"optcodemod: {message}" if usage else message, err=True)
     sys.exit(EXIT_ERROR)
@@ -438,6 +447,7 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
     rewritten: SCRIPT and CANDIDATE are compared as they are. Arguments after `--` go to the
     script. Exit 0: equivalent; 1: not equivalent; 2: error.
     """
+    _require_torch("verify")
     from optimizer_codemod.verify.equivalence import verify_command
     from optimizer_codemod.verify.runner import end_runs_on_sigterm
 
@@ -466,6 +476,7 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
 @click.option("--compile-timeout", type=click.FloatRange(min=0), default=120, show_default=True)
 def doctor(output_format: str, compile_timeout: float) -> None:
     """What this machine offers a training script, and which rules pay off here."""
+    _require_torch("doctor")
     from optimizer_codemod.verify.doctor import doctor_command
 
     sys.exit(doctor_command(output_format, compile_timeout, echo=click.echo))
@@ -490,6 +501,7 @@ def doctor(output_format: str, compile_timeout: float) -> None:
 )
 def bench(path: str, size: Optional[str], **options) -> None:
     """Run every workload under PATH (folders with train.py) before and after the rewrite."""
+    _require_torch("bench")
     from optimizer_codemod.verify.bench import bench_command
     from optimizer_codemod.verify.runner import end_runs_on_sigterm
 
