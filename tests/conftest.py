@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -55,6 +57,26 @@ for step in range(3):
     loss.backward()
     optimizer.step()
 """
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def copy_working_tree(dest: Path) -> Path:
+    """A copy of this checkout as a clone would have it: tracked and new files, not ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
 
 
 def run_cli(

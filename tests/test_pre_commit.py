@@ -11,7 +11,6 @@ published one. Network access is made to fail, so a hook that reached for it wou
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TRAINING_SCRIPT
+from conftest import ROOT, TRAINING_SCRIPT, copy_working_tree
 
-ROOT = Path(__file__).resolve().parent.parent
 SLOW = b"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)"
 FUSED = b"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)"
 PUBLISHED = ROOT / ".pre-commit-hooks.yaml"
@@ -75,19 +73,7 @@ def test_published_hooks_force_exclude_and_cover_scripts_and_notebooks() -> None
 
 def _hook_repository(tmp: Path) -> tuple:
     """A git repository holding this project's working tree, and the commit to pin."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split("\0")
-    repo = tmp / "optcodemod-hooks"
-    for name in filter(None, listed):
-        source = ROOT / name
-        if source.is_file():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, repo / name)
+    repo = copy_working_tree(tmp / "optcodemod-hooks")
     published = PUBLISHED.read_text()
     local = published.replace("language: python", "language: system")
     assert local.count("language: system") == 2 and local != published
@@ -190,3 +176,26 @@ def test_hook_honours_exclude_for_the_files_pre_commit_names(hooks) -> None:
     assert both.returncode == 1, both.stdout + both.stderr
     assert FUSED in (project / "train.py").read_bytes()
     assert experiment.read_bytes() == TRAINING_SCRIPT
+
+
+def test_autoupdate_pins_the_newest_commit_when_there_are_no_tags(hooks, tmp_path) -> None:
+    # What docs/pre-commit-and-ci.md promises for `rev:` while optcodemod has no tags.
+    repository, first = hooks
+    upstream = tmp_path / "upstream"
+    _git(tmp_path, "clone", "-q", repository.as_uri(), str(upstream))
+    (upstream / "CHANGELOG.md").write_text((upstream / "CHANGELOG.md").read_text() + "\n")
+    _git(upstream, "commit", "-q", "-am", "newer")
+    newest = _git(upstream, "rev-parse", "HEAD")
+    assert _git(upstream, "tag", "--list") == "" and newest != first
+    project = _project((upstream, first), "optcodemod")
+    done = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "autoupdate"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=_offline_env(project),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
+    assert config["repos"][0]["rev"] == newest
