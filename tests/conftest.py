@@ -19,6 +19,11 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
 
+# The colour of reports follows NO_COLOR and FORCE_COLOR; a CI that sets either must not
+# change what the tests read. Tests of those variables set them themselves.
+for _name in ("NO_COLOR", "FORCE_COLOR"):
+    os.environ.pop(_name, None)
+
 TRAINING_SCRIPT = b"""import torch
 
 model = torch.nn.Linear(4, 2)

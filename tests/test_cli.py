@@ -491,7 +491,7 @@ def test_no_color_and_force_color(script: Path, monkeypatch, env, option, colour
     assert ("\x1b[32m+" in result.stdout) is coloured
 
 
-def test_no_color_wins_on_a_terminal_too() -> None:
+def test_no_color_wins_on_a_terminal_too(monkeypatch) -> None:
     from optimizer_codemod.cli import use_color
 
     class Terminal:
@@ -499,11 +499,8 @@ def test_no_color_wins_on_a_terminal_too() -> None:
             return True
 
     assert use_color("auto", Terminal())
-    os.environ["NO_COLOR"] = "1"
-    try:
-        assert not use_color("auto", Terminal())
-    finally:
-        del os.environ["NO_COLOR"]
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color("auto", Terminal())
 
 
 def test_apply_without_a_path_works_on_the_current_folder(tmp_path: Path) -> None:
