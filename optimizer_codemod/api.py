@@ -32,6 +32,7 @@ from optimizer_codemod.formatting import (
     format_changed_lines,
     wrap_long_calls,
 )
+from optimizer_codemod.ipynb_positions import NotebookPositions
 from optimizer_codemod.noqa import has_skip_file
 from optimizer_codemod.notebook import Notebook
 from optimizer_codemod.sources import check_syntax, compile_check
@@ -157,16 +158,25 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
             error.cell, error.line = notebook.locate(error.line)
         raise
     diagnostics = []
+    positions = NotebookPositions(notebook.text) if result.diagnostics else None
     for diagnostic in result.diagnostics:
         cell, line = notebook.locate(diagnostic.line)
         _, end_line = notebook.locate(diagnostic.end_line)
+        end_line = max(line, end_line)
         edit_lines = tuple(
             (notebook.locate(first)[1], notebook.locate(last)[1])
             for first, last in diagnostic.edit_lines
         )
+        file_region = positions.region(
+            cell, line, diagnostic.column, end_line, diagnostic.end_column
+        )
         diagnostics.append(
             diagnostic.moved(
-                cell=cell, line=line, end_line=max(line, end_line), edit_lines=edit_lines
+                cell=cell,
+                line=line,
+                end_line=end_line,
+                edit_lines=edit_lines,
+                file_region=file_region,
             )
         )
     diagnostics.sort(key=_reading_order)

@@ -16,17 +16,19 @@ import click
 
 from optimizer_codemod import __version__
 from optimizer_codemod.config import (
+    TABLE,
     RuleSelection,
     Settings,
-    find_config,
-    load_settings,
+    resolve_settings,
     validate_codes,
 )
-from optimizer_codemod.discovery import discover
+from optimizer_codemod.diagnostics import FileOutcome
+from optimizer_codemod.discovery import discover, excluded_reason
 from optimizer_codemod.engine import PRECISIONS, TARGET_DEVICES
 from optimizer_codemod.errors import ConfigError
+from optimizer_codemod.extras import missing_torch
 from optimizer_codemod.registry import all_rules, rule_by_code
-from optimizer_codemod.report import FORMATS, ReportContext, statistics
+from optimizer_codemod.report import FORMATS, ReportContext, fixes_summary, statistics
 from optimizer_codemod.measured_gains import load_results
 from optimizer_codemod.rule_docs import render_rule_page, stale_pages, write_docs
 from optimizer_codemod.rule import Safety
@@ -61,21 +63,56 @@ def main() -> None:
     """Rewrite PyTorch training scripts to train the same model, faster."""
 
 
-def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
-    if config is not None:
-        return load_settings(Path(config))
+def _settings_for(paths: Sequence[str], config: Sequence[str]) -> Settings:
     existing = [os.path.abspath(p) for p in paths if p != "-" and os.path.exists(p)]
     start = os.path.commonpath(existing) if existing else os.getcwd()
-    return load_settings(find_config(start))
+    return resolve_settings(tuple(config or ()), start)
+
+
+def _config_option(function):
+    return click.option(
+        "--config",
+        multiple=True,
+        metavar="FILE | KEY=VALUE",
+        help="A pyproject.toml to use (at most one), or one setting as TOML, "
+        "for example --config \"target-device = 'cpu'\" (overrides the file).",
+    )(function)
+
+
+def use_color(choice: str, stream) -> bool:
+    """--color, then NO_COLOR and FORCE_COLOR (no-color.org, force-color.org), then a TTY."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return stream.isatty()
+
+
+def _say_settings(settings: Settings, start_paths: Sequence[str]) -> None:
+    if settings.source:
+        click.echo(f"settings: {settings.source} [{TABLE}]", err=True)
+    else:
+        where = ", ".join(start_paths) or "."
+        click.echo(
+            f"settings: defaults (no pyproject.toml with [{TABLE}] at or above {where})",
+            err=True,
+        )
+    for value in settings.inline:
+        click.echo(f"settings: --config {value!r}", err=True)
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1)
 @click.option("--diff", is_flag=True, help="Print a unified diff; write nothing.")
 @click.option("--check", is_flag=True, help="Report what would change; write nothing.")
 @click.option("--select", multiple=True, callback=_split_codes, help="Codes or prefixes to run.")
 @click.option("--ignore", multiple=True, callback=_split_codes, help="Codes or prefixes to skip.")
 @click.option("--extend-select", multiple=True, callback=_split_codes, help="Add to select.")
+@click.option(
+    "--extend-ignore", multiple=True, callback=_split_codes, help="Add to ignore (as --ignore)."
+)
 @click.option(
     "--unsafe-fixes/--no-unsafe-fixes",
     default=None,
@@ -101,11 +138,28 @@ def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
     is_flag=True,
     help="Also list each site a rule examined and left alone, with the reason.",
 )
+@click.option("--show-fixes", is_flag=True, help="End with a count of the fixes per file and rule.")
+@click.option(
+    "--exit-zero", is_flag=True, help="Exit 0 when fixes are made or would be (errors: 2)."
+)
+@click.option(
+    "--force-exclude/--no-force-exclude",
+    default=None,
+    help="Apply `exclude` to paths named on the command line too (for pre-commit).",
+)
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, help="Worker processes.")
-@click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
+@_config_option
 @click.option("--stdin-filename", help="The path to report for `-` (stdin).")
 @click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
-@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Say which settings file is used, what is skipped, why."
+)
+@click.option(
+    "--color",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    help="auto: on a terminal, unless NO_COLOR is set (FORCE_COLOR forces it).",
+)
 def apply(
     paths: Tuple[str, ...],
     diff: bool,
@@ -113,6 +167,7 @@ def apply(
     select,
     ignore,
     extend_select,
+    extend_ignore,
     unsafe_fixes: Optional[bool],
     target_torch: Optional[TorchVersion],
     precision: Optional[str],
@@ -120,39 +175,58 @@ def apply(
     output_format: str,
     show_statistics: bool,
     why_not: bool,
+    show_fixes: bool,
+    exit_zero: bool,
+    force_exclude: Optional[bool],
     jobs: int,
-    config: Optional[str],
+    config: Tuple[str, ...],
     stdin_filename: Optional[str],
     quiet: bool,
+    verbose: bool,
     color: str,
 ) -> None:
-    """Rewrite PATHS (files, directories, or - for stdin) in place."""
+    """Rewrite PATHS (files, directories, or - for stdin; default: .) in place."""
+    paths = paths or (".",)
     try:
         settings = _settings_for(paths, config)
     except ConfigError as error:
         _fail(error.render())
+    ignored = tuple(ignore or ()) + tuple(extend_ignore or ())
     settings = settings.with_overrides(
-        overrides=(RuleSelection(select, tuple(extend_select or ()), tuple(ignore or ())),),
+        overrides=(RuleSelection(select, tuple(extend_select or ()), ignored),),
         unsafe_fixes=unsafe_fixes,
         target_torch=target_torch,
         precision=precision,
         target_device=target_device,
         why_not=why_not or None,
+        force_exclude=force_exclude,
     )
+    if verbose:
+        _say_settings(settings, [p for p in paths if p != "-"])
     if "-" in paths:
         if len(paths) > 1:
             _fail("`-` (stdin) cannot be combined with other paths", usage=True)
-        _apply_stdin(settings, diff, check, stdin_filename or "-", output_format, quiet)
+        _apply_stdin(
+            settings, diff, check, stdin_filename or "-", output_format, quiet, verbose, exit_zero
+        )
         return
     mode = Mode(write=not (diff or check), diff=diff)
     found = discover(list(paths), settings)
-    for missing in found.missing:
-        click.echo(f"{missing}: no such file or directory", err=True)
+    if verbose:
+        for path, reason in found.skipped:
+            click.echo(f"skipped {path}: {reason}", err=True)
     for folder in found.empty_directories:
         click.echo(f"{folder}: no Python files or notebooks found", err=True)
-    use_color = color == "always" or (color == "auto" and sys.stdout.isatty())
+    use_colour = use_color(color, sys.stdout)
     outcomes = _run_with_progress(found.files, settings, mode, jobs, quiet)
+    # A path that does not exist is an error of the run: every report format must say so.
+    outcomes = [
+        FileOutcome(path=missing, error=f"{missing}: no such file or directory")
+        for missing in found.missing
+    ] + outcomes
     for outcome in outcomes:
+        if verbose and outcome.skipped:
+            click.echo(f"skipped {outcome.path}: {outcome.skipped}", err=True)
         if outcome.warning and not quiet:
             click.echo(outcome.warning, err=True)
         if outcome.error:
@@ -162,20 +236,25 @@ def apply(
         for outcome in outcomes:
             if outcome.diff:
                 # color= so that --color always survives a pipe (click strips ANSI otherwise).
-                click.echo(_color_diff(outcome.diff, use_color), nl=False, color=use_color)
-    context = ReportContext(outcomes, writing=mode.write, color=use_color)
+                click.echo(_color_diff(outcome.diff, use_colour), nl=False, color=use_colour)
+    context = ReportContext(outcomes, writing=mode.write, color=use_colour)
     if not quiet or output_format != "text":
         click.echo(
             FORMATS[output_format](context),
             nl=False,
             err=not report_stream_is_stdout,
-            color=use_color,
+            color=use_colour,
         )
     if show_statistics:
         click.echo(statistics(outcomes), nl=False, err=not report_stream_is_stdout)
-    if found.missing or any(o.error for o in outcomes):
+    if show_fixes and (not quiet or output_format != "text"):
+        # Machine-readable output owns stdout; the enumeration then goes to stderr.
+        to_stderr = not report_stream_is_stdout or output_format != "text"
+        click.echo(fixes_summary(context), nl=False, err=to_stderr)
+    if any(o.error for o in outcomes):
         sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_CHANGES if any(o.changed for o in outcomes) else EXIT_CLEAN)
+    changed = any(o.changed for o in outcomes)
+    sys.exit(EXIT_CHANGES if changed and not exit_zero else EXIT_CLEAN)
 
 
 def _run_with_progress(files: List[str], settings: Settings, mode: Mode, jobs: int, quiet: bool):
@@ -185,10 +264,21 @@ def _run_with_progress(files: List[str], settings: Settings, mode: Mode, jobs: i
         return run(files, settings, mode, jobs, on_done=lambda _: bar.update(1))
 
 
-def _apply_stdin(settings, diff, check, filename, output_format, quiet) -> None:
+def _apply_stdin(settings, diff, check, filename, output_format, quiet, verbose, exit_zero) -> None:
     src = sys.stdin.buffer.read()
+    if filename != "-" and settings.force_exclude:
+        reason = excluded_reason(filename, settings)
+        if reason is not None:
+            # As ruff does: an excluded file passes through untouched (editors pipe every file).
+            if verbose:
+                click.echo(f"skipped {filename}: {reason}", err=True)
+            if not (diff or check):
+                _write_stdout(src)
+            sys.exit(EXIT_CLEAN)
     mode = Mode(write=False, diff=diff, keep_text=True)
     outcome = process_bytes(src, filename, settings, mode)
+    if verbose and outcome.skipped:
+        click.echo(f"skipped {filename}: {outcome.skipped}", err=True)
     if outcome.error:
         click.echo(outcome.error, err=True)
         if not (diff or check):
@@ -201,7 +291,7 @@ def _apply_stdin(settings, diff, check, filename, output_format, quiet) -> None:
     context = ReportContext([outcome], writing=not (diff or check), color=False)
     if not quiet or output_format != "text":
         click.echo(FORMATS[output_format](context), nl=False, err=True)
-    sys.exit(EXIT_CHANGES if outcome.changed else EXIT_CLEAN)
+    sys.exit(EXIT_CHANGES if outcome.changed and not exit_zero else EXIT_CLEAN)
 
 
 def _write_stdout(data: bytes) -> None:
@@ -226,6 +316,14 @@ def _color_diff(text: str, color: bool) -> str:
         else:
             styled.append(line)
     return "".join(styled)
+
+
+def _require_torch(command: str) -> None:
+    # One message and exit code for every command that runs torch, before a child process
+    # would crash on `import torch` with a traceback.
+    missing = missing_torch(command)
+    if missing is not None:
+        _fail(missing)
 
 
 def _fail(message: str, usage: bool = False) -> None:
@@ -338,7 +436,7 @@ def generate_docs(output: str, check: bool, results: Optional[str]) -> None:
     help="Processes under torchrun [default: the script's `# bench: torchrun` line, else 1].",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all results.")
-@click.option("--config", type=click.Path(dir_okay=False), help="A pyproject.toml to use.")
+@_config_option
 @click.option(
     "--against",
     type=click.Path(exists=True, dir_okay=False),
@@ -356,6 +454,7 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
     rewritten: SCRIPT and CANDIDATE are compared as they are. Arguments after `--` go to the
     script. Exit 0: equivalent; 1: not equivalent; 2: error.
     """
+    _require_torch("verify")
     from optimizer_codemod.verify.equivalence import verify_command
     from optimizer_codemod.verify.runner import end_runs_on_sigterm
 
@@ -384,6 +483,7 @@ def verify(script, script_args, select, ignore, extend_select, config, **options
 @click.option("--compile-timeout", type=click.FloatRange(min=0), default=120, show_default=True)
 def doctor(output_format: str, compile_timeout: float) -> None:
     """What this machine offers a training script, and which rules pay off here."""
+    _require_torch("doctor")
     from optimizer_codemod.verify.doctor import doctor_command
 
     sys.exit(doctor_command(output_format, compile_timeout, echo=click.echo))
@@ -408,6 +508,7 @@ def doctor(output_format: str, compile_timeout: float) -> None:
 )
 def bench(path: str, size: Optional[str], **options) -> None:
     """Run every workload under PATH (folders with train.py) before and after the rewrite."""
+    _require_torch("bench")
     from optimizer_codemod.verify.bench import bench_command
     from optimizer_codemod.verify.runner import end_runs_on_sigterm
 

@@ -68,6 +68,7 @@ class Settings:
     select: Tuple[str, ...] = ("ALL",)
     ignore: Tuple[str, ...] = ()
     extend_select: Tuple[str, ...] = ()
+    extend_ignore: Tuple[str, ...] = ()  # ruff's older spelling: added to `ignore`
     per_file_ignores: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
     unsafe_fixes: bool = False
     extend_safe_fixes: Tuple[str, ...] = ()
@@ -76,16 +77,23 @@ class Settings:
     precision: str = DEFAULT_PRECISION
     target_device: str = DEFAULT_TARGET_DEVICE
     exclude: Tuple[str, ...] = ()
+    # Apply `exclude` to paths named on the command line too: pre-commit names every file.
+    force_exclude: bool = False
     respect_gitignore: bool = True
     why_not: bool = False
     overrides: Tuple[RuleSelection, ...] = ()  # command-line or API layers, in order
     # Where the configuration came from; relative patterns are relative to `root`.
     root: str = "."
     source: Optional[str] = None
+    inline: Tuple[str, ...] = ()  # `--config "key = value"` settings applied over `source`
 
     @property
     def selection_layers(self) -> Tuple[RuleSelection, ...]:
-        own = RuleSelection(tuple(self.select), tuple(self.extend_select), tuple(self.ignore))
+        own = RuleSelection(
+            tuple(self.select),
+            tuple(self.extend_select),
+            tuple(self.ignore) + tuple(self.extend_ignore),
+        )
         return (own, *self.overrides)
 
     def rules_for(self, path: str) -> Tuple[type, ...]:
@@ -114,9 +122,19 @@ class Settings:
 
     def excludes(self, path: str) -> bool:
         """Whether a user `exclude` pattern (relative to the configuration's folder) matches."""
+        return self.exclude_pattern(path) is not None
+
+    def exclude_pattern(self, path: str) -> Optional[str]:
+        """The first user `exclude` pattern that matches `path`, for messages; else None."""
         if not self.exclude:
-            return False
-        return _glob_spec(self.exclude).match_file(_relative_posix(path, self.root))
+            return None
+        relative = _relative_posix(path, self.root)
+        if not _glob_spec(self.exclude).match_file(relative):
+            return None
+        # A negated pattern can un-exclude, so only the whole spec decides; this names a culprit.
+        return next(
+            (p for p in self.exclude if _glob_spec((p,)).match_file(relative)), self.exclude[0]
+        )
 
     def with_overrides(self, **overrides: Any) -> "Settings":
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
@@ -180,18 +198,73 @@ def find_config(start: str) -> Optional[Path]:
     return None
 
 
-def load_settings(config_path: Optional[Path]) -> Settings:
+def load_settings(config_path: Optional[Path], explicit: bool = False) -> Settings:
+    """Settings from `config_path` (None: the defaults, rooted at the working directory).
+
+    `explicit`: the user named the file (`--config`), so a file without our table is a
+    mistake (a typo in the path, the wrong pyproject.toml), not a request for the defaults.
+    """
     if config_path is None:
         return Settings(root=os.getcwd())
     try:
         data = tomllib.loads(config_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"cannot read the configuration: {exc}", str(config_path)) from None
-    table = data.get("tool", {}).get("optcodemod", {})
+    tool = data.get("tool")
+    if explicit and not (isinstance(tool, dict) and "optcodemod" in tool):
+        raise ConfigError(
+            f"no [{TABLE}] table in this file; put the settings under [{TABLE}]",
+            str(config_path),
+        )
+    table = (tool if isinstance(tool, dict) else {}).get("optcodemod", {})
     if not isinstance(table, dict):
         raise ConfigError(f"[{TABLE}] must be a table", str(config_path))
     values = parse_table(table, str(config_path))
     return Settings(root=str(config_path.parent), source=str(config_path), **values)
+
+
+def parse_inline(setting: str) -> Dict[str, Any]:
+    """The values of one `--config "key = value"` setting (ruff's inline form).
+
+    Raises ConfigError when `setting` is not TOML, or names an unknown key or a bad value.
+    """
+    label = f"--config {setting!r}"
+    try:
+        table = tomllib.loads(setting)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"not an existing file, nor a TOML `key = value` setting ({exc})", label
+        ) from None
+    if not table:
+        raise ConfigError("not an existing file, nor a TOML `key = value` setting", label)
+    return parse_table(table, label)
+
+
+def resolve_settings(config: Sequence[str], start: str) -> Settings:
+    """Settings for a run: `--config` values (files and inline settings) over the nearest file.
+
+    As in ruff: at most one file; inline `key = value` settings override every file, and the
+    nearest pyproject.toml with our table is used when no file is named.
+    """
+    files = [value for value in config if _looks_like_file(value)]
+    if len(files) > 1:
+        raise ConfigError(f"--config names {len(files)} files; at most one is allowed", files[1])
+    overrides: Dict[str, Any] = {}
+    for value in config:
+        if value not in files:
+            overrides.update(parse_inline(value))
+    if files:
+        settings = load_settings(Path(files[0]), explicit=True)
+    else:
+        settings = load_settings(find_config(start))
+    inline = tuple(value for value in config if value not in files)
+    return replace(settings, **overrides, inline=inline) if inline else settings
+
+
+def _looks_like_file(value: str) -> bool:
+    # An inline setting always has `=`; a path to a file may too, so the file system decides
+    # first, and a `.toml` name that does not exist is reported as a missing file.
+    return os.path.exists(value) or value.endswith(".toml") or "=" not in value
 
 
 def _fail(path: str, key: str, problem: str) -> ConfigError:
@@ -263,6 +336,7 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "select": ("select", _codes),
     "ignore": ("ignore", _codes),
     "extend-select": ("extend_select", _codes),
+    "extend-ignore": ("extend_ignore", _codes),
     "per-file-ignores": ("per_file_ignores", _per_file_ignores),
     "unsafe-fixes": ("unsafe_fixes", _bool),
     "extend-safe-fixes": ("extend_safe_fixes", _codes),
@@ -271,6 +345,7 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "precision": ("precision", _one_of(PRECISIONS)),
     "target-device": ("target_device", _one_of(TARGET_DEVICES)),
     "exclude": ("exclude", _strings),
+    "force-exclude": ("force_exclude", _bool),
     "respect-gitignore": ("respect_gitignore", _bool),
 }
 CONFIG_KEYS = tuple(_PARSERS)

@@ -33,6 +33,9 @@ class Diagnostic:
     cell: Optional[int] = None  # 1-based cell number in a notebook; lines are cell-relative
     # Original-line ranges (first, last) the fix edits; empty for a finding without a fix.
     edit_lines: Tuple[Tuple[int, int], ...] = ()
+    # In a notebook: (line, column, end line, end column) of the finding in the .ipynb file's
+    # own text, for viewers of the raw file; None where lines are the file's already.
+    file_region: Optional[Tuple[int, int, int, int]] = None
 
     def moved(self, **changes: object) -> "Diagnostic":
         return replace(self, **changes)
@@ -48,6 +51,7 @@ class FileOutcome:
     written: bool = False
     error: Optional[str] = None
     warning: Optional[str] = None
+    skipped: Optional[str] = None  # why the file was not looked at (for --verbose)
     diff: Optional[str] = None
     new_text: Optional[bytes] = None
     # The changes as line-level edits of the original text (Python files, not notebooks).

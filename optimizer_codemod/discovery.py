@@ -19,6 +19,7 @@ class Discovery:
     files: List[str] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)
     empty_directories: List[str] = field(default_factory=list)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)  # (path, why), for --verbose
 
 
 class _GitIgnores:
@@ -40,16 +41,16 @@ class _GitIgnores:
             self._cache[folder] = spec
         return self._cache[folder]
 
-    def ignored(self, path: Path, is_dir: bool) -> bool:
-        """Whether a .gitignore in any folder from the repository root down ignores `path`."""
+    def ignored_by(self, path: Path, is_dir: bool) -> Optional[Path]:
+        """The .gitignore, from the repository root down, that ignores `path`; else None."""
         for folder in _folders_up_to_repository(path.parent):
             spec = self._spec(folder)
             if spec is None:
                 continue
             relative = path.relative_to(folder).as_posix() + ("/" if is_dir else "")
             if spec.match_file(relative):
-                return True
-        return False
+                return folder / ".gitignore"
+        return None
 
 
 def _folders_up_to_repository(folder: Path) -> Iterator[Path]:
@@ -59,8 +60,27 @@ def _folders_up_to_repository(folder: Path) -> Iterator[Path]:
             return
 
 
+def excluded_reason(path: str, settings: Settings) -> Optional[str]:
+    """Why `force-exclude` keeps a path named on the command line out; None to keep it.
+
+    The user's `exclude` patterns and the folders always skipped (`.venv`, `build`, ...)
+    below the configuration's folder, as ruff's `force-exclude` does; .gitignore is not
+    consulted (pre-commit names tracked files only).
+    """
+    pattern = settings.exclude_pattern(path)
+    if pattern is not None:
+        return f"force-exclude: matches exclude pattern {pattern!r}"
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(settings.root))
+    parts = Path(relative).parts
+    if parts and parts[0] != os.pardir:
+        for name in parts:
+            if name in DEFAULT_EXCLUDE:
+                return f"force-exclude: inside {name!r}, a folder always skipped"
+    return None
+
+
 def discover(paths: List[str], settings: Settings) -> Discovery:
-    """Explicit files are always taken (as black and ruff do); directories are walked."""
+    """Directories are walked; named files are taken, unless `force_exclude` is set."""
     found = Discovery()
     gitignores = _GitIgnores()
     seen = set()
@@ -75,40 +95,55 @@ def discover(paths: List[str], settings: Settings) -> Discovery:
         if not os.path.exists(raw):
             found.missing.append(raw)
             continue
+        reason = excluded_reason(raw, settings) if settings.force_exclude else None
+        if reason is not None:
+            found.skipped.append((raw, reason))
+            continue
         if not os.path.isdir(raw):
             add(raw)
             continue
         before = len(found.files)
-        for path in _walk(Path(raw), settings, gitignores):
+        for path in _walk(Path(raw), settings, gitignores, found.skipped):
             add(str(path))
         if len(found.files) == before:
             found.empty_directories.append(raw)
     return found
 
 
-def _walk(root: Path, settings: Settings, gitignores: _GitIgnores) -> Iterator[Path]:
+def _walk(
+    root: Path, settings: Settings, gitignores: _GitIgnores, skipped: List[Tuple[str, str]]
+) -> Iterator[Path]:
     absolute_root = root.resolve()
+
+    def why_not(child: Path, is_dir: bool) -> Optional[str]:
+        if is_dir and child.name in DEFAULT_EXCLUDE:
+            return "a folder always skipped"
+        pattern = settings.exclude_pattern(str(child))
+        if pattern is not None:
+            return f"matches exclude pattern {pattern!r}"
+        if settings.respect_gitignore:
+            ignore_file = gitignores.ignored_by(
+                absolute_root / child.relative_to(root), is_dir=is_dir
+            )
+            if ignore_file is not None:
+                return f"ignored by {ignore_file}"
+        return None
+
     for folder, dirnames, filenames in os.walk(root):
         here = Path(folder)
         kept = []
         for name in sorted(dirnames):
-            child = here / name
-            if name in DEFAULT_EXCLUDE or settings.excludes(str(child)):
-                continue
-            if settings.respect_gitignore and gitignores.ignored(
-                absolute_root / child.relative_to(root), is_dir=True
-            ):
-                continue
-            kept.append(name)
+            reason = why_not(here / name, is_dir=True)
+            if reason is None:
+                kept.append(name)
+            elif name != ".git":  # every repository has one: not worth a line
+                skipped.append((str(here / name) + os.sep, reason))
         dirnames[:] = kept
         for name in sorted(filenames):
             if not name.endswith(SOURCE_SUFFIXES):
                 continue
-            child = here / name
-            if settings.excludes(str(child)):
-                continue
-            if settings.respect_gitignore and gitignores.ignored(
-                absolute_root / child.relative_to(root), is_dir=False
-            ):
-                continue
-            yield child
+            reason = why_not(here / name, is_dir=False)
+            if reason is None:
+                yield here / name
+            else:
+                skipped.append((str(here / name), reason))

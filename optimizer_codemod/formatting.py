@@ -21,6 +21,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from optimizer_codemod.extras import BLACK_INSTALL
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -116,7 +118,7 @@ def format_changed_lines(old: str, new: str, style: BlackStyle) -> str:
     except ImportError:
         raise FormatterUnavailable(
             f"{style.pyproject} configures black, but black is not installed; "
-            "changed lines keep optcodemod's formatting (pip install 'optcodemod[black]')"
+            f"changed lines keep optcodemod's formatting ({BLACK_INSTALL})"
         ) from None
     ranges = changed_line_ranges(old, new)
     if not ranges:

@@ -111,7 +111,14 @@ def summary_lines(context: ReportContext) -> List[str]:
     return lines
 
 
-def diagnostic_record(path: str, d: Diagnostic) -> dict:
+def status_label(diagnostic: Diagnostic, writing: bool) -> str:
+    """The status machine-readable formats show: `fixable` where nothing was written."""
+    if diagnostic.status is Status.FIXED and not writing:
+        return "fixable"
+    return diagnostic.status.value
+
+
+def diagnostic_record(path: str, d: Diagnostic, writing: bool = True) -> dict:
     return {
         "filename": path,
         "cell": d.cell,
@@ -119,7 +126,7 @@ def diagnostic_record(path: str, d: Diagnostic) -> dict:
         "name": d.name,
         "message": d.message,
         "safety": d.safety.label,
-        "status": d.status.value,
+        "status": status_label(d, writing),
         "fix_title": d.fix_title,
         "location": {"row": d.line, "column": d.column},
         "end_location": {"row": d.end_line, "column": d.end_column},
@@ -142,12 +149,14 @@ def github_report(context: ReportContext) -> str:
         for d in outcome.diagnostics:
             if d.status is Status.DECLINED:
                 continue  # no annotation on code left alone
-            # Notebook lines are cell-relative: annotate the notebook file without a line.
             where = f"file={_github_escape(outcome.path, True)}"
-            if d.cell is None:
-                where += (
-                    f",line={d.line},col={d.column},endLine={d.end_line},endColumn={d.end_column}"
-                )
+            # Notebook lines are cell-relative: annotate the line of the .ipynb JSON that holds
+            # the source, when it is known, else the notebook file without a line.
+            region = (d.line, d.column, d.end_line, d.end_column) if d.cell is None else None
+            region = d.file_region or region
+            if region is not None:
+                line, column, end_line, end_column = region
+                where += f",line={line},col={column},endLine={end_line},endColumn={end_column}"
             title = _github_escape(f"{d.code} ({d.name})", True)
             cell = f"cell {d.cell}: " if d.cell is not None else ""
             message = f"{cell}{d.message} [{d.safety.label}] ({_status_text(d, context.writing)})"
@@ -164,19 +173,23 @@ def github_report(context: ReportContext) -> str:
 def sarif_report(context: ReportContext) -> str:
     from optimizer_codemod.sarif import sarif_document
 
-    return json.dumps(sarif_document(context.outcomes), indent=2) + "\n"
+    return json.dumps(sarif_document(context.outcomes, context.writing), indent=2) + "\n"
 
 
 @output_format("json")
 def json_report(context: ReportContext) -> str:
-    findings = [diagnostic_record(o.path, d) for o in context.outcomes for d in o.diagnostics]
+    findings = [
+        diagnostic_record(o.path, d, context.writing)
+        for o in context.outcomes
+        for d in o.diagnostics
+    ]
     document = {
         "tool": {"name": "optcodemod", "version": __version__},
         "written": context.writing,
         "findings": findings,
         "changed_files": [o.path for o in context.outcomes if o.changed and not o.error],
         "errors": [{"filename": o.path, "message": o.error} for o in context.outcomes if o.error],
-        "summary": dict(Counter(d.status.value for o in context.outcomes for d in o.diagnostics)),
+        "summary": dict(Counter(finding["status"] for finding in findings)),
     }
     return json.dumps(document, indent=2) + "\n"
 
@@ -199,4 +212,24 @@ def statistics(outcomes: Sequence[FileOutcome]) -> str:
             f"{sum(counter.values()):>5}  {counter[Status.FIXED]:>5}  {counter[Status.UNSAFE]:>6}  "
             f"{counter[Status.REPORTED]:>5}  {code}  {names[code]}"
         )
+    return "\n".join(lines) + "\n"
+
+
+def fixes_summary(context: ReportContext) -> str:
+    """ruff's --show-fixes: the fixes made (or that would be made), per file and rule."""
+    per_file = []
+    total = 0
+    for outcome in context.outcomes:
+        counts = Counter((d.code, d.name) for d in outcome.fixed)
+        if counts and not outcome.error:
+            per_file.append((outcome.path, counts))
+            total += sum(counts.values())
+    if not total:
+        return "No fixes " + ("made" if context.writing else "would be made") + ".\n"
+    verb = "Fixed" if context.writing else "Would fix"
+    lines = [f"{verb} {total} finding{'s' if total != 1 else ''}:"]
+    for path, counts in per_file:
+        lines.append(f"- {path}:")
+        for (code, name), count in sorted(counts.items()):
+            lines.append(f"    {count} × {code} ({name})")
     return "\n".join(lines) + "\n"

@@ -60,6 +60,7 @@ def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> File
         return outcome
     outcome.diagnostics = result.diagnostics
     outcome.changed = result.changed
+    outcome.skipped = result.skipped
     if result.skipped == "empty file":
         outcome.warning = f"{path}: empty file, nothing to do"
     if result.warning:
@@ -106,8 +107,10 @@ def _quick_outcome(path: str, settings: Settings) -> Optional[FileOutcome]:
     if settled is None:
         return None
     if settled.skipped == "empty file":
-        return FileOutcome(path=path, warning=f"{path}: empty file, nothing to do")
-    return FileOutcome(path=path)
+        return FileOutcome(
+            path=path, warning=f"{path}: empty file, nothing to do", skipped=settled.skipped
+        )
+    return FileOutcome(path=path, skipped=settled.skipped)
 
 
 def run(

@@ -1,19 +1,26 @@
 """SARIF 2.1.0: findings as code-scanning results, with rule metadata and the fixes themselves.
 
 Schema: https://docs.oasis-open.org/sarif/sarif/v2.1.0/sarif-v2.1.0.html. Regions use 1-based
-lines and columns; fixes replace character ranges of the original text (charOffset/charLength),
-which is unambiguous for insertions and for a file's last line.
+lines and columns counted in code points (Python's); fixes replace character ranges of the
+original text (charOffset/charLength), which is unambiguous for insertions and for a file's last
+line.
+
+Notebooks: a region always means lines of the artifact itself, so a finding in a notebook gets
+the region of its source text inside the .ipynb JSON (what a viewer of the raw file shows), a
+logical location naming the cell, and the cell-relative region in `properties`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Dict, List, Sequence
+from urllib.parse import quote
 
 from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, FileOutcome, Status
 from optimizer_codemod.edits import TextEdit
 from optimizer_codemod.registry import all_rules
+from optimizer_codemod.report import status_label
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/optcodemod/optcodemod"
@@ -27,9 +34,12 @@ LEVELS = {
 
 
 def _uri(path: str) -> str:
-    # SARIF wants URIs: relative paths stay relative (to the working directory, as given).
+    # SARIF wants URIs (RFC 3986): relative paths stay relative (to the working directory, as
+    # given), and every character a URI reserves is percent-encoded (a space, `#`, `%`, `:`).
     location = Path(path)
-    return location.as_uri() if location.is_absolute() else location.as_posix()
+    if location.is_absolute():
+        return location.as_uri()
+    return quote(location.as_posix(), safe="/")
 
 
 def _rule_descriptor(rule: type) -> dict:
@@ -93,22 +103,40 @@ def _fixes(path: str, diagnostic: Diagnostic, mine: Sequence[TextEdit]) -> List[
     ]
 
 
-def _result(path: str, diagnostic: Diagnostic, mine, rule_index: Dict[str, int]) -> dict:
-    region = {
-        "startLine": diagnostic.line,
-        "startColumn": diagnostic.column,
-        "endLine": diagnostic.end_line,
-        "endColumn": diagnostic.end_column,
+def _region(line: int, column: int, end_line: int, end_column: int) -> dict:
+    return {"startLine": line, "startColumn": column, "endLine": end_line, "endColumn": end_column}
+
+
+def _location(path: str, diagnostic: Diagnostic) -> dict:
+    own = _region(diagnostic.line, diagnostic.column, diagnostic.end_line, diagnostic.end_column)
+    physical: dict = {"artifactLocation": {"uri": _uri(path)}}
+    if diagnostic.cell is None:
+        physical["region"] = own
+        return {"physicalLocation": physical}
+    if diagnostic.file_region is not None:
+        physical["region"] = _region(*diagnostic.file_region)
+    cell = f"cell {diagnostic.cell}"
+    return {
+        "physicalLocation": physical,
+        "logicalLocations": [{"name": cell, "fullyQualifiedName": f"{path}:{cell}"}],
+        "message": {"text": f"{cell}, line {diagnostic.line}, column {diagnostic.column}"},
+        "properties": {"cell": diagnostic.cell, "cellRegion": own},
     }
+
+
+def _result(
+    path: str, diagnostic: Diagnostic, mine, rule_index: Dict[str, int], writing: bool
+) -> dict:
     result = {
         "ruleId": diagnostic.code,
         "ruleIndex": rule_index[diagnostic.code],
         "level": LEVELS[diagnostic.status],
         "message": {"text": diagnostic.message},
-        "locations": [
-            {"physicalLocation": {"artifactLocation": {"uri": _uri(path)}, "region": region}}
-        ],
-        "properties": {"safety": diagnostic.safety.label, "status": diagnostic.status.value},
+        "locations": [_location(path, diagnostic)],
+        "properties": {
+            "safety": diagnostic.safety.label,
+            "status": status_label(diagnostic, writing),
+        },
     }
     if diagnostic.cell is not None:
         result["properties"]["cell"] = diagnostic.cell
@@ -118,7 +146,8 @@ def _result(path: str, diagnostic: Diagnostic, mine, rule_index: Dict[str, int])
     return result
 
 
-def sarif_document(outcomes: Sequence[FileOutcome]) -> dict:
+def sarif_document(outcomes: Sequence[FileOutcome], writing: bool = False) -> dict:
+    """The SARIF log of one run; `writing`: the fixes were written (not --check/--diff)."""
     rules = sorted(all_rules(), key=lambda rule: rule.code)
     rule_index = {rule.code: index for index, rule in enumerate(rules)}
     results = []
@@ -126,7 +155,7 @@ def sarif_document(outcomes: Sequence[FileOutcome]) -> dict:
         owners = _owners(outcome.diagnostics, outcome.edits)
         for index, diagnostic in enumerate(outcome.diagnostics):
             mine = [outcome.edits[number] for number in owners.get(index, ())]
-            results.append(_result(outcome.path, diagnostic, mine, rule_index))
+            results.append(_result(outcome.path, diagnostic, mine, rule_index, writing))
     notifications = [
         {
             "level": "error",
@@ -149,6 +178,7 @@ def sarif_document(outcomes: Sequence[FileOutcome]) -> dict:
                         "rules": [_rule_descriptor(rule) for rule in rules],
                     }
                 },
+                "columnKind": "unicodeCodePoints",
                 "invocations": [
                     {
                         "executionSuccessful": not notifications,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -16,6 +18,11 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     # several processes contend for the same cores and every training step slows many times.
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
+
+# The colour of reports follows NO_COLOR and FORCE_COLOR; a CI that sets either must not
+# change what the tests read. Tests of those variables set them themselves.
+for _name in ("NO_COLOR", "FORCE_COLOR"):
+    os.environ.pop(_name, None)
 
 TRAINING_SCRIPT = b"""import torch
 
@@ -55,6 +62,26 @@ for step in range(3):
     loss.backward()
     optimizer.step()
 """
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def copy_working_tree(dest: Path) -> Path:
+    """A copy of this checkout as a clone would have it: tracked and new files, not ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
 
 
 def run_cli(

@@ -129,10 +129,14 @@ def test_json_output_carries_safety_and_status(script: Path) -> None:
     [finding] = document["findings"]
     assert finding["code"] == "OPT501"
     assert finding["safety"] == "numerics"
-    assert finding["status"] == "fixed"
+    assert finding["status"] == "fixable"  # --check writes nothing: not "fixed"
     assert finding["location"] == {"row": 4, "column": 13}
     assert document["changed_files"] == [str(script)]
     assert document["written"] is False
+    assert document["summary"] == {"fixable": 1}
+    written = run_cli(["apply", "--output-format", "json", str(script), *ONLY_FUSED])
+    [finding] = json.loads(written.stdout)["findings"]
+    assert finding["status"] == "fixed" and FUSED_LINE in script.read_bytes()
 
 
 def test_statistics_counts_per_rule(script: Path, tmp_path: Path) -> None:
@@ -392,3 +396,118 @@ def test_console_script_entry_point(tmp_path: Path) -> None:
     )
     assert completed.returncode == 1, completed.stderr
     assert "OPT501" in completed.stdout
+
+
+# --- ruff's conventions: --show-fixes, --exit-zero, -v, NO_COLOR/FORCE_COLOR, no path ----------
+
+
+def test_show_fixes_enumerates_the_fixes_per_file_and_rule(script: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.py"
+    other.write_bytes(TRAINING_SCRIPT)
+    checked = run_cli(["apply", "--check", "--show-fixes", ".", *ONLY_FUSED], cwd=tmp_path)
+    assert checked.stdout.endswith(
+        "Would fix 2 findings:\n"
+        "- other.py:\n    1 × OPT501 (optimizer-without-fused-kernel)\n"
+        "- train.py:\n    1 × OPT501 (optimizer-without-fused-kernel)\n"
+    )
+    assert script.read_bytes() == TRAINING_SCRIPT
+    written = run_cli(["apply", "--show-fixes", "train.py", *ONLY_FUSED], cwd=tmp_path)
+    assert "Fixed 1 finding:\n- train.py:\n    1 × OPT501" in written.stdout
+    again = run_cli(["apply", "--show-fixes", "train.py", *ONLY_FUSED], cwd=tmp_path)
+    assert again.stdout.endswith("No fixes made.\n")
+    as_json = run_cli(
+        ["apply", "--check", "--show-fixes", "--output-format", "json", "other.py", *ONLY_FUSED],
+        cwd=tmp_path,
+    )
+    assert json.loads(as_json.stdout)["findings"]  # stdout stays one JSON document
+    assert "Would fix 1 finding:" in as_json.stderr
+
+
+def test_exit_zero_is_0_on_changes_and_still_2_on_errors(script: Path, tmp_path: Path) -> None:
+    changed = run_cli(["apply", "--exit-zero", str(script), *ONLY_FUSED])
+    assert changed.exit_code == 0 and FUSED_LINE in script.read_bytes()
+    script.write_bytes(TRAINING_SCRIPT)
+    assert run_cli(["apply", "--check", "--exit-zero", str(script)]).exit_code == 0
+    missing = run_cli(["apply", "--exit-zero", str(tmp_path / "nope.py")])
+    assert missing.exit_code == 2
+    piped = run_cli(["apply", "-", "--exit-zero", *ONLY_FUSED], stdin=TRAINING_SCRIPT)
+    assert piped.exit_code == 0 and FUSED_LINE in piped.stdout_bytes
+
+
+def test_verbose_names_the_settings_and_every_skipped_file(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    (root / ".git").mkdir(parents=True)
+    (root / ".gitignore").write_text("generated/\n")
+    (root / "pyproject.toml").write_text('[tool.optcodemod]\nexclude = ["old_*.py"]\n')
+    files = {
+        "train.py": TRAINING_SCRIPT,
+        "old_train.py": TRAINING_SCRIPT,
+        "generated/a.py": TRAINING_SCRIPT,
+        ".venv/b.py": TRAINING_SCRIPT,
+        "utils.py": b"import os\n",
+        "vendored.py": b"# optcodemod: skip-file\n" + TRAINING_SCRIPT,
+    }
+    for relative, content in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(content)
+    result = run_cli(["apply", "--check", "-v", "--config", "precision='fp16'"], cwd=root)
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert f"settings: {root / 'pyproject.toml'} [tool.optcodemod]" in lines
+    assert "settings: --config \"precision='fp16'\"" in lines
+    assert "skipped .venv/: a folder always skipped" in lines
+    assert f"skipped generated/: ignored by {root / '.gitignore'}" in lines
+    assert "skipped old_train.py: matches exclude pattern 'old_*.py'" in lines
+    assert "skipped utils.py: no pattern any selected rule looks for" in lines
+    assert "skipped vendored.py: # optcodemod: skip-file" in lines
+    assert "skipped train.py" not in result.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "t.py").write_bytes(b"import os\n")
+    alone = run_cli(["apply", "--check", "-v", "t.py"], cwd=bare)
+    expected = "settings: defaults (no pyproject.toml with [tool.optcodemod] at or above t.py)"
+    assert expected in alone.stderr.splitlines()
+    quiet = run_cli(["apply", "--check", "."], cwd=root)
+    assert "skipped" not in quiet.stderr and "settings:" not in quiet.stderr
+
+
+@pytest.mark.parametrize(
+    "env, option, coloured",
+    [
+        ({}, "auto", False),  # a pipe
+        ({"FORCE_COLOR": "1"}, "auto", True),
+        ({"NO_COLOR": "1"}, "always", True),  # the command line wins over the environment
+        ({"NO_COLOR": "1", "FORCE_COLOR": "1"}, "auto", False),
+        ({"NO_COLOR": "", "FORCE_COLOR": "1"}, "auto", True),  # empty means unset
+        ({"FORCE_COLOR": "1"}, "never", False),
+    ],
+)
+def test_no_color_and_force_color(script: Path, monkeypatch, env, option, coloured) -> None:
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = run_cli(["apply", "--diff", "--color", option, str(script), *ONLY_FUSED])
+    assert ("\x1b[32m+" in result.stdout) is coloured
+
+
+def test_no_color_wins_on_a_terminal_too(monkeypatch) -> None:
+    from optimizer_codemod.cli import use_color
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    assert use_color("auto", Terminal())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color("auto", Terminal())
+
+
+def test_apply_without_a_path_works_on_the_current_folder(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    nested = tmp_path / "pkg" / "train.py"
+    nested.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", *ONLY_FUSED], cwd=tmp_path)
+    assert result.exit_code == 1, result.output
+    assert FUSED_LINE in nested.read_bytes()
+    assert "pkg/train.py:4:13: OPT501" in result.stdout

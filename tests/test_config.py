@@ -214,3 +214,175 @@ def test_verify_passes_the_target_device_to_the_rewrite(tmp_path: Path, monkeypa
     assert run_cli(["verify", str(source)]).exit_code == 0
     assert [options.target_device for options in seen] == ["cpu", "cuda"]
     assert "OPT402" not in [rule.code for rule in seen[0].rules]
+
+
+# --- --config: a named file must have the table; ruff's inline `key = value` form -------------
+
+
+def test_a_named_config_file_without_the_table_is_an_error(tmp_path: Path) -> None:
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[project]\nname = 'x'\n\n[tool.black]\nline-length = 100\n")
+    source = tmp_path / "train.py"
+    source.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--config", str(config), str(source)])
+    assert result.exit_code == 2
+    assert f"{config}: no [tool.optcodemod] table in this file" in result.stderr
+    assert source.read_bytes() == TRAINING_SCRIPT
+    # Found by walking up, the same file is simply not ours: the defaults apply.
+    assert run_cli(["apply", "--check", str(source)]).exit_code == 1
+    missing = run_cli(["apply", "--config", str(tmp_path / "nope.toml"), str(source)])
+    assert missing.exit_code == 2 and "nope.toml: cannot read the configuration" in missing.stderr
+
+
+def test_inline_config_settings_override_the_file(tmp_path: Path) -> None:
+    source = project(tmp_path, 'target-device = "cpu"')
+    source.write_bytes(ATTENTION_SCRIPT)
+    from_file = run_cli(["apply", "--check", str(source)])
+    assert "OPT302" in from_file.stdout and "OPT406" not in from_file.stdout
+    inline = run_cli(["apply", "--check", "--config", "target-device='cuda'", str(source)])
+    assert "OPT406" in inline.stdout and "OPT402" in inline.stdout
+    both = run_cli(
+        [
+            "apply",
+            "--check",
+            "--config",
+            str(tmp_path / "pyproject.toml"),
+            "--config",
+            "select = ['OPT406']",
+            "--config",
+            "target-device = 'cuda'",
+            str(source),
+        ]
+    )
+    assert both.exit_code == 1, both.output
+    assert {line.split()[1] for line in both.stdout.splitlines() if ": OPT" in line} == {"OPT406"}
+    assert source.read_bytes() == ATTENTION_SCRIPT
+
+
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ("target-device='tpu'", "target-device: expected one of 'cuda', 'cpu', got 'tpu'"),
+        ("selct = ['OPT5']", "unknown key 'selct' (did you mean 'select'?)"),
+        ("target-device = ", "not an existing file, nor a TOML `key = value` setting"),
+    ],
+)
+def test_bad_inline_config_names_the_setting(tmp_path: Path, setting: str, words: str) -> None:
+    source = tmp_path / "train.py"
+    source.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--config", setting, str(source)])
+    assert result.exit_code == 2
+    assert f"--config {setting!r}: " in result.stderr and words in result.stderr
+    assert source.read_bytes() == TRAINING_SCRIPT
+
+
+def test_at_most_one_config_file(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    for config in (first, second):
+        config.write_text("[tool.optcodemod]\n")
+    result = run_cli(["apply", "--config", str(first), "--config", str(second), str(tmp_path)])
+    assert result.exit_code == 2 and "at most one is allowed" in result.stderr
+
+
+def test_verify_takes_inline_config_too(tmp_path: Path, monkeypatch) -> None:
+    from optimizer_codemod.verify import equivalence
+
+    seen = []
+    monkeypatch.setattr(
+        equivalence,
+        "verify_command",
+        lambda script, args, settings, echo, **options: seen.append(settings) or 0,
+    )
+    source = tmp_path / "train.py"
+    source.write_bytes(ATTENTION_SCRIPT)
+    assert run_cli(["verify", "--config", "target-device='cpu'", str(source)]).exit_code == 0
+    assert seen[0].target_device == "cpu"
+
+
+def test_extend_ignore_in_the_file_and_on_the_command_line(tmp_path: Path) -> None:
+    source = project(tmp_path, 'extend-ignore = ["OPT501"]')
+    assert "OPT501" not in run_cli(["apply", "--check", str(source)]).stdout
+    source = project(tmp_path, "")
+    flagged = run_cli(["apply", "--check", "--extend-ignore", "OPT5", str(source)])
+    assert "OPT501" not in flagged.stdout
+    assert "OPT301" in flagged.stdout  # the rest of the selection still runs
+
+
+# --- force-exclude: `exclude` for files named on the command line (pre-commit) ---------------
+
+
+def _excluded_project(tmp_path: Path, table: str) -> tuple:
+    source = project(tmp_path, table)
+    experiment = tmp_path / "experiments" / "try.py"
+    experiment.parent.mkdir()
+    experiment.write_bytes(TRAINING_SCRIPT)
+    return source, experiment
+
+
+def test_named_files_ignore_exclude_unless_force_exclude(tmp_path: Path) -> None:
+    source, experiment = _excluded_project(tmp_path, 'exclude = ["experiments/"]')
+    named = ["apply", "--check", "--select", "OPT501", "--output-format", "json"]
+    files = ["src/train.py", "experiments/try.py"]
+    plain = json.loads(run_cli([*named, *files], cwd=tmp_path).stdout)
+    assert plain["changed_files"] == files  # as black and ruff do without force-exclude
+    forced = json.loads(run_cli([*named, "--force-exclude", *files], cwd=tmp_path).stdout)
+    assert forced["changed_files"] == ["src/train.py"]
+    alone = run_cli(["apply", "--force-exclude", "experiments/try.py"], cwd=tmp_path)
+    assert alone.exit_code == 0, alone.output
+    assert experiment.read_bytes() == TRAINING_SCRIPT
+
+
+def test_force_exclude_from_the_file_and_no_force_exclude(tmp_path: Path) -> None:
+    source, experiment = _excluded_project(
+        tmp_path, 'exclude = ["experiments/"]\nforce-exclude = true'
+    )
+    result = run_cli(["apply", "-v", str(experiment), str(source)], cwd=tmp_path)
+    assert result.exit_code == 1
+    assert experiment.read_bytes() == TRAINING_SCRIPT and FUSED_LINE in source.read_bytes()
+    assert (
+        f"skipped {experiment}: force-exclude: matches exclude pattern 'experiments/'"
+        in result.stderr
+    )
+    assert run_cli(["apply", "--no-force-exclude", str(experiment)]).exit_code == 1
+    assert FUSED_LINE in experiment.read_bytes()
+
+
+def test_force_exclude_skips_named_files_in_folders_always_skipped(tmp_path: Path) -> None:
+    source = project(tmp_path, "force-exclude = true")
+    vendored = tmp_path / ".venv" / "lib" / "train.py"
+    vendored.parent.mkdir(parents=True)
+    vendored.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", str(vendored), str(source)], cwd=tmp_path)
+    assert result.exit_code == 1
+    assert vendored.read_bytes() == TRAINING_SCRIPT and FUSED_LINE in source.read_bytes()
+
+
+def test_force_exclude_passes_excluded_stdin_through(tmp_path: Path) -> None:
+    _excluded_project(tmp_path, 'exclude = ["experiments/"]\nforce-exclude = true')
+    result = run_cli(
+        ["apply", "-", "--stdin-filename", "experiments/try.py"],
+        stdin=TRAINING_SCRIPT,
+        cwd=tmp_path,
+    )
+    assert result.exit_code == 0 and result.stdout_bytes == TRAINING_SCRIPT
+    kept = run_cli(
+        ["apply", "-", "--stdin-filename", "src/train.py"], stdin=TRAINING_SCRIPT, cwd=tmp_path
+    )
+    assert kept.exit_code == 1 and FUSED_LINE in kept.stdout_bytes
+
+
+def test_the_repository_itself_has_nothing_to_change() -> None:
+    # Its pyproject.toml excludes the deliberately slow code (fixtures, reference workloads,
+    # the example): `optcodemod apply` with no path, run here, must change nothing.
+    root = Path(__file__).resolve().parent.parent
+    result = run_cli(["apply", "--check", "--output-format", "json"], cwd=root)
+    document = json.loads(result.stdout)
+    assert (document["changed_files"], document["errors"]) == ([], []), result.stderr
+    assert result.exit_code == 0
+    # As the pre-commit hook names them (it passes --force-exclude), excluded files stay out;
+    # named without it, as in the README's first command, the example is still rewritten.
+    named = ["examples/train.py", "fixtures/OPT501/fix_adamw_in_training_loop.py"]
+    assert all((root / name).is_file() for name in named)
+    forced = run_cli(["apply", "--check", "--force-exclude", *named], cwd=root)
+    assert forced.exit_code == 0 and "Nothing to change." in forced.stdout, forced.output
+    assert run_cli(["apply", "--check", "examples/train.py"], cwd=root).exit_code == 1

@@ -133,16 +133,50 @@ def test_compile_check_timeout_means_unknown() -> None:
     assert works is None and problem == "timed out after 0.01 s"
 
 
-def test_doctor_without_torch_says_how_to_install_it() -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["doctor", "--compile-timeout", "0"],
+        ["verify", "SCRIPT", "--steps", "2"],
+        ["bench", "FOLDER", "--steps", "2"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_commands_that_run_torch_say_how_to_install_it(tmp_path, command) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    args = [
+        str(script) if a == "SCRIPT" else str(tmp_path) if a == "FOLDER" else a for a in command
+    ]
     code = (
         "import sys\n"
-        "sys.modules['torch'] = None\n"
+        "sys.modules['torch'] = None  # this Python cannot import torch\n"
         "from optimizer_codemod.cli import main\n"
-        "main(['doctor', '--compile-timeout', '0'])\n"
+        f"main({args!r})\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2
-    assert "pip install 'optcodemod[verify]'" in done.stderr
+    assert done.stderr == (
+        f"optcodemod {command[0]} needs torch: pip install torch "
+        "(the build for your machine: https://pytorch.org/get-started/locally/)\n"
+    )
+    assert done.stdout == ""
+
+
+def test_checkpoint_and_distributed_verdicts_follow_what_they_need() -> None:
+    cpu, one_gpu = _machine(), _cuda_machine((9, 0))
+    two_gpus = _cuda_machine((9, 0))
+    two_gpus.devices.append(CudaDevice("GPU", (9, 0), 80.0))
+    # A synchronous torch.save has nothing to do with the number of devices: an asynchronous
+    # write pays where the device computes while the host writes.
+    assert _verdicts(one_gpu)["OPT602"] == PAYS_OFF
+    assert _verdicts(cpu)["OPT602"] == NO_GAIN
+    [row] = [r for r in assess(cpu, all_rules()) if r["code"] == "OPT602"]
+    assert "devices" not in row["why"] and "CPU" in row["why"]
+    # no_sync pays wherever DDP runs several processes: GPUs, or CPU processes over gloo.
+    assert _verdicts(two_gpus)["OPT601"] == _verdicts(cpu)["OPT601"] == PAYS_OFF
+    assert _verdicts(one_gpu)["OPT601"] == NO_GAIN
+    assert _verdicts(_machine(usable_cores=1))["OPT601"] == NO_GAIN
 
 
 def test_doctor_advises_a_cpu_target_only_without_cuda() -> None:

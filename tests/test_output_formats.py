@@ -6,6 +6,9 @@ import json
 import re
 from pathlib import Path
 from typing import Dict, List
+from urllib.parse import unquote
+
+import pytest
 
 from conftest import TRAINING_SCRIPT, run_cli
 
@@ -96,7 +99,7 @@ def test_sarif_document_structure_and_fixes_that_reproduce_the_rewrite(tmp_path:
         assert location["physicalLocation"]["artifactLocation"]["uri"] == "train.py"
         region = location["physicalLocation"]["region"]
         assert 1 <= region["startLine"] <= region["endLine"]
-        if finding["properties"]["status"] == "fixed":
+        if finding["properties"]["status"] == "fixable":
             [fix] = finding["fixes"]
             [change] = fix["artifactChanges"]
             replacements.extend(change["replacements"])
@@ -125,6 +128,158 @@ def test_json_carries_each_edit_with_its_safety_level(tmp_path: Path) -> None:
     result = run_cli(["apply", "--check", "--output-format", "json", "train.py"], cwd=tmp_path)
     document = json.loads(result.stdout)
     by_code = {finding["code"]: finding for finding in document["findings"]}
-    assert by_code["OPT501"]["safety"] == "numerics" and by_code["OPT501"]["status"] == "fixed"
+    assert by_code["OPT501"]["safety"] == "numerics" and by_code["OPT501"]["status"] == "fixable"
     assert by_code["OPT502"]["safety"] == "behavior" and by_code["OPT502"]["status"] == "unsafe"
     assert document["changed_files"] == ["train.py"]
+
+
+# --- SARIF against the 2.1.0 schema; notebooks; URIs; missing paths ---------------------------
+
+SCHEMA = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
+NOTEBOOK_CELLS = [
+    ("markdown", ["# Training\n"]),
+    ("code", ["%matplotlib inline\n", "import torch\n", "model = torch.nn.Linear(4, 2)\n"]),
+    (
+        "code",
+        [
+            "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n",
+            "for step in range(3):\n",
+            "    loss = model(torch.randn(8, 4)).sum()\n",
+            "    optimizer.zero_grad()\n",
+            "    loss.backward()\n",
+            "    optimizer.step()",
+        ],
+    ),
+]
+
+
+def _notebook(path: Path, indent) -> str:
+    cells = [
+        {"cell_type": kind, "metadata": {}, "source": source}
+        | ({"execution_count": None, "outputs": []} if kind == "code" else {})
+        for kind, source in NOTEBOOK_CELLS
+    ]
+    document = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    text = json.dumps(document, indent=indent) + "\n"
+    path.write_text(text)
+    return text
+
+
+def _valid_sarif(text: str) -> dict:
+    from jsonschema import Draft4Validator, FormatChecker
+
+    document = json.loads(text)
+    validator = Draft4Validator(json.loads(SCHEMA.read_text()), format_checker=FormatChecker())
+    problems = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(document)]
+    assert not problems, problems
+    return document
+
+
+def test_the_vendored_schema_rejects_what_sarif_forbids() -> None:
+    from jsonschema import Draft4Validator
+
+    validator = Draft4Validator(json.loads(SCHEMA.read_text()))
+    good = {"version": "2.1.0", "runs": []}
+    assert validator.is_valid(good)
+    assert not validator.is_valid({**good, "version": "2.0.0"})
+    run = {"tool": {"driver": {"name": "x"}}, "results": [{"message": {"text": "m"}}]}
+    assert validator.is_valid({**good, "runs": [run]})
+    region = {"startLine": 0}  # lines are 1-based
+    location = {"physicalLocation": {"artifactLocation": {"uri": "a"}, "region": region}}
+    bad = {**run, "results": [{"message": {"text": "m"}, "locations": [location]}]}
+    assert not validator.is_valid({**good, "runs": [bad]})
+
+
+@pytest.mark.parametrize("indent", [1, None], ids=["one-per-line", "minified"])
+def test_sarif_of_a_notebook_is_valid_and_points_into_the_ipynb_text(
+    tmp_path: Path, indent
+) -> None:
+    notebook = tmp_path / "train.ipynb"
+    text = _notebook(notebook, indent)
+    result = run_cli(["apply", "--check", "--output-format", "sarif", "train.ipynb"], cwd=tmp_path)
+    assert result.exit_code == 1, result.output
+    [run] = _valid_sarif(result.stdout)["runs"]
+    by_rule = {finding["ruleId"]: finding for finding in run["results"]}
+    [location] = by_rule["OPT501"]["locations"]
+    # The cell and the line within it, as the text report says (train.ipynb:cell 3:1:13).
+    assert location["logicalLocations"] == [
+        {"name": "cell 3", "fullyQualifiedName": "train.ipynb:cell 3"}
+    ]
+    assert location["properties"]["cell"] == 3
+    assert location["properties"]["cellRegion"]["startLine"] == 1
+    assert location["properties"]["cellRegion"]["startColumn"] == 13
+    assert location["message"]["text"] == "cell 3, line 1, column 13"
+    # The region is where that text is in the notebook file itself, never JSON line 1 or 2.
+    region = location["physicalLocation"]["region"]
+    line = text.splitlines()[region["startLine"] - 1]
+    assert line[region["startColumn"] - 1 :].startswith("torch.optim.AdamW(model.parameters()")
+    if indent is not None:
+        assert line.strip().startswith('"optimizer = torch.optim.AdamW(')
+    assert by_rule["OPT501"]["properties"]["status"] == "fixable"
+
+
+def test_github_annotations_of_a_notebook_name_the_line_of_the_ipynb(tmp_path: Path) -> None:
+    text = _notebook(tmp_path / "train.ipynb", 1)
+    result = run_cli(
+        ["apply", "--check", "--select", "OPT501", "--output-format", "github", "train.ipynb"],
+        cwd=tmp_path,
+    )
+    [annotation] = _github_annotations(result.stdout)
+    assert annotation["message"].startswith("cell 3: ")
+    line = text.splitlines()[int(annotation["line"]) - 1]
+    assert "torch.optim.AdamW(model.parameters(), lr=1e-3)" in line
+
+
+def test_sarif_uris_are_percent_encoded(tmp_path: Path) -> None:
+    odd = tmp_path / "runs 100% #1" / "trän.py"
+    odd.parent.mkdir()
+    odd.write_bytes(TRAINING_SCRIPT)
+    relative = run_cli(
+        ["apply", "--check", "--select", "OPT501", "--output-format", "sarif", "runs 100% #1"],
+        cwd=tmp_path,
+    )
+    [result] = _valid_sarif(relative.stdout)["runs"][0]["results"]
+    uri = result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+    assert uri == "runs%20100%25%20%231/tr%C3%A4n.py"
+    assert unquote(uri) == "runs 100% #1/trän.py"
+    absolute = run_cli(["apply", "--check", "--output-format", "sarif", str(odd)])
+    [run] = _valid_sarif(absolute.stdout)["runs"]
+    uris = {
+        r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]
+    }
+    assert uris == {odd.as_uri()} and "%20100%25%20%231/tr%C3%A4n.py" in odd.as_uri()
+
+
+def test_a_missing_path_makes_the_run_unsuccessful_in_every_format(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_bytes(TRAINING_SCRIPT)
+    args = ["apply", "--check", "train.py", "missing.py", "--output-format"]
+    sarif = run_cli([*args, "sarif"], cwd=tmp_path)
+    assert sarif.exit_code == 2
+    [run] = _valid_sarif(sarif.stdout)["runs"]
+    [invocation] = run["invocations"]
+    assert invocation["executionSuccessful"] is False
+    [notification] = invocation["toolExecutionNotifications"]
+    assert notification["message"]["text"] == "missing.py: no such file or directory"
+    assert run["results"]  # the file that exists is still reported
+    as_json = json.loads(run_cli([*args, "json"], cwd=tmp_path).stdout)
+    assert as_json["errors"] == [
+        {"filename": "missing.py", "message": "missing.py: no such file or directory"}
+    ]
+    github = _github_annotations(run_cli([*args, "github"], cwd=tmp_path).stdout)
+    assert {"level": "error", "file": "missing.py"}.items() <= github[0].items()
+
+
+def test_status_is_fixable_in_check_mode_and_fixed_when_written(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_bytes(TRAINING_SCRIPT)
+    only = ["--select", "OPT501", "--output-format"]
+    checked = json.loads(
+        run_cli(["apply", "--check", *only, "sarif", "train.py"], cwd=tmp_path).stdout
+    )
+    assert checked["runs"][0]["results"][0]["properties"]["status"] == "fixable"
+    diffed = run_cli(["apply", "--diff", *only, "json", "train.py"], cwd=tmp_path)
+    report = json.loads(diffed.stderr)  # --diff owns stdout
+    assert report["summary"] == {"fixable": 1} and report["written"] is False
+    written = json.loads(run_cli(["apply", *only, "sarif", "train.py"], cwd=tmp_path).stdout)
+    assert written["runs"][0]["results"][0]["properties"]["status"] == "fixed"

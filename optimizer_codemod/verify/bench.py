@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from optimizer_codemod.extras import MATPLOTLIB_INSTALL
 from optimizer_codemod.verify.equivalence import VerifyReport, verify_pair
 from optimizer_codemod.verify.peaks import dense_bf16_peak
 from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, declared_processes, run_probe
@@ -496,7 +497,7 @@ def write_chart(data: Dict[str, Any], path: str) -> Optional[str]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no chart: matplotlib is not installed (pip install 'optcodemod[verify]')"
+        return f"no chart: matplotlib is not installed ({MATPLOTLIB_INSTALL})"
     panels = [
         (
             "all fixes together",

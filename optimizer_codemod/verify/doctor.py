@@ -88,6 +88,13 @@ def _workers(m: Machine) -> str:
     return PAYS_OFF if m.usable_cores >= 2 else NO_GAIN
 
 
+def _processes(m: Machine) -> str:
+    # DDP runs one process per GPU, or several CPU processes over gloo.
+    if m.cuda:
+        return PAYS_OFF if len(m.devices) > 1 else NO_GAIN
+    return _workers(m)
+
+
 def _fused_optimizer(m: Machine) -> str:
     return PAYS_OFF if m.cuda or m.torch_version >= (2, 4) else NO_GAIN
 
@@ -118,7 +125,17 @@ PAYOFF: Tuple[Payoff, ...] = (
     Payoff("OPT402", _compiles, "torch.compile must work (it is emitted for CUDA only)"),
     Payoff("OPT4", _always, "fewer or faster kernels (attention, memory format), on any device"),
     Payoff("OPT5", _always, "optimizer work, on any device"),
-    Payoff("OPT6", lambda m: PAYS_OFF if len(m.devices) > 1 else NO_GAIN, "needs 2+ devices"),
+    Payoff(
+        "OPT601",
+        _processes,
+        "skips all-reduces of DDP: 2+ processes (GPUs, or CPU processes over gloo)",
+    ),
+    Payoff(
+        "OPT602",
+        lambda m: PAYS_OFF if m.cuda else NO_GAIN,
+        "the write overlaps GPU work; on a CPU training already uses the cores (measured)",
+    ),
+    Payoff("OPT6", _processes, "distributed training: 2+ processes"),
     Payoff("OPT7", _always, "bug fixes: the script does what was meant, on any device"),
     Payoff("OPT8", _no_speed, "API modernisation: keeps the script running on new torch"),
 )
@@ -310,12 +327,13 @@ def doctor_command(
 ) -> int:
     import click
 
+    from optimizer_codemod.extras import missing_torch
     from optimizer_codemod.registry import all_rules
 
     echo = echo or click.echo
     machine = inspect_machine(compile_timeout)
     if machine.torch is None:
-        echo("optcodemod doctor needs torch: pip install 'optcodemod[verify]'", err=True)
+        echo(missing_torch("doctor") or "optcodemod doctor needs torch", err=True)
         return 2
     rows = assess(machine, all_rules())
     if output_format == "json":
