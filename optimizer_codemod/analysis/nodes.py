@@ -12,12 +12,13 @@ import libcst as cst
 
 
 def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
-    """Every node of one of `types` in `tree` (the tree itself included), in source order."""
+    """Every node of one of `types` in `tree` (the tree itself included), in source order;
+    every node when no type is given."""
     found: List[cst.CSTNode] = []
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, types):
+        if not types or isinstance(node, types):
             found.append(node)
         stack.extend(reversed(node.children))
     return found
