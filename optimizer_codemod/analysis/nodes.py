@@ -42,6 +42,17 @@ def single_assignment(line: cst.CSTNode, name: str) -> Optional[cst.Assign]:
     return None
 
 
+def lone_call(line: Optional[cst.CSTNode], call: cst.CSTNode) -> bool:
+    """`line` holds nothing but the expression statement `call`: deleting the line deletes
+    the call and nothing else."""
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and line.body[0].value is call
+    )
+
+
 def under_with(statements: Sequence[cst.BaseStatement], context: str) -> cst.With:
     """`with context:` holding consecutive `statements`; the comments and blank lines above
     the first statement move above the `with`."""
