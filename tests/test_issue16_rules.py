@@ -219,3 +219,22 @@ def test_a_rule_page_shows_every_benchmark_of_the_rule(tmp_path: Path) -> None:
     found = measurements_for("OPT703", load_results(tmp_path))
     assert [m.what for m in found] == ["micro-benchmark: collect", "micro-benchmark: anomaly"]
     assert [m.speedup for m in found] == [2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "call, safety",
+    [
+        ("torch.arange(8)", Safety.SAFE),
+        ("torch.arange(0, n, dtype=torch.long)", Safety.SAFE),
+        # A name may hold a float, and CUDA computes a float arange in float32.
+        ("torch.arange(n)", Safety.NUMERICS),
+        ("torch.arange(0, 1, 0.1)", Safety.NUMERICS),
+        ("torch.full((n,), 0.1)", Safety.SAFE),
+        ("torch.randperm(n)", Safety.BEHAVIOR),
+    ],
+)
+def test_the_level_of_each_move_says_what_can_change(call: str, safety: Safety) -> None:
+    source = f"import torch\ndef f(n, device):\n    return {call}.to(device)\n"
+    result = rewrite(source, select=["OPT203"], unsafe_fixes=True)
+    (finding,) = result.diagnostics
+    assert finding.status.value == "fixed" and finding.safety is safety

@@ -57,7 +57,10 @@ class TensorCreatedOnHostThenMoved(Rule):
         where `torch.full(n, 0.1, dtype=torch.half)` rounds it once, so it is left alone, as
         are `arange` and `torch.tensor` with a dtype. `torch.tensor(data)` builds the tensor
         on the host and copies it even with `device=`: there the rewrite saves a call, not
-        the copy. `behavior` for the random factories: the device's generator draws other
+        the copy. `numerics` for an `arange` whose arguments are not integer literals (and
+        that has no integer `dtype=`): CUDA computes a floating-point `arange` in float32
+        where the CPU uses float64, and a name may hold a float. `behavior` for the random
+        factories: the device's generator draws other
         numbers than the CPU's, so a seeded run is not reproduced (applied with
         `--unsafe-fixes`). Never changed: `.to(x)` where `x` may be a tensor (it converts the
         dtype too), a target known to be the CPU, `*args`/`**kwargs` in `.to()`,
@@ -121,7 +124,9 @@ class TensorCreatedOnHostThenMoved(Rule):
                 creation.move.node,
                 Fix((Replace(creation.move.node, _created_on_device(creation)),)),
                 message=message,
-                safety=Safety.BEHAVIOR if random else None,
+                safety=(
+                    Safety.BEHAVIOR if random else (None if creation.bit_exact else Safety.NUMERICS)
+                ),
             )
 
 

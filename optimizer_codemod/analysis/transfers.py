@@ -433,6 +433,9 @@ class HostCreation:
     kind: str  # FACTORIES' kind
     device: cst.BaseExpression  # the device to create it on
     dtype: Optional[cst.BaseExpression]  # a dtype `.to()` converts to, moved into the call
+    # The device computes the same bits as the host. Not provable for an `arange` that may
+    # be floating-point: CUDA computes `start + i * step` in float32, the CPU in float64.
+    bit_exact: bool = True
 
 
 def host_creations_moved(facts: "ScriptFacts") -> List[HostCreation]:
@@ -499,7 +502,23 @@ def _host_creation(facts: "ScriptFacts", move: CallSite) -> Optional[HostCreatio
         kind != "exact" or keyword(factory, "dtype") is not None or factory is not call.func.value
     ):
         return None
-    return HostCreation(move, factory, qualname, kind, device, dtype)
+    exact = qualname != "torch.arange" or _integral_arange(facts, factory)
+    return HostCreation(move, factory, qualname, kind, device, dtype, exact)
+
+
+INTEGRAL_DTYPES = frozenset(
+    f"torch.{name}" for name in "uint8 int8 int16 short int32 int int64 long bool".split()
+)
+
+
+def _integral_arange(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`torch.arange` of integer literals, or with an integer `dtype=`: integer values."""
+    dtype = keyword(call, "dtype")
+    if dtype is not None:
+        return facts.qualified_name(dtype.value) in INTEGRAL_DTYPES
+    return all(
+        arg.keyword is None or arg.keyword.value in ("start", "end", "step") for arg in call.args
+    ) and all(type(literal(arg.value, None)) is int for arg in call.args)
 
 
 def _number(arg: Optional[cst.Arg]) -> bool:
