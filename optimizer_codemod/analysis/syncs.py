@@ -188,7 +188,7 @@ class HostSyncs:
             elif qualname is None and method in HOST_SYNC_METHODS and not positional(node):
                 receiver = node.func.value
                 certain = self.on_device(loop, receiver) or (
-                    method == "item" and accelerated and not _off_device(receiver)
+                    method == "item" and accelerated and not _off_device(facts, receiver)
                 )
                 add(node, method, receiver, statement, certain)
             elif method == "to" and self._copies_to_host(loop, node):
@@ -330,9 +330,15 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     return seeds
 
 
-def _off_device(node: cst.BaseExpression) -> bool:
-    """A value computed on the host for sure: `.cpu()`, `.numpy()`, `.tolist()` of something."""
-    return isinstance(node, cst.Call) and method_name(node) in OFF_DEVICE_METHODS
+def _off_device(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """A value computed on the host for sure: `.cpu()`, `.numpy()`, `.tolist()` of something,
+    or the result of a library function other than torch's (`np.float32(x)`)."""
+    if not isinstance(node, cst.Call):
+        return False
+    qualname = facts.qualified_name(node.func)
+    if qualname is not None:
+        return not qualname.startswith("torch.")
+    return method_name(node) in OFF_DEVICE_METHODS
 
 
 def _is_string(node: cst.BaseExpression) -> bool:
