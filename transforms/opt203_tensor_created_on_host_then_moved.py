@@ -84,6 +84,8 @@ class TensorCreatedOnHostThenMoved(Rule):
     fix_title = "Create it on the device: pass `device=` to the factory"
     safety = Safety.SAFE
     min_torch = TorchVersion(1, 0)
+    # On a CPU target the copy it saves is no copy: `.to("cpu")` returns the tensor itself.
+    target_devices = ("cuda",)
     # Every finding is a factory call followed, in the same expression, by `.to(` or `.cuda(`.
     triggers = (r"\b(?:zeros|ones|empty|eye|full|arange|rand\w*|randperm|normal|tensor)\s*\(",)
     requires = (r"\.\s*(?:to|cuda)\s*\(",)

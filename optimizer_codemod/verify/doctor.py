@@ -119,6 +119,7 @@ PAYOFF: Tuple[Payoff, ...] = (
     Payoff("OPT4", _always, "fewer or faster kernels (attention, memory format), on any device"),
     Payoff("OPT5", _always, "optimizer work, on any device"),
     Payoff("OPT6", lambda m: PAYS_OFF if len(m.devices) > 1 else NO_GAIN, "needs 2+ devices"),
+    Payoff("OPT703", _always, "debugging and per-step cleanup cost time on any device"),
     Payoff("OPT7", _always, "bug fixes: the script does what was meant, on any device"),
     Payoff("OPT8", _no_speed, "API modernisation: keeps the script running on new torch"),
 )
