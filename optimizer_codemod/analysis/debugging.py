@@ -16,6 +16,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import argument, has_double_star, keyword, literal
 from optimizer_codemod.analysis.collect import Loop, is_main_guard
+from optimizer_codemod.analysis.epochs import is_throwaway
 from optimizer_codemod.analysis.escapes import parents
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, lone_call
@@ -163,7 +164,10 @@ class DebugSwitches:
         while parent is not None:
             if isinstance(parent, cst.If) and not (is_main_guard(parent) and child is parent.body):
                 return False
-            if isinstance(parent, (cst.IfExp, cst.BooleanOperation, cst.ExceptHandler, cst.Else)):
+            if isinstance(
+                parent,
+                (cst.IfExp, cst.BooleanOperation, cst.ExceptHandler, cst.Else, cst.MatchCase),
+            ):
                 return False
             if isinstance(parent, (cst.FunctionDef, cst.Lambda)):
                 return True
@@ -204,7 +208,7 @@ def step_counter(facts: "ScriptFacts", loop: Loop) -> Optional[str]:
         target = target.elements[0].value
     elif callee != "range":
         return None
-    if not isinstance(target, cst.Name):
+    if not isinstance(target, cst.Name) or is_throwaway(target.value):
         return None
     if any(use.store for use in name_uses(node.body, target.value)):
         return None
