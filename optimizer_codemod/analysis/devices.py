@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Optional, Set, Tuple
+from weakref import WeakKeyDictionary
 
 import libcst as cst
 
@@ -56,6 +57,13 @@ class DeviceKind(enum.Enum):
     UNKNOWN = "unknown"  # decided at run time, or not known to the analysis
 
 
+_STRINGS = (cst.SimpleString, cst.ConcatenatedString)
+# device_kind's answers per script, name and depth (a script's facts are never changed).
+_KIND_MEMO: "WeakKeyDictionary[ScriptFacts, Dict[Tuple[str, int], DeviceKind]]" = (
+    WeakKeyDictionary()
+)
+
+
 def _combine(kinds: Iterable[DeviceKind]) -> DeviceKind:
     kinds = set(kinds)
     return kinds.pop() if len(kinds) == 1 else DeviceKind.UNKNOWN
@@ -70,7 +78,8 @@ def device_kind(
 ) -> DeviceKind:
     if node is None or depth > MAX_DEPTH:
         return DeviceKind.UNKNOWN
-    value = literal(node, None)
+    # Only a string literal can name a device; printing other nodes to find out is costly.
+    value = literal(node, None) if isinstance(node, _STRINGS) else None
     if isinstance(value, str):
         if value.split(":")[0] == "cpu":
             return DeviceKind.CPU
@@ -89,9 +98,17 @@ def device_kind(
         )
     name = dotted_name(node)
     if name is not None:
-        values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
-        if values:
-            return _combine(device_kind(facts, v, depth + 1) for v in values)
+        # Followed once per name and depth: a name assigned in many places (`device` in a
+        # file of tests) would otherwise be followed again through every assignment.
+        memo = _KIND_MEMO.setdefault(facts, {})
+        if (name, depth) not in memo:
+            values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+            memo[name, depth] = (
+                _combine(device_kind(facts, v, depth + 1) for v in values)
+                if values
+                else DeviceKind.UNKNOWN
+            )
+        return memo[name, depth]
     return DeviceKind.UNKNOWN
 
 
