@@ -17,7 +17,6 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import argument, has_double_star, keyword, literal
 from optimizer_codemod.analysis.collect import Loop, is_main_guard
 from optimizer_codemod.analysis.epochs import is_throwaway
-from optimizer_codemod.analysis.escapes import parents
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, lone_call
 from optimizer_codemod.analysis.syncs import (
@@ -79,10 +78,6 @@ class DebugSwitches:
         return self._steps[key]
 
     @cached_property
-    def _parents(self) -> Dict[cst.CSTNode, cst.CSTNode]:
-        return parents(self.facts.module)
-
-    @cached_property
     def sites(self) -> List[DebugSite]:
         """Every site, in source order: anomaly detection turned on for training (a call at
         module level or in a function holding a training loop; a `with` around a training
@@ -100,7 +95,11 @@ class DebugSwitches:
             in_training = call.site.function is None or any(
                 loop.function is call.site.function for loop in facts.training_loops
             )
-            if not (_turns_on(call.node) and in_training and self._unconditional(call.node)):
+            if not (
+                _turns_on(call.node)
+                and in_training
+                and self._unconditional(call.node, call.site.function)
+            ):
                 continue
             if any(call.node is item.item for item, _ in facts.records.with_items):
                 continue  # a context manager: handled with the `with` items below
@@ -110,7 +109,7 @@ class DebugSwitches:
             kind = self._context_kind(item)
             if kind is None or not self._wraps_training(site.statement, site.loops):
                 continue
-            if not self._unconditional(site.statement):
+            if not self._unconditional(site.statement, site.function):
                 continue
             obstacle = _unwrap_obstacle(site.statement, item) if kind != "profiler" else None
             found.append(DebugSite(kind, item.item, site.statement, obstacle))
@@ -126,8 +125,8 @@ class DebugSwitches:
                     statement = call.site.statement
                     obstacle = None if lone_call(statement, call.node) else "it shares its line"
                     found.append(DebugSite("collect", call.node, statement, obstacle, loop))
-        order = {node: index for index, node in enumerate(find_all(facts.module, cst.Call))}
-        return sorted(found, key=lambda s: order.get(s.node, 0))
+        calls = facts.call_site_of
+        return sorted(found, key=lambda s: calls[s.node].site.order if s.node in calls else 0)
 
     def _context_kind(self, item: cst.WithItem) -> Optional[str]:
         call = item.item
@@ -158,10 +157,11 @@ class DebugSwitches:
             call.node in inside for call in self.facts.backward_calls
         )
 
-    def _unconditional(self, node: cst.CSTNode) -> bool:
-        table = self._parents
-        child, parent = node, table.get(node)
-        while parent is not None:
+    def _unconditional(self, node: cst.CSTNode, function: Optional[cst.FunctionDef]) -> bool:
+        """No `if` (the main guard aside), `except`, `else` or `case` between `node` and its
+        function (or the module)."""
+        path = _path_to(function if function is not None else self.facts.module, node)
+        for parent, child in zip(path, path[1:] + [node]):
             if isinstance(parent, cst.If) and not (is_main_guard(parent) and child is parent.body):
                 return False
             if isinstance(
@@ -169,10 +169,21 @@ class DebugSwitches:
                 (cst.IfExp, cst.BooleanOperation, cst.ExceptHandler, cst.Else, cst.MatchCase),
             ):
                 return False
-            if isinstance(parent, (cst.FunctionDef, cst.Lambda)):
-                return True
-            child, parent = parent, table.get(parent)
         return True
+
+
+def _path_to(root: cst.CSTNode, target: cst.CSTNode) -> List[cst.CSTNode]:
+    """The nodes from `root` down to `target`'s parent (empty when `target` is not there);
+    nested functions are not entered unless `root` is one."""
+    stack = [(root, [root])]
+    while stack:
+        node, path = stack.pop()
+        for child in node.children:
+            if child is target:
+                return path
+            if not isinstance(child, (cst.FunctionDef, cst.Lambda)):
+                stack.append((child, path + [child]))
+    return []
 
 
 def _turns_on(call: cst.Call) -> bool:
