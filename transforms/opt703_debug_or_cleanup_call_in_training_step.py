@@ -94,7 +94,10 @@ class DebugOrCleanupCallInTrainingStep(Rule):
         deleted, and it is only reported where the loop has no step counter
         (`enumerate`, `range`) to count with. `synchronize()` is deleted only where it
         gains something and nothing needs it: reported instead where the loop reads a clock
-        (`time.time()`: the sync makes the step time include the device's work) or where
+        (`time.time()`: the sync makes the step time include the device's work), where a
+        comment beside it says why it is there, where the script runs work off the default
+        stream (`torch.distributed` collectives, DDP, CUDA streams or events: the sync may
+        be what makes that work finish before something reads its result), or where
         another sync stays on every step (`loss.item()`), unless another fix of the same run
         takes that one off the step too. Profilers are reported only: removing one discards
         what the user wanted to record (give it a `schedule=` to record a few steps).

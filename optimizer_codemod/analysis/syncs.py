@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple, Un
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, method_name, positional
+from optimizer_codemod.analysis.calls import code_of, excerpt, method_name, positional
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
 from optimizer_codemod.analysis.devices import (
     OFF_DEVICE_METHODS,
@@ -31,6 +31,7 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
+from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -64,6 +65,16 @@ CLOCKS = frozenset(
         "timeit.default_timer",
         "datetime.datetime.now",
     }
+)
+
+# Work that runs off the default stream: a `synchronize()` may be what waits for it.
+OTHER_STREAMS = (
+    "torch.distributed.",
+    "torch.cuda.Stream",
+    "torch.cuda.stream",
+    "torch.cuda.Event",
+    "torch.cuda.current_stream",
+    "torch.cuda.set_stream",
 )
 
 # What a sync-removing fix takes off the step, by kind (a rule's `removes_syncs`).
@@ -264,16 +275,36 @@ class HostSyncs:
     # Plans ------------------------------------------------------------------------------
     def synchronize_obstacle(self, sync: StepSync) -> Optional[str]:
         """Why removing this per-step `torch.cuda.synchronize()` would be wrong; None when
-        nothing needs it: it is alone on its line, and no clock is read in the loop (the
-        sync makes a step time honest, `t1 = time.time()`)."""
+        nothing needs it: it is alone on its line, no comment says why it is there, no clock
+        is read in the loop (the sync makes a step time honest, `t1 = time.time()`), and the
+        script runs no work off the default stream (collectives of `torch.distributed`,
+        streams, events), whose results the sync may be what waits for."""
         if not alone_in_statement(sync):
             return "it shares its line with other code"
+        if _commented(sync.statement):
+            return "a comment beside it says why it is there"
         for call in self.facts.loop_calls(sync.loop):
             if call.qualname in CLOCKS:
                 return (
                     f"the loop reads the clock (`{code_of(call.node)}`): the sync makes "
                     "that step time include the device's work"
                 )
+        other = self._off_default_stream
+        if other is not None:
+            return (
+                f"the script runs work off the default stream (`{excerpt(other.node)}`), "
+                "which the sync may be waiting for"
+            )
+        return None
+
+    @cached_property
+    def _off_default_stream(self) -> Optional[CallSite]:
+        """A call that runs device work on another stream than the default one: a
+        `torch.distributed` collective or wrapper, a stream or an event."""
+        for call in self.facts.records.calls:
+            name = call.qualname or ""
+            if name.startswith(OTHER_STREAMS) or name in DATA_PARALLEL_WRAPPERS:
+                return call
         return None
 
     def plan(self, loop: Loop, enabled: Iterable[str]) -> SyncPlan:
@@ -328,6 +359,16 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
                 if isinstance(root, cst.Name):
                     seeds.add(root.value)
     return seeds
+
+
+def _commented(line: cst.CSTNode) -> bool:
+    """A comment ends the line, or stands right above it (no blank line between)."""
+    if not isinstance(line, cst.SimpleStatementLine):
+        return False
+    if line.trailing_whitespace.comment is not None:
+        return True
+    above = list(line.leading_lines)
+    return bool(above) and above[-1].comment is not None
 
 
 def _off_device(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
