@@ -10,7 +10,7 @@ and blocking copy per call) needs a CUDA device.
 from __future__ import annotations
 
 CODE = "OPT203"
-WHAT = "randn(64,3,32,32) + zeros(2,64,256) created then .to(device) vs device=, CPU"
+WHAT = "randn(64,3,32,32) + zeros(2,64,256) created then .to(device) vs device=, CPU, 1 thread"
 
 
 def measure(repeats: int, device: str = "cpu") -> dict:
@@ -18,7 +18,7 @@ def measure(repeats: int, device: str = "cpu") -> dict:
 
     import torch
 
-    from _timing import median_time
+    from _timing import median_time, one_thread
 
     torch.manual_seed(0)
 
@@ -31,7 +31,8 @@ def measure(repeats: int, device: str = "cpu") -> dict:
         torch.zeros(2, 64, 256, device=device)
 
     before, after = [], []
-    for _ in range(max(1, repeats // 5)):
-        before.append(median_time(moved, 50, device, warmup=5))
-        after.append(median_time(direct, 50, device, warmup=5))
+    with one_thread():
+        for _ in range(max(1, repeats // 5)):
+            before.append(median_time(moved, 50, device, warmup=5))
+            after.append(median_time(direct, 50, device, warmup=5))
     return {"before_s": statistics.median(before), "after_s": statistics.median(after)}

@@ -9,7 +9,7 @@ The rule's gain is the wait it removes, which needs a CUDA device to appear.
 from __future__ import annotations
 
 CODE = "OPT204"
-WHAT = "MLP training step (SGD, batch 64) + correct count via .item() vs on device, CPU"
+WHAT = "MLP training step (SGD, batch 64) + correct count via .item() vs on device, CPU, 1 thread"
 
 
 def measure(repeats: int, device: str = "cpu") -> dict:
@@ -17,7 +17,7 @@ def measure(repeats: int, device: str = "cpu") -> dict:
 
     import torch
 
-    from _timing import median_time
+    from _timing import median_time, one_thread
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -46,7 +46,8 @@ def measure(repeats: int, device: str = "cpu") -> dict:
 
     synchronising, asynchronous = step(with_item), step(on_device)
     before, after = [], []
-    for _ in range(max(1, repeats // 5)):
-        before.append(median_time(synchronising, 20, device, warmup=2))
-        after.append(median_time(asynchronous, 20, device, warmup=2))
+    with one_thread():
+        for _ in range(max(1, repeats // 5)):
+            before.append(median_time(synchronising, 20, device, warmup=2))
+            after.append(median_time(asynchronous, 20, device, warmup=2))
     return {"before_s": statistics.median(before), "after_s": statistics.median(after)}

@@ -8,14 +8,14 @@ training script rather than in an empty interpreter. The object count is recorde
 from __future__ import annotations
 
 CODE = "OPT703"
-WHAT = "MLP training step (256-512-10, SGD, batch 64) + gc.collect() per step vs without, CPU"
+WHAT = "MLP training step (256-512-10, SGD, batch 64) + gc.collect() per step vs without, CPU, 1 thread"
 
 
 def measure(repeats: int, device: str = "cpu") -> dict:
     import gc
     import statistics
 
-    from _timing import median_time
+    from _timing import median_time, one_thread
 
     step = training_step(device)
 
@@ -24,9 +24,10 @@ def measure(repeats: int, device: str = "cpu") -> dict:
         gc.collect()
 
     before, after = [], []
-    for _ in range(max(1, repeats // 5)):
-        before.append(median_time(collected, 20, device, warmup=2))
-        after.append(median_time(step, 20, device, warmup=2))
+    with one_thread():
+        for _ in range(max(1, repeats // 5)):
+            before.append(median_time(collected, 20, device, warmup=2))
+            after.append(median_time(step, 20, device, warmup=2))
     return {
         "before_s": statistics.median(before),
         "after_s": statistics.median(after),

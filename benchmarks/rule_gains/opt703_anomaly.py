@@ -8,7 +8,9 @@ most.
 from __future__ import annotations
 
 CODE = "OPT703:anomaly"
-WHAT = "MLP training step (256-512-10, SGD, batch 64) under detect_anomaly() vs without, CPU"
+WHAT = (
+    "MLP training step (256-512-10, SGD, batch 64) under detect_anomaly() vs without, CPU, 1 thread"
+)
 
 
 def measure(repeats: int, device: str = "cpu") -> dict:
@@ -17,7 +19,7 @@ def measure(repeats: int, device: str = "cpu") -> dict:
 
     import torch
 
-    from _timing import median_time
+    from _timing import median_time, one_thread
     from rule_gains.opt703 import training_step
 
     step = training_step(device)
@@ -27,7 +29,7 @@ def measure(repeats: int, device: str = "cpu") -> dict:
             step()
 
     before, after = [], []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), one_thread():
         # detect_anomaly warns on every entry that it is for debugging only.
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(max(1, repeats // 5)):
