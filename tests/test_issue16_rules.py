@@ -238,3 +238,15 @@ def test_the_level_of_each_move_says_what_can_change(call: str, safety: Safety) 
     result = rewrite(source, select=["OPT203"], unsafe_fixes=True)
     (finding,) = result.diagnostics
     assert finding.status.value == "fixed" and finding.safety is safety
+
+
+def test_a_name_also_bound_to_a_host_value_is_no_device_value() -> None:
+    facts = _facts(
+        STEP.replace('    print(loss)\n', '    loss = loss.item()\n    print(f"{loss:.3f}")\n')
+    )
+    (loop,) = facts.training_loops
+    found = {(s.kind, code_of(s.node)) for s in facts.host_syncs.sites(loop)}
+    # The loss's .item() is the sync (OPT202's); the f-string then formats a Python float.
+    assert ("item", "loss.item()") in found
+    assert not [kind for kind, code in found if "{loss:.3f}" in code]
+    assert ("convert", "math.isfinite(loss)") not in found

@@ -316,8 +316,11 @@ def device_names(
 ) -> Tuple[Set[str], Set[str]]:
     """(names of `function`'s scope that may hold tensors on the device, names of modules it
     calls), from `seeds` known to hold device tensors (a loss, the inputs of its criterion)
-    and every assignment of the scope (see `on_device`). Callers ask only where the script
-    places something on an accelerator (`uses_accelerator`): elsewhere no tensor is on one."""
+    and every assignment of the scope (see `on_device`). A name the scope also binds to a
+    host value (`loss = loss.item()`, `total = 0.0`) is left out: which one a read sees
+    depends on the order of statements, which this does not follow. Callers ask only where
+    the script places something on an accelerator (`uses_accelerator`): elsewhere no tensor
+    is on one."""
     assignments = [a for a in facts.records.assignments if a.site.function is function]
     modules: Set[str] = set()
     for call in facts.records.calls:
@@ -336,4 +339,16 @@ def device_names(
             if on_device(facts, assignment.value, names, modules):
                 names.add(target)
                 changed = True
-    return names, modules
+    host = {a.target for a in assignments if not a.unpacked and _host_value(a.value)}
+    return names - host, modules
+
+
+def _host_value(node: cst.BaseExpression) -> bool:
+    """A plain Python value for sure: a number or string, `x.item()`, `float(x)`..."""
+    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+        return True
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Name):
+            return node.func.value in HOST_BUILTINS
+        return isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_METHODS
+    return False
