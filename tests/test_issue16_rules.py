@@ -250,3 +250,27 @@ def test_a_name_also_bound_to_a_host_value_is_no_device_value() -> None:
     assert ("item", "loss.item()") in found
     assert not [kind for kind, code in found if "{loss:.3f}" in code]
     assert ("convert", "math.isfinite(loss)") not in found
+
+
+@pytest.mark.parametrize(
+    "guarded, plain",
+    [
+        # The author draws on the CPU on purpose (torch's PowerSGD hook: every replica
+        # seeds the CPU generator alike to draw the same matrix).
+        ("torch.randn(4, device='cpu').to(device)", "torch.randn(4).to(device)"),
+        (
+            "with torch.random.fork_rng(devices=[]):\n        x = torch.randn(4).to(device)",
+            "with torch.no_grad():\n        x = torch.randn(4).to(device)",
+        ),
+        (
+            "torch.manual_seed(0)\n    x = torch.randn(4).to(device)",
+            "print(0)\n    x = torch.randn(4).to(device)",
+        ),
+    ],
+)
+def test_random_draws_meant_for_the_cpu_generator_stay(guarded: str, plain: str) -> None:
+    template = "import torch\ndef draw(device):\n    {}\n    return 0\n"
+    kept = template.format(guarded)
+    assert rewrite(kept, select=["OPT203"], unsafe_fixes=True).source == kept
+    moved = template.format(plain)
+    assert rewrite(moved, select=["OPT203"], unsafe_fixes=True).source != moved

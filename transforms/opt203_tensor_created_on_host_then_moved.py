@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import excerpt, keyword, with_keyword
+from optimizer_codemod.analysis.calls import excerpt, with_keyword
 from optimizer_codemod.analysis.transfers import HostCreation, host_creations_moved
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -64,10 +64,14 @@ class TensorCreatedOnHostThenMoved(Rule):
         numbers than the CPU's, so a seeded run is not reproduced (applied with
         `--unsafe-fixes`). Never changed: `.to(x)` where `x` may be a tensor (it converts the
         dtype too), a target known to be the CPU, `*args`/`**kwargs` in `.to()`,
-        `memory_format=`, factories with `generator=` (a CPU generator cannot feed a CUDA
-        factory), `requires_grad=` (the result would become a leaf), `pin_memory=`, `out=`
-        or `layout=`, `torch.normal` of tensors, and statements that run once at module
-        level. `.to(device, non_blocking=True)` loses the keyword, which has no copy left to
+        `memory_format=`, factories that choose their device themselves (`device="cpu"` on
+        purpose: torch's PowerSGD hook draws its random matrices on the CPU so that every
+        replica draws the same ones), factories with `generator=` (a CPU generator cannot
+        feed a CUDA factory), `requires_grad=` (the result would become a leaf),
+        `pin_memory=`, `out=` or `layout=`, `torch.normal` of tensors, random draws inside
+        `torch.random.fork_rng()` or beside a `torch.manual_seed(...)` in the same loop or
+        function body (the numbers are meant to be the seeded CPU generator's), and
+        statements that run once at module level. `.to(device, non_blocking=True)` loses the keyword, which has no copy left to
         apply to.
 
     Expected gain:
@@ -139,16 +143,7 @@ class TensorCreatedOnHostThenMoved(Rule):
 def _created_on_device(creation: HostCreation) -> cst.BaseExpression:
     """The move's receiver, with `device=` (and the moved dtype) in the factory call."""
     factory = creation.factory
-    existing = keyword(factory, "device")
-    if existing is not None:
-        made = factory.with_changes(
-            args=[
-                arg.with_changes(value=creation.device) if arg is existing else arg
-                for arg in factory.args
-            ]
-        )
-    else:
-        made = with_keyword(factory, "device", creation.device)
+    made = with_keyword(factory, "device", creation.device)
     if creation.dtype is not None:
         made = with_keyword(made, "dtype", creation.dtype)
     move = creation.move.node

@@ -417,9 +417,25 @@ DTYPE_METHODS = frozenset(
 )
 # Keywords a factory may carry for its call to take `device=` the same way: its own
 # arguments by name, and the dtype (the device is replaced).
+# A factory given `device=` is made where its author chose (`device="cpu"` on purpose:
+# torch's PowerSGD hook draws its random matrices on the CPU so that every replica draws the
+# same ones), so none of these is left out when the keyword is there.
 FACTORY_KEYWORDS = frozenset(
-    "dtype device size low high fill_value start end step n m input data mean std".split()
+    "dtype size low high fill_value start end step n m input data mean std".split()
 )
+# Calls that seed or fork a random number generator: random numbers drawn right after them
+# are meant to come from that generator.
+SEEDING = frozenset(
+    {
+        "torch.manual_seed",
+        "torch.random.manual_seed",
+        "torch.seed",
+        "torch.random.seed",
+        "torch.set_rng_state",
+        "torch.random.set_rng_state",
+    }
+)
+FORK_RNG = frozenset({"torch.random.fork_rng"})
 MOVE_KEYWORDS = frozenset({"device", "dtype", "non_blocking", "copy"})
 
 
@@ -444,19 +460,47 @@ def host_creations_moved(facts: "ScriptFacts") -> List[HostCreation]:
     than once; `torch.tensor(...)` in a loop only).
 
     Left out: a target that may be a tensor (`.to(other)` takes its dtype too) or is the CPU
-    (nothing to gain), `*args`/`**kwargs`, `memory_format`, factory options that the device
-    changes (`pin_memory`, `generator`: a CPU generator cannot feed a CUDA factory,
-    `requires_grad`: the result would become a leaf, `out`, `layout`), and a dtype
-    conversion in `.to()` unless the factory is "exact" and chooses no dtype itself;
-    `torch.normal` only with numbers for mean and std (tensors decide its device)."""
+    (nothing to gain), `*args`/`**kwargs`, `memory_format`, a factory that chooses its device
+    itself (`device="cpu"` on purpose), factory options that the device changes
+    (`pin_memory`, `generator`: a CPU generator cannot feed a CUDA factory, `requires_grad`:
+    the result would become a leaf, `out`, `layout`), and a dtype conversion in `.to()`
+    unless the factory is "exact" and chooses no dtype itself; `torch.normal` only with
+    numbers for mean and std (tensors decide its device). Random draws inside
+    `torch.random.fork_rng()` or beside a `torch.manual_seed(...)` in the same loop or
+    function body are left too: they are meant to come from the CPU's generator."""
     found: List[HostCreation] = []
+    forked: Optional[Set[cst.CSTNode]] = None
     for move in facts.method_calls("to") + facts.method_calls("cuda"):
         if move.site.loop is None and move.site.function is None:
             continue
         creation = _host_creation(facts, move)
-        if creation is not None and (creation.kind != "data" or move.site.loop is not None):
-            found.append(creation)
+        if creation is None or (creation.kind == "data" and move.site.loop is None):
+            continue
+        if creation.kind == "random":
+            forked = _under_fork_rng(facts) if forked is None else forked
+            if move.node in forked or _seeded_beside(facts, move):
+                continue
+        found.append(creation)
     return sorted(found, key=lambda c: c.move.site.order)
+
+
+def _under_fork_rng(facts: "ScriptFacts") -> Set[cst.CSTNode]:
+    """Every node inside a `with torch.random.fork_rng(...)` block."""
+    inside: Set[cst.CSTNode] = set()
+    for item, site in facts.records.with_items:
+        call = item.item
+        if isinstance(call, cst.Call) and facts.qualified_name(call.func) in FORK_RNG:
+            inside.update(find_all(site.statement))
+    return inside
+
+
+def _seeded_beside(facts: "ScriptFacts", move: CallSite) -> bool:
+    """The function seeds the random number generator in the same loop (or, outside loops,
+    in the same function body) as the draw: the numbers are meant to be the CPU's."""
+    return any(
+        call.site.function is move.site.function and call.site.loop is move.site.loop
+        for call in facts.calls_to(*SEEDING)
+    )
 
 
 def _host_creation(facts: "ScriptFacts", move: CallSite) -> Optional[HostCreation]:
