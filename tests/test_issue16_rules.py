@@ -242,7 +242,7 @@ def test_the_level_of_each_move_says_what_can_change(call: str, safety: Safety) 
 
 def test_a_name_also_bound_to_a_host_value_is_no_device_value() -> None:
     facts = _facts(
-        STEP.replace('    print(loss)\n', '    loss = loss.item()\n    print(f"{loss:.3f}")\n')
+        STEP.replace("    print(loss)\n", '    loss = loss.item()\n    print(f"{loss:.3f}")\n')
     )
     (loop,) = facts.training_loops
     found = {(s.kind, code_of(s.node)) for s in facts.host_syncs.sites(loop)}
