@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 
 def synchronize(device: str) -> None:
@@ -27,3 +28,18 @@ def median_time(
         synchronize(device)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for the block: on a shared 2-core machine, a parallel region waits
+    for a descheduled worker and a step's time jumps by whole scheduler ticks (measured on
+    the MLP step of rule_gains/opt703.py: 1.4 ms to 160 ms from one step to the next)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

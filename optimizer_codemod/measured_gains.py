@@ -4,7 +4,8 @@ Two kinds of file in benchmarks/results/ concern rules, whatever their device:
 
 - `optcodemod bench` results (`reference-*.json`): per workload, the fixes its rewrite applied
   and the speedup of all of them together, and with `--ablate` each applied rule alone;
-- `benchmarks/rule_gains.py` results (`rule-gains-*.json`): one micro-benchmark per rule.
+- `benchmarks/rule_gains.py` results (`rule-gains-*.json`): micro-benchmarks keyed by rule
+  code, `OPT703` and variants of it such as `OPT703:anomaly`.
 
 Other files there (tool speed) are skipped. The folder is found in a source checkout only: the
 results are not packaged, so an installed copy renders "none in this installation" instead.
@@ -83,9 +84,10 @@ def measurements_for(code: str, results: Results) -> List[Measurement]:
     together: List[Measurement] = []
     for name, data in results.files:
         if _is_rule_gains(data):
-            entry = data["results"].get(code)
-            if isinstance(entry, dict):
-                micro.append(_micro(entry, name))
+            # `OPT703` and its variants `OPT703:anomaly`..., in key order.
+            for key, entry in sorted(data["results"].items()):
+                if (key == code or key.startswith(code + ":")) and isinstance(entry, dict):
+                    micro.append(_micro(entry, name))
         else:
             by_itself, with_others = _from_bench(code, data, name)
             alone += by_itself

@@ -11,7 +11,7 @@ import enum
 import re
 import textwrap
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, ClassVar, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
@@ -154,6 +154,11 @@ class Rule(cst.BatchableCSTVisitor):
     # trigger alone is common: `requires = (BACKWARD_CALL,)` keeps library modules unparsed.
     requires: ClassVar[Tuple[str, ...]] = ()
     examples: ClassVar[Tuple[Example, ...]] = ()
+    # The kinds of per-step host sync the rule's fixes take off the step (analysis/syncs.py),
+    # with the least safe level of those fixes. Removing one of two per-step syncs gains
+    # nothing, so a sync-removing fix is made only when every sync of its step goes: rules
+    # ask which kinds the other selected rules will remove in the same run.
+    removes_syncs: ClassVar[Mapping[str, Safety]] = {}
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -174,6 +179,17 @@ class Rule(cst.BatchableCSTVisitor):
     @property
     def facts(self) -> "ScriptFacts":
         return self.context.facts
+
+    def sync_removals_applied(self) -> FrozenSet[str]:
+        """The kinds of per-step sync that this run's fixes remove: this rule's own, and those
+        of every other selected rule whose fixes at that level are applied."""
+        options = self.context.options
+        kinds = set(self.removes_syncs)
+        for rule in options.rules:
+            for kind, level in rule.removes_syncs.items():
+                if options.may_apply(rule.code, max(level, rule.safety)):
+                    kinds.add(kind)
+        return frozenset(kinds)
 
     def report(
         self,

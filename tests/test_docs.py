@@ -46,3 +46,9 @@ def test_index_lists_every_rule() -> None:
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     for rule in all_rules():
         assert f"[{rule.code}]({rule.code}.md)" in index
+
+
+def test_readme_states_the_number_of_rules() -> None:
+    readme = (DOCS.parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Rules", 1)[1].split("\n## ", 1)[0]
+    assert f"{len(all_rules())} rules, listed by `optcodemod rules`" in section

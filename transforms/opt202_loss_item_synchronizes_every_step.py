@@ -9,10 +9,11 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
+    LOSS_ACCUMULATION,
+    device_total_term,
     every_iteration,
-    loss_item_accumulations,
+    host_read,
     loss_items,
-    step_syncs,
 )
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -81,10 +82,13 @@ class LossItemSynchronizesEveryStep(Rule):
 
         A fix must pay: not rewritten (reported, naming the call) when another host sync
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
-        `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`):
-        the host would still wait for the device at each step. Several accumulations of the
-        loss in one step are rewritten together. A total that is never read is reported
-        too: deleting the accumulation is the fix, not moving it to the device.
+        `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`,
+        `empty_cache()`, or a device value printed, formatted or tested: `print(loss)`,
+        `if torch.isnan(loss):`): the host would still wait for the device at each step,
+        unless another fix of the same run takes that sync off the step too (OPT204 moves a
+        count to the device, OPT703 deletes a bare `synchronize()`). Several accumulations
+        of the loss in one step are rewritten together. A total that is never read is
+        reported too: deleting the accumulation is the fix, not moving it to the device.
 
     Expected gain:
         The host-device round trip of every step, which matters when the device is fast and
@@ -106,6 +110,7 @@ class LossItemSynchronizesEveryStep(Rule):
     triggers = (r"\.\s*item\s*\(",)
     # Findings are in training loops: the loss's backward is called in them.
     requires = (BACKWARD_CALL,)
+    removes_syncs = {LOSS_ACCUMULATION: Safety.NUMERICS}
     examples = (
         Example(
             _SETUP + "for epoch in range(3):\n"
@@ -139,12 +144,13 @@ class LossItemSynchronizesEveryStep(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         handled = set()
-        accumulations = loss_item_accumulations(self.facts)
-        for accumulation in accumulations:
+        syncs = self.facts.host_syncs
+        enabled = self.sync_removals_applied()
+        for accumulation in syncs.loss_accumulations():
             handled.update(accumulation.items)
             statement = accumulation.statements[0]
             obstacle = accumulation.obstacle or _remaining_sync(
-                self.facts, accumulation, accumulations
+                syncs.plan(accumulation.loop, enabled)
             )
             if obstacle is not None:
                 self.report(
@@ -153,8 +159,8 @@ class LossItemSynchronizesEveryStep(Rule):
                     f"not rewritten because {obstacle}",
                 )
                 continue
-            edits = [Replace(item, _detached(item)) for item in accumulation.items]
-            edits += [Replace(read, _as_float(read)) for read in accumulation.reads]
+            edits = [Replace(item, device_total_term(item)) for item in accumulation.items]
+            edits += [Replace(read, host_read(read)) for read in accumulation.reads]
             self.report(
                 statement,
                 Fix(tuple(edits)),
@@ -174,37 +180,15 @@ class LossItemSynchronizesEveryStep(Rule):
                     )
 
 
-def _remaining_sync(facts, accumulation, accumulations) -> Optional[str]:
-    """Why rewriting `accumulation` gains nothing: a host sync that stays on every step of
-    its loop once every rewritable accumulation there is rewritten; None when none stays."""
-    removed = {
-        item
-        for other in accumulations
-        if other.loop is accumulation.loop and other.obstacle is None
-        for item in other.items
-    }
-    for sync in step_syncs(facts, accumulation.loop):
-        if sync.node not in removed:
-            return (
-                f"`{_line(sync.node)}` still waits for the device on every step, so the "
-                "rewrite would gain nothing"
-            )
+def _remaining_sync(plan) -> Optional[str]:
+    """Why rewriting gains nothing: a host sync that stays on every step of the loop once
+    every fix of this run that removes one is applied; None when none stays."""
+    for sync in plan.remaining:
+        return (
+            f"`{_line(sync.node)}` still waits for the device on every step, so the "
+            "rewrite would gain nothing"
+        )
     return None
-
-
-def _detached(item: cst.Call) -> cst.Call:
-    """`loss.item()` as `loss.detach().float()`."""
-    detach = cst.Call(func=item.func.with_changes(attr=cst.Name("detach")))
-    return item.with_changes(func=cst.Attribute(value=detach, attr=cst.Name("float")))
-
-
-def _as_float(read: cst.Name) -> cst.Call:
-    return cst.Call(
-        func=cst.Name("float"),
-        args=[cst.Arg(value=read.with_changes(lpar=(), rpar=()))],
-        lpar=read.lpar,
-        rpar=read.rpar,
-    )
 
 
 def _line(node: cst.CSTNode) -> str:

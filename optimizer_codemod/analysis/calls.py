@@ -59,6 +59,12 @@ def code_of(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
+def excerpt(node: cst.CSTNode, limit: int = 60) -> str:
+    """`node`'s code on one line, shortened to `limit` characters: for messages."""
+    text = " ".join(code_of(node).split()).replace("( ", "(").replace(", )", ")")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _strip_comment(whitespace: cst.BaseParenthesizableWhitespace):
     if isinstance(whitespace, cst.ParenthesizedWhitespace) and whitespace.first_line.comment:
         return whitespace.with_changes(

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional
+from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Optional, Set, Tuple
+from weakref import WeakKeyDictionary
 
 import libcst as cst
 
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.training import holds_module
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -24,12 +26,42 @@ DTYPES = frozenset(
     ).split()
 )
 ACCELERATOR_PREFIXES = ("cuda", "mps", "xpu", "hpu", "npu", "xla", "meta")
+# Calls that return plain Python values, whatever they are called on.
+HOST_METHODS = frozenset({"item", "tolist", "size", "numel", "dim", "nelement", "element_size"})
+HOST_BUILTINS = frozenset({"float", "int", "len", "bool", "str"})
+# Tensor methods and attributes whose result is no tensor on the device: host values, a copy
+# on the host (`.cpu()`, `.numpy()` of one), or facts about the tensor.
+OFF_DEVICE_METHODS = HOST_METHODS | frozenset(
+    {"cpu", "numpy", "stride", "data_ptr", "get_device", "is_contiguous", "is_floating_point"}
+)
+HOST_ATTRIBUTES = frozenset(
+    {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_leaf", "names"}
+)
+NOT_TENSOR_NAMESPACES = (
+    "torch.cuda.",
+    "torch.mps.",
+    "torch.backends.",
+    "torch.distributed.",
+    "torch.optim.",
+    "torch.utils.",
+    "torch.profiler.",
+)
+HOST_TORCH_FUNCTIONS = frozenset(
+    {"torch.is_tensor", "torch.numel", "torch.is_floating_point", "torch.is_complex"}
+)
 
 
 class DeviceKind(enum.Enum):
     CPU = "cpu"
     ACCELERATOR = "accelerator"
     UNKNOWN = "unknown"  # decided at run time, or not known to the analysis
+
+
+_STRINGS = (cst.SimpleString, cst.ConcatenatedString)
+# device_kind's answers per script, name and depth (a script's facts are never changed).
+_KIND_MEMO: "WeakKeyDictionary[ScriptFacts, Dict[Tuple[str, int], DeviceKind]]" = (
+    WeakKeyDictionary()
+)
 
 
 def _combine(kinds: Iterable[DeviceKind]) -> DeviceKind:
@@ -46,7 +78,8 @@ def device_kind(
 ) -> DeviceKind:
     if node is None or depth > MAX_DEPTH:
         return DeviceKind.UNKNOWN
-    value = literal(node, None)
+    # Only a string literal can name a device; printing other nodes to find out is costly.
+    value = literal(node, None) if isinstance(node, _STRINGS) else None
     if isinstance(value, str):
         if value.split(":")[0] == "cpu":
             return DeviceKind.CPU
@@ -65,9 +98,17 @@ def device_kind(
         )
     name = dotted_name(node)
     if name is not None:
-        values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
-        if values:
-            return _combine(device_kind(facts, v, depth + 1) for v in values)
+        # Followed once per name and depth: a name assigned in many places (`device` in a
+        # file of tests) would otherwise be followed again through every assignment.
+        memo = _KIND_MEMO.setdefault(facts, {})
+        if (name, depth) not in memo:
+            values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+            memo[name, depth] = (
+                _combine(device_kind(facts, v, depth + 1) for v in values)
+                if values
+                else DeviceKind.UNKNOWN
+            )
+        return memo[name, depth]
     return DeviceKind.UNKNOWN
 
 
@@ -179,4 +220,135 @@ def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression, dept
                 facts, assignment.value, depth + 1
             ):
                 return True
+    return False
+
+
+# Values on the device -------------------------------------------------------------------------
+def uses_accelerator(facts: "ScriptFacts") -> bool:
+    """Some call of the script may put a tensor or a module on an accelerator: without one,
+    every tensor stays on the CPU and reading a value waits for nothing."""
+    return any(places_on_accelerator(facts, call.node) for call in facts.records.calls)
+
+
+def on_device(
+    facts: "ScriptFacts", node: cst.BaseExpression, names: Set[str], modules: Set[str]
+) -> bool:
+    """`node` evaluates to a tensor on the device, given the `names` that hold one and the
+    `modules` (models, losses) whose outputs are: one of them, a part or attribute of one
+    (not `.shape`, `.dtype`...), arithmetic or a comparison on one, a tensor method or torch
+    function of one (not `.item()`, `.cpu()`, `.size()`...), a module's output, or a tensor
+    placed on an accelerator (`.to(device)`, `device=`). Calls of anything else (the script's
+    own functions, numpy, builtins) are not followed: their result is not known to be one."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        name = dotted_name(node)
+        if name is not None and name in names:
+            return True
+        return (
+            isinstance(node, cst.Attribute)
+            and node.attr.value not in HOST_ATTRIBUTES
+            and on_device(facts, node.value, names, modules)
+        )
+    if isinstance(node, cst.Subscript):
+        return on_device(facts, node.value, names, modules)
+    if isinstance(node, cst.Call):
+        qualname = facts.imports.qualified_name(node.func)
+        if qualname is not None:
+            if not _tensor_function(qualname):
+                return False
+            return places_on_accelerator(facts, node) or any(
+                on_device(facts, arg.value, names, modules)
+                or _of_module(arg.value, modules)  # `clip_grad_norm_(model.parameters())`
+                for arg in node.args
+            )
+        if dotted_name(node.func) in modules:
+            return True
+        if isinstance(node.func, cst.Attribute):
+            if node.func.attr.value in OFF_DEVICE_METHODS:
+                return False
+            receiver = node.func.value
+            if dotted_name(receiver) in modules:
+                return False  # `model.to(device)`, `criterion.cuda()`: a module, no tensor
+            return on_device(facts, receiver, names, modules) or places_on_accelerator(facts, node)
+        return False
+    if isinstance(node, cst.BinaryOperation):
+        return on_device(facts, node.left, names, modules) or on_device(
+            facts, node.right, names, modules
+        )
+    if isinstance(node, cst.UnaryOperation):
+        return not isinstance(node.operator, cst.Not) and on_device(
+            facts, node.expression, names, modules
+        )
+    if isinstance(node, cst.Comparison):
+        return on_device(facts, node.left, names, modules) or any(
+            on_device(facts, target.comparator, names, modules) for target in node.comparisons
+        )
+    if isinstance(node, cst.IfExp):
+        return on_device(facts, node.body, names, modules) or on_device(
+            facts, node.orelse, names, modules
+        )
+    return False
+
+
+def _tensor_function(qualname: str) -> bool:
+    """A torch function that computes tensors (`torch.max`, `F.relu`, `clip_grad_norm_`):
+    not a class (`torch.optim.SGD`, `torch.nn.Linear`), nor a function of the runtime
+    (`torch.cuda.*`, `torch.distributed.*`) or of data loading, nor one returning host
+    values."""
+    return (
+        qualname.startswith("torch.")
+        and not qualname.rsplit(".", 1)[-1][:1].isupper()
+        and not qualname.startswith(NOT_TENSOR_NAMESPACES)
+        and qualname not in HOST_TORCH_FUNCTIONS
+    )
+
+
+def _of_module(node: cst.BaseExpression, modules: Set[str]) -> bool:
+    """`model.parameters()` and the like: the tensors of a module (on its device)."""
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and dotted_name(node.func.value) in modules
+    )
+
+
+def device_names(
+    facts: "ScriptFacts", function: Optional[cst.FunctionDef], seeds: Iterable[str]
+) -> Tuple[Set[str], Set[str]]:
+    """(names of `function`'s scope that may hold tensors on the device, names of modules it
+    calls), from `seeds` known to hold device tensors (a loss, the inputs of its criterion)
+    and every assignment of the scope (see `on_device`). A name the scope also binds to a
+    host value (`loss = loss.item()`, `total = 0.0`) is left out: which one a read sees
+    depends on the order of statements, which this does not follow. Callers ask only where
+    the script places something on an accelerator (`uses_accelerator`): elsewhere no tensor
+    is on one."""
+    assignments = [a for a in facts.records.assignments if a.site.function is function]
+    modules: Set[str] = set()
+    for call in facts.records.calls:
+        callee = dotted_name(call.node.func)
+        if call.site.function is function and callee is not None and callee not in modules:
+            if call.qualname is None and holds_module(facts, callee):
+                modules.add(callee)
+    names = set(seeds) - modules
+    changed = True
+    while changed:
+        changed = False
+        for assignment in assignments:
+            target = assignment.target
+            if target in names or target in modules:
+                continue
+            if on_device(facts, assignment.value, names, modules):
+                names.add(target)
+                changed = True
+    host = {a.target for a in assignments if not a.unpacked and _host_value(a.value)}
+    return names - host, modules
+
+
+def _host_value(node: cst.BaseExpression) -> bool:
+    """A plain Python value for sure: a number or string, `x.item()`, `float(x)`..."""
+    if isinstance(node, (cst.Integer, cst.Float, cst.SimpleString, cst.FormattedString)):
+        return True
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Name):
+            return node.func.value in HOST_BUILTINS
+        return isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_METHODS
     return False

@@ -23,6 +23,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, method_name
 from optimizer_codemod.analysis.collect import target_names
+from optimizer_codemod.analysis.devices import HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
@@ -33,9 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-# Calls that return plain Python values, whatever they are called on.
-HOST_METHODS = frozenset({"item", "tolist", "size", "numel", "dim", "nelement", "element_size"})
-HOST_BUILTINS = frozenset({"float", "int", "len", "bool", "str"})
 # Methods of long-lived objects that take values without keeping tensors: loggers and
 # progress bars format or convert what they get.
 LOGGING_METHODS = frozenset(

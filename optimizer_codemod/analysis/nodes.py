@@ -12,12 +12,13 @@ import libcst as cst
 
 
 def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
-    """Every node of one of `types` in `tree` (the tree itself included), in source order."""
+    """Every node of one of `types` in `tree` (the tree itself included), in source order;
+    every node when no type is given."""
     found: List[cst.CSTNode] = []
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, types):
+        if not types or isinstance(node, types):
             found.append(node)
         stack.extend(reversed(node.children))
     return found
@@ -39,6 +40,17 @@ def single_assignment(line: cst.CSTNode, name: str) -> Optional[cst.Assign]:
     ):
         return small
     return None
+
+
+def lone_call(line: Optional[cst.CSTNode], call: cst.CSTNode) -> bool:
+    """`line` holds nothing but the expression statement `call`: deleting the line deletes
+    the call and nothing else."""
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and line.body[0].value is call
+    )
 
 
 def under_with(statements: Sequence[cst.BaseStatement], context: str) -> cst.With:

@@ -16,8 +16,10 @@ from optimizer_codemod.analysis.collect import (
     collect,
 )
 from optimizer_codemod.analysis.autocast_escapes import AutocastEscapes
+from optimizer_codemod.analysis.debugging import DebugSwitches
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+from optimizer_codemod.analysis.syncs import HostSyncs
 
 DATALOADER = "torch.utils.data.DataLoader"
 # Wrappers that iterate their first argument unchanged (for the purpose of batch tracking).
@@ -307,6 +309,16 @@ class ScriptFacts:
     def autocast_escapes(self) -> AutocastEscapes:
         """Which 16-bit values would leave an autocast block (autocast_escapes.py)."""
         return AutocastEscapes(self)
+
+    @cached_property
+    def host_syncs(self) -> HostSyncs:
+        """Per-step host syncs of the training loops (syncs.py)."""
+        return HostSyncs(self)
+
+    @cached_property
+    def debug_switches(self) -> DebugSwitches:
+        """Debugging and housekeeping around the training step (debugging.py)."""
+        return DebugSwitches(self)
 
     @cached_property
     def top_import_block(self) -> Tuple[cst.BaseStatement, ...]:

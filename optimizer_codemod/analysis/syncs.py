@@ -13,13 +13,25 @@ rewriting them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Set, Union
+from functools import cached_property
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import method_name
-from optimizer_codemod.analysis.collect import CallSite, Loop
-from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.calls import code_of, excerpt, method_name, positional
+from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
+from optimizer_codemod.analysis.devices import (
+    OFF_DEVICE_METHODS,
+    DeviceKind,
+    copy_target,
+    device_kind,
+    device_names,
+    on_device,
+    uses_accelerator,
+)
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
+from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -29,25 +41,388 @@ _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
 # Calls that copy a device tensor to the host, so the host waits for the device: methods
-# (without arguments) and functions. The analysis does not know which tensors live on the
-# device, so any such call counts: a fix that leaves one of them on every step gains nothing.
+# (without arguments) and functions. `torch.cuda.empty_cache()` waits too: it returns cached
+# blocks to the driver with `cudaFree`, which synchronises the device.
 HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu"})
-HOST_SYNC_FUNCTIONS = frozenset({"torch.cuda.synchronize"})
+HOST_SYNC_FUNCTIONS = {
+    "torch.cuda.synchronize": "synchronize",
+    "torch.mps.synchronize": "synchronize",
+    "torch.cuda.empty_cache": "empty_cache",
+    "torch.mps.empty_cache": "empty_cache",
+}
+# Builtins that read a tensor's value on the host: `float(x)`, `f"{x}"` (through `format`).
+READING_BUILTINS = frozenset({"float", "int", "bool", "str", "repr", "format", "round"})
+# Functions that read the time: a device sync before them makes a step's timing honest.
+CLOCKS = frozenset(
+    {
+        "time.time",
+        "time.perf_counter",
+        "time.monotonic",
+        "time.process_time",
+        "time.time_ns",
+        "time.perf_counter_ns",
+        "time.monotonic_ns",
+        "timeit.default_timer",
+        "datetime.datetime.now",
+    }
+)
+
+# Work that runs off the default stream: a `synchronize()` may be what waits for it.
+OTHER_STREAMS = (
+    "torch.distributed.",
+    "torch.cuda.Stream",
+    "torch.cuda.stream",
+    "torch.cuda.Event",
+    "torch.cuda.current_stream",
+    "torch.cuda.set_stream",
+)
+
+# What a sync-removing fix takes off the step, by kind (a rule's `removes_syncs`).
+LOSS_ACCUMULATION = "loss-accumulation"  # `running += loss.item()` (OPT202)
+METRIC_ACCUMULATION = "metric-accumulation"  # `correct += (p == y).sum().item()`
+SYNCHRONIZE = "synchronize"  # a bare `torch.cuda.synchronize()` statement
+EMPTY_CACHE = "empty-cache"  # a bare `torch.cuda.empty_cache()` statement
 
 
-def step_syncs(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
-    """Calls in `loop`'s own body that make the host wait for the device on every iteration
-    (`.item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`), in source order."""
-    per_step = every_iteration(loop)
-    return [
-        call
-        for call in facts.records.calls
-        if call.site.loop is loop
-        and call.site.statement in per_step
-        and (
-            (call.method in HOST_SYNC_METHODS and not call.node.args)
-            or call.qualname in HOST_SYNC_FUNCTIONS
+@dataclass(frozen=True)
+class StepSync:
+    """Something in a training loop's own body that makes the host wait for the device on
+    every iteration."""
+
+    node: cst.CSTNode  # the call, f-string part, `%` expression or test that waits
+    # item, tolist, cpu, synchronize, empty_cache, print, format, convert, branch
+    kind: str
+    value: Optional[cst.BaseExpression]  # the device value read (None: synchronize...)
+    statement: cst.CSTNode  # the statement (or one-line suite) of the loop body holding it
+    # The value is known to be on the device. Otherwise it may be (any `.item()` counts when
+    # a rule asks whether a sync stays, but only certain ones are reported as findings).
+    certain: bool
+    loop: Loop
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """The per-step syncs of one loop, given the kinds of fix that will be applied."""
+
+    removed: Dict[cst.CSTNode, str]  # sync node -> the kind of fix that takes it off the step
+    remaining: Tuple[StepSync, ...]  # syncs that stay on every step, in source order
+
+
+def step_syncs(facts: "ScriptFacts", loop: Loop) -> List[StepSync]:
+    """Everything in `loop`'s own body that makes the host wait for the device on every
+    iteration, in source order (see HostSyncs.sites)."""
+    return list(facts.host_syncs.sites(loop))
+
+
+def alone_in_statement(sync: StepSync) -> bool:
+    """The sync is a call that is its statement's only content (`torch.cuda.synchronize()`
+    on its own line): deleting the line deletes the call and nothing else."""
+    return lone_call(sync.statement, sync.node)
+
+
+class HostSyncs:
+    """Per-step host syncs of the training loops, memoised per loop (one per ScriptFacts)."""
+
+    def __init__(self, facts: "ScriptFacts") -> None:
+        self.facts = facts
+        self._sites: Dict[int, Tuple[StepSync, ...]] = {}
+        self._device: Dict[int, Tuple[Set[str], Set[str]]] = {}
+        self._metric: Optional[List["Accumulation"]] = None
+        self._loss: Optional[List["Accumulation"]] = None
+
+    @cached_property
+    def accelerated(self) -> bool:
+        """The script may put something on an accelerator (devices.uses_accelerator)."""
+        return uses_accelerator(self.facts)
+
+    # Device values ----------------------------------------------------------------------
+    def device(self, loop: Loop) -> Tuple[Set[str], Set[str]]:
+        """(names that may hold device tensors, modules) in `loop`'s scope: the losses it
+        calls `backward()` on, what their criterion reads, and what is computed from them
+        (devices.device_names)."""
+        key = id(loop.node)
+        if key not in self._device:
+            self._device[key] = (
+                device_names(self.facts, loop.function, _loss_seeds(self.facts, loop))
+                if self.accelerated
+                else (set(), set())
+            )
+        return self._device[key]
+
+    def on_device(self, loop: Loop, node: cst.BaseExpression) -> bool:
+        names, modules = self.device(loop)
+        return bool(names or modules) and on_device(self.facts, node, names, modules)
+
+    # Sites ------------------------------------------------------------------------------
+    def sites(self, loop: Loop) -> Tuple[StepSync, ...]:
+        """Every per-step sync of `loop`'s own body (statements not under an `if` or an inner
+        loop; headers of inner `if`/`while`/`for` included, and the test of `loop` itself
+        when it is a `while`): `.item()`, `.tolist()`, `.cpu()`; `torch.cuda.synchronize()`
+        and `empty_cache()`; and reads of a device value on the host: `print(x)`, `f"{x}"`,
+        `"%f" % x`, `float(x)`, `math.isfinite(x)`, `if x:`, `while x > y:`, `assert x`."""
+        key = id(loop.node)
+        if key not in self._sites:
+            self._sites[key] = tuple(self._find(loop))
+        return self._sites[key]
+
+    def _find(self, loop: Loop) -> List[StepSync]:
+        found: List[StepSync] = []
+        seen: Set[cst.CSTNode] = set()
+
+        def add(node, kind, value, statement, certain=True) -> None:
+            if node not in seen:
+                seen.add(node)
+                found.append(StepSync(node, kind, value, statement, certain, loop))
+
+        per_step = every_iteration(loop)
+        statements = [s for s in _body_order(loop) if s in per_step]
+        if isinstance(loop.node, cst.While):
+            statements.insert(0, loop.node)
+        accelerated = self.accelerated
+        for statement in statements:
+            tests, roots = _header(statement, loop)
+            for test in tests:
+                for value in self._truth_reads(loop, test):
+                    add(value, "branch", value, statement)
+            for root in roots:
+                for node in _walk(root):
+                    self._classify(loop, node, statement, add, accelerated)
+        return found
+
+    def _classify(self, loop, node, statement, add, accelerated: bool) -> None:
+        facts = self.facts
+        if isinstance(node, cst.Call):
+            method = method_name(node)
+            qualname = facts.qualified_name(node.func)
+            if qualname in HOST_SYNC_FUNCTIONS:
+                add(node, HOST_SYNC_FUNCTIONS[qualname], None, statement)
+            elif qualname is None and method in HOST_SYNC_METHODS and not positional(node):
+                receiver = node.func.value
+                certain = self.on_device(loop, receiver) or (
+                    method == "item" and accelerated and not _off_device(facts, receiver)
+                )
+                add(node, method, receiver, statement, certain)
+            elif method == "to" and self._copies_to_host(loop, node):
+                add(node, "cpu", node.func.value, statement)
+            elif isinstance(node.func, cst.Name) and node.func.value == "print":
+                for arg in node.args:
+                    if not arg.keyword and self.on_device(loop, arg.value):
+                        add(node, "print", arg.value, statement)
+                        break
+            elif (isinstance(node.func, cst.Name) and node.func.value in READING_BUILTINS) or (
+                qualname or ""
+            ).startswith("math."):
+                args = positional(node)
+                if args and self.on_device(loop, args[0].value):
+                    add(node, "convert", args[0].value, statement)
+            elif method == "format" and _is_string(node.func.value):
+                for arg in node.args:
+                    if self.on_device(loop, arg.value):
+                        add(node, "format", arg.value, statement)
+                        break
+        elif isinstance(node, cst.FormattedString):
+            for part in node.parts:
+                if isinstance(part, cst.FormattedStringExpression):
+                    if self.on_device(loop, part.expression):
+                        add(node, "format", part.expression, statement)
+                        break
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            if _is_string(node.left):
+                values = (
+                    [e.value for e in node.right.elements]
+                    if isinstance(node.right, cst.Tuple)
+                    else [node.right]
+                )
+                value = next((v for v in values if self.on_device(loop, v)), None)
+                if value is not None:
+                    add(node, "format", value, statement)
+        elif isinstance(node, cst.Assert):
+            for value in self._truth_reads(loop, node.test):
+                add(value, "branch", value, statement)
+        elif isinstance(node, cst.IfExp):
+            for value in self._truth_reads(loop, node.test):
+                add(value, "branch", value, statement)
+
+    def _copies_to_host(self, loop: Loop, call: cst.Call) -> bool:
+        """`x.to("cpu")` of a device value: a device-to-host copy."""
+        target = copy_target(self.facts, call)
+        return (
+            target is not None
+            and device_kind(self.facts, target) is DeviceKind.CPU
+            and bool(self.on_device(loop, call.func.value))
         )
+
+    def _truth_reads(self, loop: Loop, test: cst.BaseExpression) -> List[cst.BaseExpression]:
+        """The device values whose truth Python asks for in a test: `x`, `x > y`, `not x`,
+        each operand of `and`/`or`."""
+        if isinstance(test, cst.BooleanOperation):
+            return self._truth_reads(loop, test.left) + self._truth_reads(loop, test.right)
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._truth_reads(loop, test.expression)
+        return [test] if self.on_device(loop, test) else []
+
+    # Accumulations ----------------------------------------------------------------------
+    def loss_accumulations(self) -> List["Accumulation"]:
+        if self._loss is None:
+            self._loss = loss_item_accumulations(self.facts)
+        return self._loss
+
+    def metric_accumulations(self) -> List["Accumulation"]:
+        if self._metric is None:
+            self._metric = metric_item_accumulations(self.facts)
+        return self._metric
+
+    # Plans ------------------------------------------------------------------------------
+    def synchronize_obstacle(self, sync: StepSync) -> Optional[str]:
+        """Why removing this per-step `torch.cuda.synchronize()` would be wrong; None when
+        nothing needs it: it is alone on its line, no comment says why it is there, no clock
+        is read in the loop (the sync makes a step time honest, `t1 = time.time()`), and the
+        script runs no work off the default stream (collectives of `torch.distributed`,
+        streams, events), whose results the sync may be what waits for."""
+        if not alone_in_statement(sync):
+            return "it shares its line with other code"
+        if _commented(sync.statement):
+            return "a comment beside it says why it is there"
+        for call in self.facts.loop_calls(sync.loop):
+            if call.qualname in CLOCKS:
+                return (
+                    f"the loop reads the clock (`{code_of(call.node)}`): the sync makes "
+                    "that step time include the device's work"
+                )
+        other = self._off_default_stream
+        if other is not None:
+            return (
+                f"the script runs work off the default stream (`{excerpt(other.node)}`), "
+                "which the sync may be waiting for"
+            )
+        return None
+
+    @cached_property
+    def _off_default_stream(self) -> Optional[CallSite]:
+        """A call that runs device work on another stream than the default one: a
+        `torch.distributed` collective or wrapper, a stream or an event."""
+        for call in self.facts.records.calls:
+            name = call.qualname or ""
+            if name.startswith(OTHER_STREAMS) or name in DATA_PARALLEL_WRAPPERS:
+                return call
+        return None
+
+    def plan(self, loop: Loop, enabled: Iterable[str]) -> SyncPlan:
+        """Which per-step syncs of `loop` the `enabled` kinds of fix take off the step (each
+        only where its own obstacles allow), and which stay: a fix pays only when none stays."""
+        enabled = set(enabled)
+        removed: Dict[cst.CSTNode, str] = {}
+        for kind, accumulations in (
+            (LOSS_ACCUMULATION, self.loss_accumulations),
+            (METRIC_ACCUMULATION, self.metric_accumulations),
+        ):
+            if kind in enabled:
+                for accumulation in accumulations():
+                    if accumulation.loop is loop and accumulation.obstacle is None:
+                        removed.update((item, kind) for item in accumulation.items)
+        for sync in self.sites(loop):
+            if sync.kind == "synchronize" and SYNCHRONIZE in enabled:
+                if self.synchronize_obstacle(sync) is None:
+                    removed[sync.node] = SYNCHRONIZE
+            elif sync.kind == "empty_cache" and EMPTY_CACHE in enabled:
+                if alone_in_statement(sync):
+                    removed[sync.node] = EMPTY_CACHE
+        remaining = tuple(s for s in self.sites(loop) if s.node not in removed)
+        return SyncPlan(removed, remaining)
+
+
+def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
+    """Names in `loop` known to hold device tensors: the losses it calls `backward()` on, the
+    names their criterion is given (`loss = criterion(out, y)`), and the other names unpacked
+    with a loss (`logits, loss = model(x, y)`)."""
+    losses = backward_losses(facts, loop)
+    seeds = set(losses)
+    for loss in losses:
+        for assignment in facts.assignments_to(loss):
+            if loop not in assignment.site.loops:
+                continue
+            value = assignment.value
+            if assignment.unpacked:
+                statement = assignment.statement_node
+                for target in getattr(statement, "targets", ()):
+                    seeds.update(target_names(target.target))
+            elif isinstance(value, cst.Call):
+                seeds.update(
+                    name
+                    for arg in value.args
+                    if not arg.star and (name := dotted_name(arg.value)) is not None
+                )
+            elif isinstance(value, (cst.Attribute, cst.Subscript)):
+                root = value
+                while isinstance(root, (cst.Attribute, cst.Subscript)):
+                    root = root.value
+                if isinstance(root, cst.Name):
+                    seeds.add(root.value)
+    return seeds
+
+
+def _commented(line: cst.CSTNode) -> bool:
+    """A comment ends the line, or stands right above it (no blank line between)."""
+    if not isinstance(line, cst.SimpleStatementLine):
+        return False
+    if line.trailing_whitespace.comment is not None:
+        return True
+    above = list(line.leading_lines)
+    return bool(above) and above[-1].comment is not None
+
+
+def _off_device(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """A value computed on the host for sure: `.cpu()`, `.numpy()`, `.tolist()` of something,
+    or the result of a library function other than torch's (`np.float32(x)`)."""
+    if not isinstance(node, cst.Call):
+        return False
+    qualname = facts.qualified_name(node.func)
+    if qualname is not None:
+        return not qualname.startswith("torch.")
+    return method_name(node) in OFF_DEVICE_METHODS
+
+
+def _is_string(node: cst.BaseExpression) -> bool:
+    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+
+
+def _header(statement: cst.CSTNode, loop: Loop) -> Tuple[List[cst.BaseExpression], List]:
+    """(tests, other expressions) of a per-step statement that run on every iteration: a
+    simple line's small statements, the test of an `if`/`while`, a `for`'s iterable, the
+    context managers of a `with`."""
+    if statement is loop.node:
+        return [statement.test], [statement.test]
+    if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        return [], list(statement.body)
+    if isinstance(statement, (cst.If, cst.While)):
+        return [statement.test], [statement.test]
+    if isinstance(statement, cst.For):
+        return [], [statement.iter]
+    if isinstance(statement, cst.With):
+        return [], [item.item for item in statement.items]
+    return [], []
+
+
+def _walk(root: cst.CSTNode) -> List[cst.CSTNode]:
+    """Nodes of `root` in source order, without the bodies of lambdas and nested functions
+    (code there runs when it is called, not here)."""
+    found: List[cst.CSTNode] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if isinstance(node, _NESTED):
+            continue
+        stack.extend(reversed(node.children))
+    return found
+
+
+def _body_order(loop: Loop) -> List[cst.CSTNode]:
+    """The statements of `loop`'s body and of the `with`/`try` blocks in it, in source order."""
+    return [
+        node
+        for node in find_all(loop.node.body, cst.BaseStatement, cst.SimpleStatementSuite)
+        if node is not loop.node
     ]
 
 
@@ -179,6 +554,9 @@ class Accumulation:
     reads: List[cst.Name] = field(default_factory=list)  # reads to convert with float()
     # Why the accumulation cannot be rewritten; None when it can.
     obstacle: Optional[str] = None
+    # The Python type the total has: `float`, or `int` for integer counts started at an
+    # integer (`correct = 0`); reads convert the device total back to it.
+    converter: str = "float"
 
 
 def backward_losses(facts: "ScriptFacts", loop: Loop) -> Set[str]:
@@ -265,6 +643,93 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
     return found
 
 
+# Boolean-valued tensor methods and functions: a sum of their result counts elements exactly.
+BOOLEAN_METHODS = frozenset(
+    "eq ne lt le gt ge isnan isinf isfinite isclose logical_and logical_or logical_not "
+    "logical_xor bool".split()
+)
+BOOLEAN_FUNCTIONS = frozenset(f"torch.{name}" for name in BOOLEAN_METHODS - {"bool"})
+
+
+def metric_type(facts: "ScriptFacts", value: cst.BaseExpression) -> Optional[str]:
+    """The Python type of `value.item()` for a per-step metric whose dtype the analysis
+    knows: `int` for a count (`(pred == y).sum()`, `mask.eq(0).sum()`,
+    `torch.count_nonzero(...)`: int64, summed exactly on the device too), `float` for a mean
+    (`.mean()`) or a sum of floats (`x.float().sum()`); None otherwise."""
+    if not isinstance(value, cst.Call):
+        return None
+    qualname = facts.qualified_name(value.func)
+    if qualname is None:  # a method: `x.sum()`, without arguments (`dim` keeps a tensor)
+        method = method_name(value)
+        if value.args or method not in ("sum", "count_nonzero", "mean"):
+            return None
+        if method == "mean":
+            return "float"
+        inner = value.func.value
+    else:  # a function of one tensor: `torch.sum(x)`
+        args = value.args
+        if len(args) != 1 or args[0].keyword or args[0].star:
+            return None
+        if qualname == "torch.mean":
+            return "float"
+        if qualname not in ("torch.sum", "torch.count_nonzero"):
+            return None
+        inner = args[0].value
+    if _boolean(facts, inner):
+        return "int"
+    if isinstance(inner, cst.Call) and method_name(inner) in ("float", "double"):
+        return "float" if facts.qualified_name(inner.func) is None and not inner.args else None
+    return None
+
+
+def _boolean(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """`node` is a boolean tensor expression: a comparison, `x.eq(y)`, `torch.isnan(x)`,
+    `~mask` of one."""
+    if isinstance(node, cst.Comparison):
+        return True
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+        return _boolean(facts, node.expression)
+    if isinstance(node, cst.Call):
+        qualname = facts.qualified_name(node.func)
+        if qualname is not None:
+            return qualname in BOOLEAN_FUNCTIONS
+        return method_name(node) in BOOLEAN_METHODS
+    return False
+
+
+def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
+    """Accumulations of a metric's `.item()` on every step of a training loop, other than
+    the loss's (`loss_item_accumulations`): `correct += (pred == y).sum().item()`, where the
+    added expression is exactly one `.item()` of a value whose type `metric_type` knows,
+    with the same conditions and obstacles as the loss's. The total's type is kept: `int`
+    for counts started at an integer, `float` otherwise."""
+    found: List[Accumulation] = []
+    for loop in facts.training_loops:
+        per_step = every_iteration(loop)
+        losses = backward_losses(facts, loop)
+        items: List[CallSite] = []
+        types: Dict[str, Set[str]] = {}
+        for call in facts.method_calls("item"):
+            if call.site.loop is not loop or call.node.args or call.receiver in losses:
+                continue
+            small = _small_statement(call)
+            accumulated = _accumulated(small) if small is not None else None
+            if accumulated is None or accumulated[1] is not call.node:
+                continue
+            kind = metric_type(facts, call.node.func.value)
+            if kind is None or call.site.statement not in per_step:
+                continue
+            items.append(call)
+            types.setdefault(accumulated[0], set()).add(kind)
+        for name, kinds in types.items():
+            found.append(
+                _accumulation(
+                    facts, loop, name, items, per_step, "a metric", counts=kinds == {"int"}
+                )
+            )
+    return found
+
+
 def _small_statement(item: CallSite) -> Optional[cst.CSTNode]:
     statement = item.site.statement
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
@@ -272,8 +737,13 @@ def _small_statement(item: CallSite) -> Optional[cst.CSTNode]:
     return None
 
 
-def _accumulation(facts, loop: Loop, name: str, items, per_step) -> Accumulation:
+def _accumulation(
+    facts, loop: Loop, name: str, items, per_step, what: str = "the loss", counts: bool = False
+) -> Accumulation:
+    """The accumulation into `name` of the `.item()` calls among `items` (`counts`: they
+    are integers), with its reads and its obstacle."""
     result = Accumulation(name, loop)
+    numbers: List[cst.BaseExpression] = []
     scope: Scope = loop.function if loop.function is not None else facts.module
     accumulators = {}
     for item in items:
@@ -286,7 +756,7 @@ def _accumulation(facts, loop: Loop, name: str, items, per_step) -> Accumulation
         added = _accumulated(statement)[1]
         added_items = [c for c in find_all(added, cst.Call) if method_name(c) == "item"]
         if len(added_items) != len(calls):
-            result.obstacle = "it adds `.item()` of something other than the loss"
+            result.obstacle = f"it adds `.item()` of something other than {what}"
         result.items.extend(c.node for c in calls)
         result.statements.append(statement)
         if isinstance(statement, cst.Assign):
@@ -301,12 +771,17 @@ def _accumulation(facts, loop: Loop, name: str, items, per_step) -> Accumulation
         elif use.node in own_reads:
             continue
         elif use.store:
-            if not _bound_to_number(scope, use.node, accumulators):
+            bound = _bound_number(scope, use.node, accumulators)
+            if bound is None:
                 result.obstacle = result.obstacle or f"`{name}` is bound to something else"
+            elif bound is not True:
+                numbers.append(bound)
         else:
             result.reads.append(use.node)
     if not result.reads and not result.obstacle:
         result.obstacle = f"`{name}` is never read: delete the accumulation instead"
+    if counts and all(isinstance(n, cst.Integer) for n in numbers):
+        result.converter = "int"
     parents = _parents(scope) if result.reads else {}
     for read in result.reads:
         statement = _statement_of(parents, read)
@@ -319,7 +794,9 @@ def _accumulation(facts, loop: Loop, name: str, items, per_step) -> Accumulation
     return result
 
 
-def _bound_to_number(scope: Scope, name: cst.Name, accumulators) -> bool:
+def _bound_number(scope: Scope, name: cst.Name, accumulators):
+    """What the store `name` binds: True for an accumulation, the number literal of
+    `name = 0`, None for anything else."""
     for statement in find_all(scope, cst.Assign, cst.AugAssign):
         if statement in accumulators:
             if isinstance(statement, cst.AugAssign) and statement.target is name:
@@ -331,8 +808,8 @@ def _bound_to_number(scope: Scope, name: cst.Name, accumulators) -> bool:
             for target in statement.targets:
                 value = _value_bound_to(target.target, statement.value, name)
                 if value is not None:
-                    return _is_number(value)
-    return False
+                    return value if _is_number(value) else None
+    return None
 
 
 def _value_bound_to(target, value, name: cst.Name) -> Optional[cst.BaseExpression]:
@@ -371,3 +848,40 @@ def _statement_of(parents: dict, node: cst.CSTNode) -> Optional[cst.CSTNode]:
     ):
         current = parents.get(current)
     return current
+
+
+# Edits of an accumulation moved to the device -------------------------------------------------
+def device_total_term(item: cst.Call, converter: str = "float") -> cst.BaseExpression:
+    """What to add instead of `x.item()`: `x.detach().float()` (a float32 total on the
+    device, whatever the value's precision; detached, or the total would keep every step's
+    graph), `x.detach()` when `x` is a float32 sum or mean already (`y.float().mean()`), or
+    `x` itself for an integer count."""
+    value = item.func.value
+    if converter == "int":
+        return value.with_changes(lpar=[*item.lpar, *value.lpar], rpar=[*value.rpar, *item.rpar])
+    detach = cst.Call(func=item.func.with_changes(attr=cst.Name("detach")))
+    if _float32_reduction(value):
+        return item.with_changes(func=detach.func)
+    return item.with_changes(func=cst.Attribute(value=detach, attr=cst.Name("float")))
+
+
+def _float32_reduction(node: cst.BaseExpression) -> bool:
+    """`y.float().sum()`, `y.float().mean()`: a float32 scalar whatever `y` was."""
+    return (
+        isinstance(node, cst.Call)
+        and not node.args
+        and method_name(node) in ("sum", "mean")
+        and isinstance(node.func.value, cst.Call)
+        and not node.func.value.args
+        and method_name(node.func.value) == "float"
+    )
+
+
+def host_read(read: cst.Name, converter: str = "float") -> cst.Call:
+    """A read of the total as the Python number it was: `float(total)` / `int(total)`."""
+    return cst.Call(
+        func=cst.Name(converter),
+        args=[cst.Arg(value=read.with_changes(lpar=(), rpar=()))],
+        lpar=read.lpar,
+        rpar=read.rpar,
+    )

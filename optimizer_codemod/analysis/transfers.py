@@ -21,14 +21,18 @@ import libcst as cst
 
 from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
+    argument,
     has_double_star,
     has_star_args,
     keyword,
+    literal,
     positional,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
 from optimizer_codemod.analysis.devices import (
+    DeviceKind,
     copy_target,
+    device_kind,
     device_types,
     is_dtype,
     places_on_accelerator,
@@ -386,3 +390,217 @@ def parameter_values(
         else:
             values.append(arg.value)
     return values
+
+
+# Tensors created on the host and then copied ----------------------------------------------------
+# Factories that take `device=`, by what moving the device into the call keeps:
+# - "exact": the values do not depend on the dtype they are made in (0, 1, uninitialised, an
+#   identity matrix), so a dtype given to `.to()` can move into the call too;
+# - "value": the same values only in the same dtype (`full(n, 0.1)` made in float16 rounds
+#   once, made in float32 and converted rounds twice), so only the device moves;
+# - "random": the device's generator draws other numbers than the CPU's;
+# - "data": `torch.tensor(data)`: builds the tensor on the host and copies it either way, so
+#   only the one call saved; moved inside loops only.
+FACTORIES = {
+    **{f"torch.{name}": "exact" for name in ("zeros", "ones", "empty", "eye")},
+    **{f"torch.{name}_like": "exact" for name in ("zeros", "ones", "empty")},
+    **{f"torch.{name}": "value" for name in ("full", "full_like", "arange")},
+    **{
+        f"torch.{name}": "random"
+        for name in ("rand rand_like randn randn_like randint randint_like randperm normal".split())
+    },
+    "torch.tensor": "data",
+}
+# Methods that only convert the dtype, and give the same result on the device and the host.
+DTYPE_METHODS = frozenset(
+    {"long", "int", "short", "byte", "char", "float", "double", "half", "bfloat16", "bool"}
+)
+# Keywords a factory may carry for its call to take `device=` the same way: its own
+# arguments by name, and the dtype (the device is replaced).
+# A factory given `device=` is made where its author chose (`device="cpu"` on purpose:
+# torch's PowerSGD hook draws its random matrices on the CPU so that every replica draws the
+# same ones), so none of these is left out when the keyword is there.
+FACTORY_KEYWORDS = frozenset(
+    "dtype size low high fill_value start end step n m input data mean std".split()
+)
+# Calls that seed or fork a random number generator: random numbers drawn right after them
+# are meant to come from that generator.
+SEEDING = frozenset(
+    {
+        "torch.manual_seed",
+        "torch.random.manual_seed",
+        "torch.seed",
+        "torch.random.seed",
+        "torch.set_rng_state",
+        "torch.random.set_rng_state",
+    }
+)
+FORK_RNG = frozenset({"torch.random.fork_rng"})
+MOVE_KEYWORDS = frozenset({"device", "dtype", "non_blocking", "copy"})
+
+
+@dataclass(frozen=True)
+class HostCreation:
+    """`torch.zeros(n).to(device)`: a tensor made on the host, then copied to a device."""
+
+    move: CallSite  # the `.to(device)` or `.cuda()` call
+    factory: cst.Call  # the creation call inside its receiver
+    qualname: str
+    kind: str  # FACTORIES' kind
+    device: cst.BaseExpression  # the device to create it on
+    dtype: Optional[cst.BaseExpression]  # a dtype `.to()` converts to, moved into the call
+    # The device computes the same bits as the host. Not provable for an `arange` that may
+    # be floating-point: CUDA computes `start + i * step` in float32, the CPU in float64.
+    bit_exact: bool = True
+
+
+def host_creations_moved(facts: "ScriptFacts") -> List[HostCreation]:
+    """Every `factory(...)[.dtype()...].to(device)` / `.cuda()` of the script that could
+    create the tensor on the device directly, in a loop or a function (code that runs more
+    than once; `torch.tensor(...)` in a loop only).
+
+    Left out: a target that may be a tensor (`.to(other)` takes its dtype too) or is the CPU
+    (nothing to gain), `*args`/`**kwargs`, `memory_format`, a factory that chooses its device
+    itself (`device="cpu"` on purpose), factory options that the device changes
+    (`pin_memory`, `generator`: a CPU generator cannot feed a CUDA factory, `requires_grad`:
+    the result would become a leaf, `out`, `layout`), and a dtype conversion in `.to()`
+    unless the factory is "exact" and chooses no dtype itself; `torch.normal` only with
+    numbers for mean and std (tensors decide its device). Random draws inside
+    `torch.random.fork_rng()` or beside a `torch.manual_seed(...)` in the same loop or
+    function body are left too: they are meant to come from the CPU's generator."""
+    found: List[HostCreation] = []
+    forked: Optional[Set[cst.CSTNode]] = None
+    for move in facts.method_calls("to") + facts.method_calls("cuda"):
+        if move.site.loop is None and move.site.function is None:
+            continue
+        creation = _host_creation(facts, move)
+        if creation is None or (creation.kind == "data" and move.site.loop is None):
+            continue
+        if creation.kind == "random":
+            forked = _under_fork_rng(facts) if forked is None else forked
+            if move.node in forked or _seeded_beside(facts, move):
+                continue
+        found.append(creation)
+    return sorted(found, key=lambda c: c.move.site.order)
+
+
+def _under_fork_rng(facts: "ScriptFacts") -> Set[cst.CSTNode]:
+    """Every node inside a `with torch.random.fork_rng(...)` block."""
+    inside: Set[cst.CSTNode] = set()
+    for item, site in facts.records.with_items:
+        call = item.item
+        if isinstance(call, cst.Call) and facts.qualified_name(call.func) in FORK_RNG:
+            inside.update(find_all(site.statement))
+    return inside
+
+
+def _seeded_beside(facts: "ScriptFacts", move: CallSite) -> bool:
+    """The function seeds the random number generator in the same loop (or, outside loops,
+    in the same function body) as the draw: the numbers are meant to be the CPU's."""
+    return any(
+        call.site.function is move.site.function and call.site.loop is move.site.loop
+        for call in facts.calls_to(*SEEDING)
+    )
+
+
+def _host_creation(facts: "ScriptFacts", move: CallSite) -> Optional[HostCreation]:
+    call = move.node
+    if has_star_args(call) or has_double_star(call) or facts.qualified_name(call.func):
+        return None
+    keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+    args = positional(call)
+    dtype = None
+    if move.method == "cuda":
+        if args or not keywords <= {"non_blocking"}:
+            return None
+        device: cst.BaseExpression = cst.SimpleString('"cuda"')
+    else:
+        device = copy_target(facts, call)
+        if device is None or not keywords <= MOVE_KEYWORDS or len(args) > 2:
+            return None
+        if not _names_device(facts, device, 0):
+            return None
+        if device_kind(facts, device) is DeviceKind.CPU:
+            return None
+        dtype_arg = keyword(call, "dtype") or (args[1] if len(args) == 2 else None)
+        if dtype_arg is not None:
+            dtype = dtype_arg.value
+            if not (is_dtype(facts, dtype) or (dotted_name(dtype) or "").endswith("dtype")):
+                return None
+    factory = call.func.value
+    while isinstance(factory, cst.Call) and _converts_dtype(facts, factory):
+        factory = factory.func.value
+    if not isinstance(factory, cst.Call):
+        return None
+    qualname = facts.qualified_name(factory.func)
+    kind = FACTORIES.get(qualname or "")
+    if kind is None or has_double_star(factory):
+        return None
+    if any(a.keyword is not None and a.keyword.value not in FACTORY_KEYWORDS for a in factory.args):
+        return None
+    if qualname == "torch.normal" and not (
+        _number(argument(factory, "mean", 0)) and _number(argument(factory, "std", 1))
+    ):
+        return None
+    if dtype is not None and (
+        kind != "exact" or keyword(factory, "dtype") is not None or factory is not call.func.value
+    ):
+        return None
+    exact = qualname != "torch.arange" or _integral_arange(facts, factory)
+    return HostCreation(move, factory, qualname, kind, device, dtype, exact)
+
+
+INTEGRAL_DTYPES = frozenset(
+    f"torch.{name}" for name in "uint8 int8 int16 short int32 int int64 long bool".split()
+)
+
+
+def _integral_arange(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`torch.arange` of integer literals, or with an integer `dtype=`: integer values."""
+    dtype = keyword(call, "dtype")
+    if dtype is not None:
+        return facts.qualified_name(dtype.value) in INTEGRAL_DTYPES
+    return all(
+        arg.keyword is None or arg.keyword.value in ("start", "end", "step") for arg in call.args
+    ) and all(type(literal(arg.value, None)) is int for arg in call.args)
+
+
+def _number(arg: Optional[cst.Arg]) -> bool:
+    value = literal(arg.value, None) if arg is not None else None
+    return type(value) in (int, float)
+
+
+def _converts_dtype(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`x.long()`, `x.type(torch.long)`: a dtype conversion with nothing else to it."""
+    if not isinstance(call.func, cst.Attribute) or facts.qualified_name(call.func):
+        return False
+    method = call.func.attr.value
+    if method in DTYPE_METHODS:
+        return not call.args
+    return (
+        method == "type"
+        and len(call.args) == 1
+        and call.args[0].keyword is None
+        and not call.args[0].star
+        and is_dtype(facts, call.args[0].value)
+    )
+
+
+def _names_device(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> bool:
+    """`node` is a device, never a tensor: a device string, `torch.device(...)`, `x.device`, a
+    name called `device`/`..._device`, or a name only ever bound to one of these."""
+    if device_types(facts, node) is not None:
+        return True
+    if isinstance(node, cst.Call):
+        return facts.qualified_name(node.func) == "torch.device"
+    name = dotted_name(node)
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    if last == "device" or last.endswith("_device"):
+        return True
+    assignments = facts.assignments_to(name) if depth < MAX_DEPTH else ()
+    return bool(assignments) and all(
+        not a.unpacked and not a.augmented and _names_device(facts, a.value, depth + 1)
+        for a in assignments
+    )

@@ -136,6 +136,7 @@ PAYOFF: Tuple[Payoff, ...] = (
         "the write overlaps GPU work; on a CPU training already uses the cores (measured)",
     ),
     Payoff("OPT6", _processes, "distributed training: 2+ processes"),
+    Payoff("OPT703", _always, "debugging and per-step cleanup cost time on any device"),
     Payoff("OPT7", _always, "bug fixes: the script does what was meant, on any device"),
     Payoff("OPT8", _no_speed, "API modernisation: keeps the script running on new torch"),
 )

@@ -1,0 +1,185 @@
+"""OPT204: a device value read on the host on every training step (other than the loss's
+`.item()`, OPT202's)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.syncs import (
+    METRIC_ACCUMULATION,
+    StepSync,
+    device_total_term,
+    host_read,
+    loss_items,
+)
+from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
+from optimizer_codemod.torch_version import TorchVersion
+
+_LOOP = (
+    "import torch\n"
+    "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+    "model = torch.nn.Linear(8, 4).to(device)\n"
+    "for epoch in range(3):\n"
+    "    correct = 0\n"
+    "    for x, y in loader:\n"
+    "        x, y = x.to(device), y.to(device)\n"
+    "        out = model(x)\n"
+    "        loss = torch.nn.functional.cross_entropy(out, y)\n"
+    "        loss.backward()\n"
+)
+# Why each kind of sync (syncs.StepSync.kind) waits: {node} is the code, {value} the value.
+WAITS = {
+    "item": "{node} copies a device value to the host on every step",
+    "tolist": "{node} copies a device tensor to the host on every step",
+    "cpu": "{node} copies a device tensor to the host on every step",
+    "print": "{node} prints the device tensor {value} on every step, which reads its value",
+    "format": "{node} formats the device tensor {value} on every step, which reads its value",
+    "convert": "{node} reads the value of the device tensor {value} on every step",
+    "branch": "the test {node} needs a device value on every step",
+}
+
+
+class DeviceValueSynchronizesEveryStep(Rule):
+    """
+    What it does:
+        Reports every host synchronisation on every step of a training loop other than the
+        loss's `.item()` (OPT202) and `torch.cuda.synchronize()`/`empty_cache()` (OPT703):
+        `.item()` of a metric, `.tolist()` and `.cpu()` of device tensors, printing one
+        (`print(loss)`, `f"{acc:.3f}"`, `"%f" % acc`), converting one (`float(x)`,
+        `math.isfinite(loss)`), and branching on one (`if torch.isnan(loss):`,
+        `while err > tol:`, `assert`). The message names the value and why the host waits.
+        Rewrites the one pattern with a sound fix: a metric summed with `.item()` on every
+        step and read only later (`correct += (pred == y).sum().item()`) is summed on the
+        device (`correct += (pred == y).sum()`) and read back where the script reads it
+        (`int(correct)`). Device values are those computed from the loss, its criterion's
+        inputs, model outputs and tensors moved with `.to(device)`; statements under an `if`
+        do not run every step and are left alone.
+
+    Why is it slow:
+        Reading a device value on the host makes the host wait until the device has
+        finished everything queued before it, usually the whole step: while it waits it
+        cannot prepare the next batch or queue the next kernels, and the device idles when
+        it resumes. One such read anywhere in the step is enough to serialise host and
+        device (PyTorch's Performance Tuning Guide, "Avoid unnecessary CPU-GPU
+        synchronization", https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html).
+
+    Example:
+        ```python
+        correct = 0
+        for x, y in loader:
+            ...
+            loss.backward()
+            correct += (out.argmax(1) == y).sum().item()
+        print(correct / len(dataset))
+        ```
+        becomes
+        ```python
+        correct = 0
+        for x, y in loader:
+            ...
+            loss.backward()
+            correct += (out.argmax(1) == y).sum()
+        print(int(correct) / len(dataset))
+        ```
+
+    Fix safety:
+        `safe` for counts: the sum of a comparison is an int64 tensor, summed exactly on the
+        device, and every read of the total becomes `int(total)` (`float(total)` when it
+        started as a float), the same number as before; a total that never grew stays the
+        Python number it started as, which both accept. A sum of floats or a mean
+        (`acc += (pred == y).float().mean().item()`) is summed on the device in float32
+        instead of in Python floats: `numerics`, like OPT202. Rewritten only under the
+        conditions of OPT202 (the name is bound only to number literals and its own
+        accumulations, used by no nested function, not read on every step, read at least
+        once, not printed with `=`) and when the added expression is exactly one `.item()`
+        of a value whose type the analysis knows. A fix must pay: where another sync stays
+        on every step of the loop (`print(loss.item())`), nothing is rewritten and the
+        message names it, unless another fix of the same run takes it off the step too
+        (OPT202 moves `running += loss.item()` to the device in the same run). Every other
+        sync is only reported: printing, branching or logging less often changes what the
+        script does.
+
+    Expected gain:
+        The host-device round trip of every step, when nothing else waits on that step: a
+        fast device and a host with work to queue (data loading, the next step's kernels).
+        In facebookresearch/fairchem#2193 (an open pull request), removing host
+        synchronisations, most of them in the loss, took a UMA-S training step from 151.2 ms
+        to 127.9 ms on 8 B200 GPUs. On a CPU every kernel has run before the host goes on,
+        so there is nothing to overlap: `benchmarks/rule_gains/opt204.py` (a 256-512-10 MLP
+        step, batch 64, one thread, counting correct predictions with `.item()` against on
+        the device; 2-core x86_64, torch 2.13.0+cpu, 2026-11-24) measured x0.98 to x1.05 in
+        three runs (0.71 to 0.90 ms per step), no difference beyond noise. The gain needs a
+        CUDA device and was not measured here.
+    """
+
+    code = "OPT204"
+    name = "device-value-synchronizes-every-step"
+    message = "A device value is read on the host on every step, so the host waits for the device"
+    fix_title = "Sum it on the device; read the total where the script reads it"
+    safety = Safety.SAFE
+    min_torch = TorchVersion(1, 0)
+    # Every finding is one of these: a copy to the host, printing, formatting or converting
+    # a value, or a test.
+    triggers = (
+        r"\.\s*(?:item|tolist|cpu|to)\s*\(|\b(?:print|float|int|bool|str|repr|format|round)"
+        r"\s*\(|\bmath\.|\b(?:if|while|assert)\b|%",
+    )
+    requires = (BACKWARD_CALL,)
+    removes_syncs = {METRIC_ACCUMULATION: Safety.NUMERICS}
+    examples = (
+        Example(
+            _LOOP + "        correct += (out.argmax(1) == y).sum().item()\n"
+            "    print(epoch, correct / len(loader.dataset))\n",
+            _LOOP + "        correct += (out.argmax(1) == y).sum()\n"
+            "    print(epoch, int(correct) / len(loader.dataset))\n",
+        ),
+        Example(
+            _LOOP + "        correct += (out.argmax(1) == y).sum().item()\n"
+            "        print(f'accuracy {correct / len(loader.dataset):.3f}')\n"
+        ),
+        Example(
+            _LOOP + "        if torch.isnan(loss):\n"
+            "            raise RuntimeError('loss is NaN')\n"
+        ),
+    )
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        syncs = self.facts.host_syncs
+        enabled = self.sync_removals_applied()
+        handled = set()
+        for total in syncs.metric_accumulations():
+            handled.update(total.items)
+            statement = total.statements[0]
+            what = f"`{excerpt(statement)}` copies a device value to the host on every step"
+            obstacle = total.obstacle
+            for sync in syncs.plan(total.loop, enabled).remaining if not obstacle else ():
+                obstacle = f"`{excerpt(sync.node)}` waits for the device on every step as well"
+                break
+            if obstacle is not None:
+                self.report(statement, message=f"{what}; not rewritten because {obstacle}")
+                continue
+            edits = [Replace(i, device_total_term(i, total.converter)) for i in total.items]
+            edits += [Replace(read, host_read(read, total.converter)) for read in total.reads]
+            exact = total.converter == "int"
+            self.report(
+                statement,
+                Fix(tuple(edits)),
+                message=what,
+                safety=None if exact else Safety.NUMERICS,
+            )
+        for loop in self.facts.training_loops:
+            handled.update(item.node for item in loss_items(self.facts, loop))
+            for sync in syncs.sites(loop):
+                if sync.certain and sync.node not in handled and sync.kind in WAITS:
+                    self.report(sync.node, message=_message(sync))
+
+
+def _message(sync: StepSync) -> str:
+    value = f"`{excerpt(sync.value, 40)}`" if sync.value is not None else ""
+    what = WAITS[sync.kind].format(node=f"`{excerpt(sync.node)}`", value=value)
+    return (
+        f"{what}: the host waits for the device to finish the step; do it every N steps, "
+        "or keep the value on the device"
+    )
