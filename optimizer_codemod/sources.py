@@ -12,9 +12,11 @@ from typing import Tuple
 
 import libcst as cst
 
+from optimizer_codemod import nesting
 from optimizer_codemod.errors import (
     FileAccessError,
     SourceParseError,
+    TooDeeplyNestedError,
     UnreproducibleSourceError,
 )
 
@@ -50,6 +52,7 @@ def decode_source(src: bytes, path: str) -> str:
 def parse_source(src: bytes, path: str) -> cst.Module:
     """Parse `src` with LibCST; a syntax error names `path:line:col` as Python reports it."""
     text = decode_source(src, path)
+    check_nesting(src, text, path)
     try:
         return cst.parse_module(src)
     except cst.ParserSyntaxError as exc:
@@ -64,6 +67,30 @@ def parse_source(src: bytes, path: str) -> cst.Module:
     raise SourceParseError(f"cannot parse: {message}", path, line, column)
 
 
+def check_nesting(src: bytes, text: str, path: str) -> None:
+    """Refuse, before LibCST parses it, a text nested too deeply for its parser.
+
+    LibCST's parser crashes the process on an expression a few thousand levels deep, and it
+    accepts bracket nesting CPython rejects; Python's own verdict is preferred when it has one.
+    """
+    depth, brackets = nesting.estimate(src)
+    if depth <= nesting.MAX_NESTING and brackets <= nesting.PYTHON_MAX_BRACKETS:
+        return
+    python_error = python_syntax_error(text, path)
+    if python_error is not None and python_error[2] != _TOO_DEEP_FOR_PYTHON:
+        line, column, message = python_error
+        raise SourceParseError(f"cannot parse: {message}", path, line, column)
+    if depth <= nesting.MAX_NESTING:
+        return
+    raise TooDeeplyNestedError(
+        f"too deeply nested for the parser (this statement nests up to {depth} levels; at "
+        f"most {nesting.MAX_NESTING} are accepted); left untouched",
+        path,
+        nesting.deepest_line(src),
+        1,
+    )
+
+
 def check_syntax(src: bytes, path: str) -> None:
     """Raise SourceParseError (`path:line:col`) unless `src` is valid Python.
 
@@ -76,6 +103,9 @@ def check_syntax(src: bytes, path: str) -> None:
         raise SourceParseError(f"cannot parse: {message}", path, line, column)
 
 
+_TOO_DEEP_FOR_PYTHON = "too deeply nested: Python's own compiler gives up on this text"
+
+
 def python_syntax_error(text: str, path: str):
     try:
         with warnings.catch_warnings():
@@ -85,6 +115,10 @@ def python_syntax_error(text: str, path: str):
         return exc.lineno or 1, exc.offset or 1, exc.msg
     except ValueError as exc:  # null bytes
         return 1, 1, str(exc)
+    except (RecursionError, MemoryError):
+        # CPython's compiler runs out of recursion (a 3,000-term `a+a+...`) or of parser
+        # stack (`not not ... x`); the file cannot run under Python either.
+        return 1, 1, _TOO_DEEP_FOR_PYTHON
     return None
 
 
@@ -116,6 +150,8 @@ def compile_check(code: bytes, path: str) -> Tuple[bool, str]:
     except (SyntaxError, ValueError) as exc:
         where = f"{getattr(exc, 'lineno', '?')}:{getattr(exc, 'offset', '?')}"
         return False, f"{where}: {getattr(exc, 'msg', exc)}"
+    except (RecursionError, MemoryError):
+        return False, _TOO_DEEP_FOR_PYTHON
     return True, ""
 
 
