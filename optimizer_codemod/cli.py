@@ -143,6 +143,9 @@ def apply(
         click.echo(f"{missing}: no such file or directory", err=True)
     for folder in found.empty_directories:
         click.echo(f"{folder}: no Python files or notebooks found", err=True)
+    for message in found.skipped:
+        if not quiet:
+            click.echo(message, err=True)
     use_color = color == "always" or (color == "auto" and sys.stdout.isatty())
     outcomes = _run_with_progress(found.files, settings, mode, jobs, quiet)
     for outcome in outcomes:

@@ -19,6 +19,8 @@ class Discovery:
     files: List[str] = field(default_factory=list)
     missing: List[str] = field(default_factory=list)
     empty_directories: List[str] = field(default_factory=list)
+    # Symbolic links met in a walked folder that point out of it, each with the reason.
+    skipped: List[str] = field(default_factory=list)
 
 
 class _GitIgnores:
@@ -60,13 +62,19 @@ def _folders_up_to_repository(folder: Path) -> Iterator[Path]:
 
 
 def discover(paths: List[str], settings: Settings) -> Discovery:
-    """Explicit files are always taken (as black and ruff do); directories are walked."""
+    """Explicit files are always taken (as black and ruff do); directories are walked.
+
+    A symbolic link named explicitly is rewritten through to its target (as black does), and a
+    file reached by two names is taken once. A walked folder's own links are not followed:
+    a target inside the folder is reached under its own name, and a link to a file outside
+    is skipped with a message, since walking a folder must not rewrite files elsewhere.
+    """
     found = Discovery()
     gitignores = _GitIgnores()
     seen = set()
 
     def add(path: str) -> None:
-        key = os.path.abspath(path)
+        key = os.path.realpath(path)
         if key not in seen:
             seen.add(key)
             found.files.append(path)
@@ -79,7 +87,16 @@ def discover(paths: List[str], settings: Settings) -> Discovery:
             add(raw)
             continue
         before = len(found.files)
+        inside = os.path.join(os.path.realpath(raw), "")
         for path in _walk(Path(raw), settings, gitignores):
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if not target.startswith(inside):
+                    found.skipped.append(
+                        f"{path}: a symbolic link to {target}, outside {raw}; skipped "
+                        "(name the link itself to rewrite its target)"
+                    )
+                continue
             add(str(path))
         if len(found.files) == before:
             found.empty_directories.append(raw)

@@ -73,3 +73,7 @@ class ConfigError(OptcodemodError):
 
 class TooDeeplyNestedError(SourceParseError):
     """Valid or not, the text nests deeper than the parser can take without crashing."""
+
+
+class FileChangedError(FileAccessError):
+    """The file on disk is no longer what was read: someone saved it during the run."""

@@ -20,7 +20,13 @@ from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.edits import text_edits
 from optimizer_codemod.errors import OptcodemodError
-from optimizer_codemod.sources import read_bytes, write_atomic
+from optimizer_codemod.sources import (
+    FileStamp,
+    read_bytes,
+    read_source,
+    remove_stale_temporaries,
+    write_atomic,
+)
 
 # Below this much candidate source, starting worker processes costs more than it saves.
 PARALLEL_THRESHOLD_BYTES = 256 * 1024
@@ -48,7 +54,13 @@ def unified_diff(parts) -> str:
     return text
 
 
-def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> FileOutcome:
+def process_bytes(
+    src: bytes,
+    path: str,
+    settings: Settings,
+    mode: Mode,
+    stamp: Optional[FileStamp] = None,
+) -> FileOutcome:
     outcome = FileOutcome(path=path)
     try:
         result: SourceRewrite = rewrite_source(src, path, settings.options_for(path))
@@ -73,7 +85,7 @@ def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> File
         outcome.new_text = result.new
     if result.changed and mode.write:
         try:
-            write_atomic(path, result.new)
+            write_atomic(path, result.new, stamp)
             outcome.written = True
         except OptcodemodError as error:
             outcome.error = error.render()
@@ -82,10 +94,10 @@ def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> File
 
 def process_path(path: str, settings: Settings, mode: Mode) -> FileOutcome:
     try:
-        src = read_bytes(path)
+        src, stamp = read_source(path)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.render())
-    return process_bytes(src, path, settings, mode)
+    return process_bytes(src, path, settings, mode, stamp)
 
 
 def _worker(args) -> FileOutcome:
@@ -119,6 +131,8 @@ def run(
 ) -> List[FileOutcome]:
     """Process every path; outcomes come back in the order of `paths`."""
     outcomes: dict = {}
+    if mode.write:
+        remove_stale_temporaries({os.path.dirname(os.path.realpath(p)) for p in paths})
     candidates: List[str] = []
     for path in paths:
         quick = _quick_outcome(path, settings)

@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import List
 
@@ -50,6 +49,115 @@ def cli(*args: str, cwd: Path, stdin: bytes = b"") -> subprocess.CompletedProces
         capture_output=True,
         timeout=300,
     )
+
+
+def temporaries(folder: Path) -> List[Path]:
+    return [p for p in folder.rglob("*") if p.name.startswith(sources.TEMP_PREFIX)]
+
+
+def test_an_explicit_symlink_is_written_through(tmp_path: Path) -> None:
+    target = tmp_path / "real" / "train.py"
+    target.parent.mkdir()
+    target.write_bytes(TRAINING_SCRIPT)
+    link = tmp_path / "link.py"
+    link.symlink_to(target)
+    result = run_cli(["apply", str(link), *ONLY_FUSED])
+    assert result.exit_code == 1, result.output
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert FUSED_LINE in target.read_bytes()
+    assert not temporaries(tmp_path)
+
+
+def test_a_walked_symlink_out_of_the_folder_is_skipped_with_a_message(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(TRAINING_SCRIPT)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "own.py").write_bytes(TRAINING_SCRIPT)
+    (tree / "out.py").symlink_to(outside)
+    (tree / "alias.py").symlink_to(tree / "own.py")
+    result = run_cli(["apply", str(tree), *ONLY_FUSED])
+    assert result.exit_code == 1, result.output
+    assert f"{tree / 'out.py'}: a symbolic link to {outside}, outside {tree}; skipped" in (
+        result.stderr
+    )
+    assert outside.read_bytes() == TRAINING_SCRIPT
+    assert (tree / "out.py").is_symlink() and (tree / "alias.py").is_symlink()
+    assert FUSED_LINE in (tree / "own.py").read_bytes()
+    assert result.stdout.count("OPT501") == 1  # the file, not once more through its alias
+
+
+def test_a_hard_linked_file_is_left_whole_with_a_message(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    other = tmp_path / "other_name.py"
+    os.link(path, other)
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 2
+    assert "has 2 hard links, and replacing it would split them; not rewritten" in result.stderr
+    assert path.read_bytes() == other.read_bytes() == TRAINING_SCRIPT
+    assert os.stat(path).st_ino == os.stat(other).st_ino
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+def test_owner_and_group_are_kept_when_run_as_root(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    os.chown(path, 65534, 65534)
+    os.chmod(path, 0o640)
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 1, result.output
+    st = os.stat(path)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o640)
+    assert FUSED_LINE in path.read_bytes()
+
+
+def test_a_file_saved_during_the_run_is_kept_and_reported(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    saved = b"# saved by the editor while optcodemod was working\n"
+    rewrite = runner.rewrite_source
+
+    def rewrite_while_someone_saves(src, name, options):
+        result = rewrite(src, name, options)
+        with open(name, "ab") as handle:  # after the read, before the replace
+            handle.write(saved)
+        return result
+
+    monkeypatch.setattr(runner, "rewrite_source", rewrite_while_someone_saves)
+    result = run_cli(["apply", "-j", "1", str(path), *ONLY_FUSED])
+    assert result.exit_code == 2
+    assert f"{path}: changed on disk while optcodemod was working on it" in result.stderr
+    assert path.read_bytes() == TRAINING_SCRIPT + saved
+    assert not temporaries(tmp_path)
+
+
+def test_a_same_size_edit_in_the_same_clock_tick_is_still_seen(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    data, stamp = sources.read_source(str(path))
+    before = os.stat(path)
+    path.write_bytes(TRAINING_SCRIPT.replace(b"lr=1e-3", b"lr=2e-3"))  # same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
+    with pytest.raises(sources.FileChangedError):
+        sources.write_atomic(str(path), b"new\n", stamp)
+    assert b"lr=2e-3" in path.read_bytes()
+
+
+def test_the_folder_is_synced_after_the_rename(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), os.path.exists(path)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(sources.os, "fsync", fsync)
+    sources.write_atomic(str(path), b"x = 1\n")
+    assert synced and synced[-1][0], "the last fsync is of the folder, after the rename"
+    assert path.read_bytes() == b"x = 1\n"
 
 
 HEADER = b"import torch\nopt = torch.optim.AdamW(p)\n"
@@ -106,3 +214,36 @@ def test_a_file_python_cannot_compile_for_depth_is_reported_without_a_parse(
     assert done.returncode == 2
     assert b"too deeply nested: Python's own compiler gives up" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_no_temporary_file_in_the_folder_is_a_clean_error(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(sources.tempfile, "mkstemp", refused)
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 2
+    assert (
+        f"{path}: cannot create a temporary file in {tmp_path}: Permission denied; "
+        "not rewritten" in result.stderr
+    )
+    assert path.read_bytes() == TRAINING_SCRIPT
+
+
+def test_a_temporary_file_left_by_a_killed_run_is_removed_by_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
+    stale = tmp_path / f"{sources.TEMP_PREFIX}{dead}-abcd{sources.TEMP_SUFFIX}"
+    stale.write_bytes(b"half a file")
+    alive = tmp_path / f"{sources.TEMP_PREFIX}{os.getpid()}-efgh{sources.TEMP_SUFFIX}"
+    alive.write_bytes(b"a run still writing")
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert not stale.exists()
+    assert alive.exists()  # its process is alive: its file is not ours to remove
