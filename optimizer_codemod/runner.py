@@ -20,6 +20,7 @@ from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.edits import text_edits
 from optimizer_codemod.errors import OptcodemodError
+from optimizer_codemod.lines import split_lines
 from optimizer_codemod.sources import (
     FileStamp,
     read_bytes,
@@ -44,8 +45,8 @@ def unified_diff(parts) -> str:
     for label, old, new in parts:
         chunks.extend(
             difflib.unified_diff(
-                old.splitlines(keepends=True),
-                new.splitlines(keepends=True),
+                split_lines(old, keepends=True),
+                split_lines(new, keepends=True),
                 fromfile=label if os.path.isabs(label) else f"a/{label}",
                 tofile=label if os.path.isabs(label) else f"b/{label}",
             )

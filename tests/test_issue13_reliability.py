@@ -55,6 +55,20 @@ def temporaries(folder: Path) -> List[Path]:
     return [p for p in folder.rglob("*") if p.name.startswith(sources.TEMP_PREFIX)]
 
 
+def test_bom_survives_a_rewrapped_call(tmp_path: Path) -> None:
+    path = tmp_path / "bom.py"
+    path.write_bytes(BOM + b"import torch\n" + LONG_CALL)
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 1, result.output
+    assert path.read_bytes() == BOM + b"import torch\n" + WRAPPED
+
+
+def test_bom_survives_on_stdin() -> None:
+    result = run_cli(["apply", "-", *ONLY_FUSED], stdin=BOM + b"import torch\n" + LONG_CALL)
+    assert result.exit_code == 1
+    assert result.stdout_bytes == BOM + b"import torch\n" + WRAPPED
+
+
 def test_an_explicit_symlink_is_written_through(tmp_path: Path) -> None:
     target = tmp_path / "real" / "train.py"
     target.parent.mkdir()
@@ -247,3 +261,14 @@ def test_a_temporary_file_left_by_a_killed_run_is_removed_by_the_next(tmp_path: 
     assert result.exit_code == 1
     assert not stale.exists()
     assert alive.exists()  # its process is alive: its file is not ours to remove
+
+
+@pytest.mark.parametrize("separator", ["\f", "\u2028", "\x1c", "\x85"])
+def test_a_line_separator_python_ignores_does_not_stop_wrapping(separator: str) -> None:
+    # A form feed may stand between statements; the others only in comments and strings.
+    text = f"import torch\n\f\n# a{separator}b\ns = '{separator}'\n".encode() + LONG_CALL
+    result = run_cli(["apply", "-", *ONLY_FUSED], stdin=text)
+    assert result.exit_code == 1
+    assert result.stdout_bytes == text.replace(LONG_CALL, WRAPPED)
+    diff = run_cli(["apply", "--diff", "-", *ONLY_FUSED], stdin=text)
+    assert diff.stdout.count("\n-") == 1  # the one changed line, not a line cut in two
