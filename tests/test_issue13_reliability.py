@@ -230,6 +230,29 @@ def test_a_file_python_cannot_compile_for_depth_is_reported_without_a_parse(
     assert b"Traceback" not in done.stderr
 
 
+def test_a_worker_that_dies_costs_only_its_own_file(tmp_path: Path, monkeypatch) -> None:
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    (tmp_path / "crash.py").write_bytes(TRAINING_SCRIPT)
+    process_path = runner.process_path
+
+    def crash_on_one_file(path, *args, **kwargs):
+        if path.endswith("crash.py"):
+            # Killed outright, as a segfault in LibCST's parser would (without pytest's
+            # faulthandler printing this worker's stack).
+            os.kill(os.getpid(), signal.SIGKILL)
+        return process_path(path, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "process_path", crash_on_one_file)
+    monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'crash.py'}: the worker process handling this file died" in (result.stderr)
+    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    assert (tmp_path / "crash.py").read_bytes() == TRAINING_SCRIPT
+    assert "Fixed 4 findings in 4 files." in result.stdout
+
+
 def test_no_temporary_file_in_the_folder_is_a_clean_error(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "train.py"
     path.write_bytes(TRAINING_SCRIPT)
