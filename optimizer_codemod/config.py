@@ -185,7 +185,10 @@ def load_settings(config_path: Optional[Path]) -> Settings:
         data = tomllib.loads(config_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"cannot read the configuration: {exc}", str(config_path)) from None
-    table = data.get("tool", {}).get("optcodemod", {})
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError("[tool] must be a table", str(config_path))
+    table = tool.get("optcodemod", {})
     if not isinstance(table, dict):
         raise ConfigError(f"[{TABLE}] must be a table", str(config_path))
     values = parse_table(table, str(config_path))

@@ -286,6 +286,100 @@ def test_a_temporary_file_left_by_a_killed_run_is_removed_by_the_next(tmp_path: 
     assert alive.exists()  # its process is alive: its file is not ours to remove
 
 
+def _notebook(sources_: List[List[str]], newline: str = "\n") -> bytes:
+    document = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "metadata": {},
+                "outputs": [],
+                "source": source,
+            }
+            for source in sources_
+        ],
+        "metadata": {"kernelspec": {"language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    return (json.dumps(document, indent=1) + "\n").replace("\n", newline).encode()
+
+
+def _rewrite(src: bytes, path: str = "train.ipynb"):
+    return rewrite_source(src, path, Settings(select=("OPT501",)).options_for(path))
+
+
+def test_a_continuation_line_starting_with_percent_is_not_a_magic() -> None:
+    cell = ["import torch\n", "r = (1024\n", "     % 7)\n", "opt = torch.optim.AdamW(p)\n"]
+    result = _rewrite(_notebook([cell]))
+    assert result.changed
+    assert json.loads(result.new)["cells"][0]["source"] == [
+        *cell[:3],
+        "opt = torch.optim.AdamW(p, fused=True)\n",
+    ]
+
+
+def test_magics_still_masked_next_to_strings_and_brackets() -> None:
+    cell = [
+        "import torch\n",
+        "s = '''\n",
+        "%not a magic: inside a string\n",
+        "'''\n",
+        "%time x = (1,\n",
+        "!ls\n",
+        "opt = torch.optim.AdamW(p)\n",
+    ]
+    result = _rewrite(_notebook([cell]))
+    assert json.loads(result.new)["cells"][0]["source"][-1] == (
+        "opt = torch.optim.AdamW(p, fused=True)\n"
+    )
+
+
+def test_a_notebook_saved_with_crlf_is_rewritten_in_its_layout() -> None:
+    cell = ["import torch\r\n", "opt = torch.optim.AdamW(p)\r\n", "x = 1"]
+    original = _notebook([cell], newline="\r\n")
+    result = _rewrite(original)
+    assert result.changed
+    old_lines, new_lines = original.split(b"\r\n"), result.new.split(b"\r\n")
+    assert len(old_lines) == len(new_lines)
+    differing = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
+    assert differing == [
+        (
+            b'    "opt = torch.optim.AdamW(p)\\r\\n",',
+            b'    "opt = torch.optim.AdamW(p, fused=True)\\r\\n",',
+        )
+    ]
+
+
+def test_crlf_inside_a_changed_cell_stays_crlf() -> None:
+    cell = "import torch\r\nopt = torch.optim.AdamW(p)\r\nx = 1\r\n"
+    result = _rewrite(_notebook([cell]))
+    assert json.loads(result.new)["cells"][0]["source"] == (
+        "import torch\r\nopt = torch.optim.AdamW(p, fused=True)\r\nx = 1\r\n"
+    )
+
+
+def test_noqa_followed_by_more_letters_suppresses_nothing(tmp_path: Path) -> None:
+    assert noqa_lines(
+        "a = 1  # noqa-ish\nb = 2  # noqa_x\nc = 3  # noqa\nd = 4  # NOQA:OPT5\n"
+    ) == {3: None, 4: frozenset({"OPT5"})}
+    path = tmp_path / "t.py"
+    path.write_bytes(TRAINING_SCRIPT.replace(b"lr=1e-3)", b"lr=1e-3)  # noqa-ish"))
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert b"fused=True)  # noqa-ish" in path.read_bytes()
+
+
+def test_skip_file_inside_a_docstring_is_not_a_directive(tmp_path: Path) -> None:
+    path = tmp_path / "t.py"
+    path.write_bytes(b'"""Usage notes.\n\n# optcodemod: skip-file\n"""\n' + TRAINING_SCRIPT)
+    result = run_cli(["apply", str(path), *ONLY_FUSED])
+    assert result.exit_code == 1
+    assert FUSED_LINE in path.read_bytes()
+    assert has_skip_file(b"x = 1\n# optcodemod: skip-file\n")
+    assert has_skip_file(BOM + b"# optcodemod: skip-file\nx = (\n")
+
+
 @pytest.mark.parametrize("separator", ["\f", "\u2028", "\x1c", "\x85"])
 def test_a_line_separator_python_ignores_does_not_stop_wrapping(separator: str) -> None:
     # A form feed may stand between statements; the others only in comments and strings.
@@ -295,3 +389,13 @@ def test_a_line_separator_python_ignores_does_not_stop_wrapping(separator: str) 
     assert result.stdout_bytes == text.replace(LONG_CALL, WRAPPED)
     diff = run_cli(["apply", "--diff", "-", *ONLY_FUSED], stdin=text)
     assert diff.stdout.count("\n-") == 1  # the one changed line, not a line cut in two
+
+
+def test_a_tool_key_that_is_not_a_table_is_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "pyproject.toml"
+    config.write_text('tool = "x"\n')
+    path = tmp_path / "t.py"
+    path.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(["apply", "--config", str(config), str(path)])
+    assert result.exit_code == 2
+    assert f"{config}: [tool] must be a table" in result.stderr
