@@ -55,6 +55,9 @@ def temporaries(folder: Path) -> List[Path]:
     return [p for p in folder.rglob("*") if p.name.startswith(sources.TEMP_PREFIX)]
 
 
+# --- 1. File properties and concurrent edits ----------------------------------------------
+
+
 def test_bom_survives_a_rewrapped_call(tmp_path: Path) -> None:
     path = tmp_path / "bom.py"
     path.write_bytes(BOM + b"import torch\n" + LONG_CALL)
@@ -174,6 +177,8 @@ def test_the_folder_is_synced_after_the_rename(tmp_path: Path, monkeypatch) -> N
     assert path.read_bytes() == b"x = 1\n"
 
 
+# --- 2. One bad file, or a signal, does not end the run ------------------------------------
+
 HEADER = b"import torch\nopt = torch.optim.AdamW(p)\n"
 
 
@@ -284,6 +289,9 @@ def test_a_temporary_file_left_by_a_killed_run_is_removed_by_the_next(tmp_path: 
     assert result.exit_code == 1
     assert not stale.exists()
     assert alive.exists()  # its process is alive: its file is not ours to remove
+
+
+# --- 3. Notebooks and suppressions -----------------------------------------------------------
 
 
 def _notebook(sources_: List[List[str]], newline: str = "\n") -> bytes:
@@ -399,3 +407,24 @@ def test_a_tool_key_that_is_not_a_table_is_a_config_error(tmp_path: Path) -> Non
     result = run_cli(["apply", "--config", str(config), str(path)])
     assert result.exit_code == 2
     assert f"{config}: [tool] must be a table" in result.stderr
+
+
+# --- 4. Docs --------------------------------------------------------------------------------
+
+
+def test_getting_started_says_which_commands_run_your_code() -> None:
+    text = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert "never imports or runs your script)" not in text
+    section = text.split("## Which commands run your code", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            for command in re.findall(r"`(\w[\w-]*)", cells[0]):
+                rows[command] = cells[1]
+    public = {name for name, command in main.commands.items() if not command.hidden}
+    assert set(rows) == public, "every command, and only commands, in the table"
+    for command in ("verify", "bench"):
+        assert rows[command].startswith("**yes**"), rows[command]
+    for command in ("apply", "rules", "explain"):
+        assert rows[command].startswith("never"), rows[command]
