@@ -223,27 +223,66 @@ def run(
     if mode.write:
         remove_stale_temporaries({os.path.dirname(os.path.realpath(p)) for p in paths})
     try:
-        candidates: List[str] = []
-        for path in paths:
-            quick = _quick_outcome(path, settings)
-            if quick is None:
-                candidates.append(path)
-            else:
-                record(quick)
-        jobs = jobs or os.cpu_count() or 1
-        size = sum(_size(p) for p in candidates)
-        if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
-            # Large files first, so one big file does not finish last on its own.
-            ordered = sorted(candidates, key=lambda p: -_size(p))
-            _run_in_workers(ordered, settings, mode, min(jobs, len(candidates)), record)
-        else:
-            for path in candidates:
-                record(process_path(path, settings, mode, on_written=mark_written))
+        with _SigintWatch() as sigint:
+            _run_all(paths, settings, mode, jobs, record, mark_written, sigint)
     except Interrupted as stop:
         raise Interrupted(list(written), stop.in_flight) from None
     except KeyboardInterrupt:
         raise Interrupted(list(written)) from None
     return [outcomes[path] for path in paths]
+
+
+class _SigintWatch:
+    """Remembers that SIGINT came, whatever became of its KeyboardInterrupt.
+
+    Library code can lose it: LibCST's position provider, interrupted inside its context
+    manager, raises a KeyError while handling it, which would then pass for a per-file error
+    and the run would go on. The run checks after each file instead.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous = None
+
+    def __enter__(self) -> "_SigintWatch":
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.received:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintWatch) -> None:
+    candidates: List[str] = []
+    for path in paths:
+        quick = _quick_outcome(path, settings)
+        sigint.check()
+        if quick is None:
+            candidates.append(path)
+        else:
+            record(quick)
+    jobs = jobs or os.cpu_count() or 1
+    size = sum(_size(p) for p in candidates)
+    if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
+        # Large files first, so one big file does not finish last on its own.
+        ordered = sorted(candidates, key=lambda p: -_size(p))
+        _run_in_workers(ordered, settings, mode, min(jobs, len(candidates)), record)
+    else:
+        for path in candidates:
+            outcome = process_path(path, settings, mode, on_written=mark_written)
+            sigint.check()  # an outcome made while SIGINT was being lost is not the file's
+            record(outcome)
 
 
 def _run_in_workers(

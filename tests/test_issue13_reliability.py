@@ -258,6 +258,34 @@ def test_a_worker_that_dies_costs_only_its_own_file(tmp_path: Path, monkeypatch)
     assert "Fixed 4 findings in 4 files." in result.stdout
 
 
+def test_sigint_that_a_library_turns_into_another_error_still_stops_the_run(
+    tmp_path: Path, monkeypatch
+) -> None:
+    for name in ("a.py", "b.py", "c.py"):
+        (tmp_path / name).write_bytes(TRAINING_SCRIPT)
+    rewrite = runner.rewrite_source
+
+    def rewrite_and_lose_sigint(src, name, options):
+        if name.endswith("b.py"):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+            except KeyboardInterrupt:  # as LibCST's position provider does, mid-codegen
+                raise KeyError("a node whose position was never recorded") from None
+        return rewrite(src, name, options)
+
+    monkeypatch.setattr(runner, "rewrite_source", rewrite_and_lose_sigint)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = run_cli(["apply", "-j", "1", str(tmp_path), *ONLY_FUSED])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.exit_code == 130
+    assert f"interrupted; 1 file was already rewritten:\n  {tmp_path / 'a.py'}\n" in result.stderr
+    assert "internal error" not in result.stderr
+    assert FUSED_LINE in (tmp_path / "a.py").read_bytes()
+    assert (tmp_path / "b.py").read_bytes() == (tmp_path / "c.py").read_bytes() == TRAINING_SCRIPT
+
+
 def test_no_temporary_file_in_the_folder_is_a_clean_error(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "train.py"
     path.write_bytes(TRAINING_SCRIPT)
