@@ -7,7 +7,8 @@ linear in its size, and refused with a clear per-file error when it nests deeper
 MAX_NESTING; whatever passes is processed with enough recursion headroom for that depth.
 
 The measure is an upper bound of the depth of the file's LibCST tree. Strings and comments
-are blanked out first; then, per statement, every token that can own a node (a name, a
+are blanked out first (an f-string's replacement fields count every byte, and PEP 701 lets
+them nest f-strings with the same quotes: they are followed to their real end); then, per statement, every token that can own a node (a name, a
 number, a string, each operator character, an opening bracket) counts one level, a bracket
 adds two for the wrapper nodes inside it (Arg, Element, SubscriptElement with its Index), a
 comma or semicolon starts a sibling whose depth does not add up with the one before, and each
@@ -24,7 +25,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, List, Tuple
 
-# Deeper than any file in the torch 2.13 or ecosystem corpora (their deepest bound is 436),
+# Deeper than any file in the torch 2.13 or ecosystem corpora (their deepest bound is 386),
 # yet far below where LibCST's parser overflows its stack (between 5,000 and 7,000 levels).
 MAX_NESTING = 1000
 # CPython's tokenizer refuses deeper bracket nesting (MAXLEVEL); LibCST does not.
@@ -37,22 +38,33 @@ FRAMES_PER_LEVEL = 6
 
 _BLANK_RE = re.compile(
     rb"""
-    (?=[rRbBuUfF'"\#\\])
+    (?=[rRbBuUfFtT'"\#\\])
     (?:
         (?P<string>
-            (?:(?<![\w\x80-\xff])[rRbBuUfF]{1,2})?
-            (?:'''(?:[^'\\]+|\\.|'(?!''))*(?:'''|\Z)
-              |\"\"\"(?:[^"\\]+|\\.|"(?!""))*(?:\"\"\"|\Z)
-              |'(?:[^'\\\r\n]+|\\.)*'?
-              |"(?:[^"\\\r\n]+|\\.)*"?)
+            (?P<prefix>(?<![\w\x80-\xff])[rRbBuUfFtT]{1,2})?
+            (?P<quote>'''|\"\"\"|'|")
         )
         |\#[^\r\n]*
         |(?P<continuation>\\(?:\r\n|\r|\n))
     )
     """,
-    re.VERBOSE | re.DOTALL,
+    re.VERBOSE,
 )
-_FIELD_RE = re.compile(rb"\{[^}]*\}")
+# The rest of a plain string after its opening quotes; an unterminated one ends its line.
+_STRING_REST = {
+    b"'''": re.compile(rb"(?:[^'\\]+|\\.|'(?!''))*(?:'''|\Z)", re.DOTALL),
+    b'"""': re.compile(rb'(?:[^"\\]+|\\.|"(?!""))*(?:"""|\Z)', re.DOTALL),
+    b"'": re.compile(rb"(?:[^'\\\r\n]+|\\.)*'?", re.DOTALL),
+    b'"': re.compile(rb'(?:[^"\\\r\n]+|\\.)*"?', re.DOTALL),
+}
+# Where the text of an f-string (or t-string), or of a format spec, can change state.
+_TEXT_STOP_RE = re.compile(rb"""\\.|\{\{|\}\}|[{}]|'''|\"\"\"|['"]|\r\n|\r|\n""", re.DOTALL)
+# Where the code of a replacement field can: strings (PEP 701 lets them reuse the enclosing
+# quotes, and nest f-strings to any depth), comments, brackets, a format spec, line breaks.
+_FIELD_STOP_RE = re.compile(
+    rb"""(?:(?<![\w\x80-\xff])[rRbBuUfFtT]{1,2})?(?:'''|\"\"\"|['"])|[#()\[\]{}:\r\n]"""
+)
+_BLANKS = b" \t\f\v\r\n"
 _NEWLINES_RE = re.compile(rb"\r\n|\r|\n")
 _SPLIT_RE = re.compile(rb"([()\[\]{},;]|\r\n|\r|\n)")
 # Bytes that are neither part of a name or number nor blank: each may be an operator.
@@ -63,26 +75,110 @@ _SEPARATORS = frozenset((b",", b";"))
 _CHAINED = (b"elif", b"else")
 
 
-def _blank(match: "re.Match[bytes]") -> bytes:
-    # A hidden line break becomes \v: blank to bytes.split(), not a statement end, and still
-    # countable when a line number is wanted.
-    if match.group("continuation") is not None:
-        return b" \v"
-    token = match.group("string")
-    if token is None:
-        return b" "
-    breaks = b"\v" * len(_NEWLINES_RE.findall(token))
-    if b"f" in token[:3].lower():
-        # An f-string's replacement fields are parsed into nodes: count what they hold.
-        fields = _FIELD_RE.findall(token.replace(b"{{", b"").replace(b"}}", b""))
-        return b" S" * (1 + sum(len(field) for field in fields)) + breaks + b" "
-    return b" S" + breaks + b" "
+def _blank_out(src: bytes) -> bytes:
+    """`src` with each string a run of `S` tokens and each comment a space.
+
+    A string is one token; an f-string or t-string also counts every non-blank byte of its
+    replacement fields, which LibCST parses into nodes. A hidden line break becomes \\v: blank
+    to bytes.split(), not a statement end, and still countable when a line number is wanted.
+    """
+    pieces = []
+    position, end = 0, len(src)
+    while position < end:
+        match = _BLANK_RE.search(src, position)
+        if match is None:
+            break
+        pieces.append(src[position : match.start()])
+        position = match.end()
+        if match.group("continuation") is not None:
+            pieces.append(b" \v")
+            continue
+        quote = match.group("quote")
+        if quote is None:  # a comment
+            pieces.append(b" ")
+            continue
+        prefix = (match.group("prefix") or b"").lower()
+        if b"f" in prefix or b"t" in prefix:
+            position, tokens, breaks = _template_string(src, position, quote)
+        else:
+            rest = _STRING_REST[quote].match(src, position)
+            tokens, breaks = 1, len(_NEWLINES_RE.findall(rest.group()))
+            position = rest.end()
+        pieces.append(b" S" * tokens + b"\v" * breaks + b" ")
+    pieces.append(src[position:])
+    return b"".join(pieces)
+
+
+def _template_string(src: bytes, position: int, quote: bytes) -> Tuple[int, int, int]:
+    """(end, tokens, line breaks) of the f-string whose text starts at `position`.
+
+    Iterative, since PEP 701 f-strings nest without limit. A frame is [the closing quote, or
+    None for a format spec; the bracket depth in a replacement field, or -1 in text].
+    """
+    tokens, breaks, end = 1, 0, len(src)
+    stack: List[list] = [[quote, -1]]
+    while stack:
+        frame = stack[-1]
+        if frame[1] < 0:  # text
+            match = _TEXT_STOP_RE.search(src, position)
+            if match is None:
+                return end, tokens, breaks
+            stop, position = match.group(), match.end()
+            if stop[:1] == b"\\" or stop in (b"{{", b"}}"):
+                breaks += stop[1:2] in (b"\r", b"\n")
+            elif stop == b"{":
+                tokens += 1
+                stack.append([None, 0])
+            elif stop == b"}":
+                if frame[0] is None:  # the end of a format spec, and so of its field
+                    stack.pop()
+            elif stop[:1] in (b"\r", b"\n"):
+                breaks += 1
+                if frame[0] is not None and len(frame[0]) == 1:
+                    return position, tokens, breaks  # an unterminated string ends its line
+            elif frame[0] is not None and stop[:1] == frame[0][:1] and len(stop) >= len(frame[0]):
+                position = match.start() + len(frame[0])
+                stack.pop()
+        else:  # the code of a replacement field
+            match = _FIELD_STOP_RE.search(src, position)
+            if match is None:
+                return end, tokens, breaks
+            tokens += len(src[position : match.start()].translate(None, _BLANKS))
+            stop, position = match.group(), match.end()
+            opening = stop.lstrip(b"rRbBuUfFtT")
+            if opening[:1] in (b"'", b'"'):
+                tokens += 1
+                if set(stop[: len(stop) - len(opening)].lower()) & set(b"ft"):
+                    stack.append([opening, -1])
+                else:
+                    rest = _STRING_REST[opening].match(src, position)
+                    breaks += len(_NEWLINES_RE.findall(rest.group()))
+                    position = rest.end()
+            elif stop == b"#":
+                newline = _NEWLINES_RE.search(src, position)
+                position = newline.start() if newline else end
+            elif stop in (b"(", b"[", b"{"):
+                frame[1] += 1
+                tokens += 1
+            elif stop in (b")", b"]"):
+                frame[1] = max(0, frame[1] - 1)
+            elif stop == b"}":
+                if frame[1] == 0:
+                    stack.pop()
+                else:
+                    frame[1] -= 1
+            elif stop == b":":
+                if frame[1] == 0:
+                    stack[-1] = [None, -1]  # the field's format spec
+            else:
+                breaks += 1
+    return position, tokens, breaks
 
 
 def _scan(src: bytes) -> Tuple[int, int, int, List[bytes]]:
     """(depth bound, deepest bracket nesting, index in the parts of the deepest statement's
     first piece, the parts)."""
-    parts = _SPLIT_RE.split(_BLANK_RE.sub(_blank, src))
+    parts = _SPLIT_RE.split(_blank_out(src))
     best = best_at = brackets = 0
     frames: List[Tuple[int, int, int]] = []
     # Per open bracket level: tokens of the current sibling, deepest bracket inside it,

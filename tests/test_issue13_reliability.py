@@ -223,6 +223,25 @@ def test_deep_and_long_expressions_are_refused_per_file_in_workers(tmp_path: Pat
     _check_deep_run(done, tmp_path)
 
 
+def test_a_chain_inside_a_pep_701_f_string_is_measured_too(tmp_path: Path) -> None:
+    # Python 3.12 lets a replacement field reuse its f-string's quotes, and LibCST parses
+    # that on any Python: the chain must not hide from the measure behind the inner quote.
+    from optimizer_codemod import nesting
+
+    chain = b" + ".join([b"a"] * 6000)
+    text = HEADER + b"z = f'{(f'{(a) + a}') + " + chain + b"}'\n"
+    assert nesting.estimate(text)[0] > 6000
+    path = tmp_path / "fstring.py"
+    path.write_bytes(text)
+    done = cli("apply", str(path), *ONLY_FUSED, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    # Python 3.12 accepts the syntax, so the limit speaks; 3.11 rejects it first.
+    assert re.search(
+        rb"fstring.py:3:\d+: (too deeply nested for the parser|cannot parse)", done.stderr
+    )
+    assert b"Traceback" not in done.stderr and path.read_bytes() == text
+
+
 def test_a_file_python_cannot_compile_for_depth_is_reported_without_a_parse(
     tmp_path: Path,
 ) -> None:

@@ -366,6 +366,11 @@ NESTING_SHAPES = {
     "nested tuples": lambda n, inner: "(a, " * n + inner + ")" * n,
     "string concatenation": lambda n, inner: "'s' " * n + f"str({inner})",
     "f-string": lambda n, inner: "f'{" + " + ".join([f"({inner})"] + ["a"] * n) + "}'",
+    # PEP 701 (Python 3.12): quotes reused inside a replacement field, f-strings in f-strings.
+    "nested f-strings": lambda n, inner: "f'{" * n + f"({inner})" + "}'" * n,
+    "f-string reusing its quotes": lambda n, inner: "f'{x['k'] + "
+    + " + ".join([f"({inner})"] + ["a"] * n)
+    + "}'",
     "conditional": lambda n, inner: "a if b else " * n + f"({inner})",
     "lambdas": lambda n, inner: "lambda: " * n + f"({inner})",
     "generators": lambda n, inner: "(x for x in " * n + inner + ")" * n,
