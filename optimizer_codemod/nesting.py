@@ -127,7 +127,7 @@ def _template_string(src: bytes, position: int, quote: bytes) -> Tuple[int, int,
             if stop[:1] == b"\\" or stop in (b"{{", b"}}"):
                 breaks += stop[1:2] in (b"\r", b"\n")
             elif stop == b"{":
-                tokens += 1
+                tokens += 2  # the field's node and its expression
                 stack.append([None, 0])
             elif stop == b"}":
                 if frame[0] is None:  # the end of a format spec, and so of its field
@@ -159,7 +159,7 @@ def _template_string(src: bytes, position: int, quote: bytes) -> Tuple[int, int,
                 position = newline.start() if newline else end
             elif stop in (b"(", b"[", b"{"):
                 frame[1] += 1
-                tokens += 1
+                tokens += 3  # as in code: the bracket's node and the wrappers inside
             elif stop in (b")", b"]"):
                 frame[1] = max(0, frame[1] - 1)
             elif stop == b"}":

@@ -425,6 +425,8 @@ def _tree_depth(module: cst.Module) -> int:
 
 @settings(max_examples=100, **COMMON)
 @given(deep_programs())
+# Found by a longer run: brackets inside an f-string's field nest two nodes per level.
+@example("z = f'{(" + "[" * 300 + "a" + "]" * 300 + ") + a}'\n")
 def test_deep_and_long_expressions(source: str) -> None:
     from optimizer_codemod import nesting
 
