@@ -351,8 +351,8 @@ def remove_stale_temporaries(folders) -> None:
 
 
 def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
+    if pid == os.getpid() or os.name == "nt":
+        return True  # on Windows os.kill would terminate the process, not probe it
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
