@@ -30,7 +30,7 @@ from optimizer_codemod.report import FORMATS, ReportContext, statistics
 from optimizer_codemod.measured_gains import load_results
 from optimizer_codemod.rule_docs import render_rule_page, stale_pages, write_docs
 from optimizer_codemod.rule import Safety
-from optimizer_codemod.runner import Interrupted, Mode, process_bytes, run
+from optimizer_codemod.runner import Mode, process_bytes, run
 from optimizer_codemod.torch_version import TorchVersion
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
