@@ -33,6 +33,7 @@ from optimizer_codemod.formatting import (
     wrap_long_calls,
 )
 from optimizer_codemod.ipynb_positions import NotebookPositions
+from optimizer_codemod.nesting import recursion_headroom
 from optimizer_codemod.noqa import has_skip_file
 from optimizer_codemod.notebook import Notebook
 from optimizer_codemod.sources import check_syntax, compile_check
@@ -94,6 +95,13 @@ def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewr
     settled = settle_without_parsing(src, path, options.rules)
     if settled is not None:
         return settled
+    # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive
+    # visitors need more than Python's default recursion limit.
+    with recursion_headroom():
+        return _rewrite_parsed(src, path, options)
+
+
+def _rewrite_parsed(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
     if is_notebook(path):
         return _rewrite_notebook(src, path, options)
     result = rewrite_bytes(src, path, options)

@@ -36,6 +36,8 @@ from optimizer_codemod.runner import Mode, process_bytes, run
 from optimizer_codemod.torch_version import TorchVersion
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+# 128 + SIGINT, as shells report it: not 1, which would claim the run made its changes.
+EXIT_INTERRUPTED = 130
 
 
 def _split_codes(ctx: click.Context, param: click.Parameter, values: Sequence[str]):
@@ -57,7 +59,42 @@ def _target(ctx: click.Context, param: click.Parameter, value: Optional[str]):
         raise click.BadParameter(str(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Files a run has rewritten so far, kept where an interrupt at any point can still read them.
+_WRITTEN = "optcodemod.written"
+
+
+class _Commands(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as stop:
+            _report_interrupted(stop, ctx.meta.get(_WRITTEN, {}))
+            sys.exit(EXIT_INTERRUPTED)
+
+
+def _report_interrupted(stop: KeyboardInterrupt, reported: dict) -> None:
+    written = list(dict.fromkeys([*reported, *getattr(stop, "written", [])]))
+    in_flight = [p for p in getattr(stop, "in_flight", []) if p not in written]
+    if written:
+        lines = [f"optcodemod: interrupted; {_files(len(written))} already rewritten:"]
+        lines += [f"  {path}" for path in written]
+    else:
+        lines = ["optcodemod: interrupted; no file was rewritten."]
+    if in_flight:
+        lines.append(
+            f"{_files(len(in_flight))} being rewritten when the workers were stopped; each is "
+            "either untouched or completely rewritten:"
+        )
+        lines += [f"  {path}" for path in in_flight]
+    lines.append("Every other file is untouched.")
+    click.echo("\n".join(lines), err=True)
+
+
+def _files(count: int) -> str:
+    return f"{count} file was" if count == 1 else f"{count} files were"
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="optcodemod")
 def main() -> None:
     """Rewrite PyTorch training scripts to train the same model, faster."""
@@ -217,6 +254,9 @@ def apply(
             click.echo(f"skipped {path}: {reason}", err=True)
     for folder in found.empty_directories:
         click.echo(f"{folder}: no Python files or notebooks found", err=True)
+    for message in found.links_outside:
+        if not quiet:
+            click.echo(message, err=True)
     use_colour = use_color(color, sys.stdout)
     outcomes = _run_with_progress(found.files, settings, mode, jobs, quiet)
     # A path that does not exist is an error of the run: every report format must say so.
@@ -258,10 +298,16 @@ def apply(
 
 
 def _run_with_progress(files: List[str], settings: Settings, mode: Mode, jobs: int, quiet: bool):
+    written = click.get_current_context().meta.setdefault(_WRITTEN, {})
+
+    def done(outcome) -> None:
+        if outcome.written:
+            written[outcome.path] = None
+
     if quiet or len(files) < 2 or not sys.stderr.isatty():
-        return run(files, settings, mode, jobs)
+        return run(files, settings, mode, jobs, on_done=done)
     with click.progressbar(length=len(files), label="optcodemod", file=sys.stderr) as bar:
-        return run(files, settings, mode, jobs, on_done=lambda _: bar.update(1))
+        return run(files, settings, mode, jobs, on_done=lambda o: (done(o), bar.update(1)))
 
 
 def _apply_stdin(settings, diff, check, filename, output_format, quiet, verbose, exit_zero) -> None:

@@ -210,13 +210,15 @@ def load_settings(config_path: Optional[Path], explicit: bool = False) -> Settin
         data = tomllib.loads(config_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
         raise ConfigError(f"cannot read the configuration: {exc}", str(config_path)) from None
-    tool = data.get("tool")
-    if explicit and not (isinstance(tool, dict) and "optcodemod" in tool):
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError("[tool] must be a table", str(config_path))
+    if explicit and "optcodemod" not in tool:
         raise ConfigError(
             f"no [{TABLE}] table in this file; put the settings under [{TABLE}]",
             str(config_path),
         )
-    table = (tool if isinstance(tool, dict) else {}).get("optcodemod", {})
+    table = tool.get("optcodemod", {})
     if not isinstance(table, dict):
         raise ConfigError(f"[{TABLE}] must be a table", str(config_path))
     values = parse_table(table, str(config_path))

@@ -20,6 +20,9 @@ class Discovery:
     missing: List[str] = field(default_factory=list)
     empty_directories: List[str] = field(default_factory=list)
     skipped: List[Tuple[str, str]] = field(default_factory=list)  # (path, why), for --verbose
+    # Symbolic links met in a walked folder that point out of it: always said, since the user
+    # may expect their targets rewritten.
+    links_outside: List[str] = field(default_factory=list)
 
 
 class _GitIgnores:
@@ -80,13 +83,19 @@ def excluded_reason(path: str, settings: Settings) -> Optional[str]:
 
 
 def discover(paths: List[str], settings: Settings) -> Discovery:
-    """Directories are walked; named files are taken, unless `force_exclude` is set."""
+    """Directories are walked; named files are taken, unless `force_exclude` is set.
+
+    A symbolic link named explicitly is rewritten through to its target (as black does), and a
+    file reached by two names is taken once. A walked folder's own links are not followed:
+    a target inside the folder is reached under its own name, and a link to a file outside
+    is skipped with a message, since walking a folder must not rewrite files elsewhere.
+    """
     found = Discovery()
     gitignores = _GitIgnores()
     seen = set()
 
     def add(path: str) -> None:
-        key = os.path.abspath(path)
+        key = os.path.realpath(path)
         if key not in seen:
             seen.add(key)
             found.files.append(path)
@@ -103,7 +112,16 @@ def discover(paths: List[str], settings: Settings) -> Discovery:
             add(raw)
             continue
         before = len(found.files)
+        inside = os.path.join(os.path.realpath(raw), "")
         for path in _walk(Path(raw), settings, gitignores, found.skipped):
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if not target.startswith(inside):
+                    found.links_outside.append(
+                        f"{path}: a symbolic link to {target}, outside {raw}; skipped "
+                        "(name the link itself to rewrite its target)"
+                    )
+                continue
             add(str(path))
         if len(found.files) == before:
             found.empty_directories.append(raw)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import List
 
+from optimizer_codemod.lines import split_lines
+
 
 @dataclass(frozen=True)
 class TextEdit:
@@ -28,8 +30,8 @@ class TextEdit:
 
 
 def text_edits(old: str, new: str) -> List[TextEdit]:
-    old_lines = old.splitlines(keepends=True)
-    new_lines = new.splitlines(keepends=True)
+    old_lines = split_lines(old, keepends=True)
+    new_lines = split_lines(new, keepends=True)
     starts = [0, *accumulate(len(line) for line in old_lines)]
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
     return [

@@ -29,7 +29,12 @@ from optimizer_codemod.errors import (
 from optimizer_codemod.fixes import apply_fixes, choose_compatible
 from optimizer_codemod.noqa import is_suppressed, noqa_lines
 from optimizer_codemod.rule import Finding, Rule, Safety
-from optimizer_codemod.sources import check_reproducible, compile_check, parse_source
+from optimizer_codemod.sources import (
+    check_reproducible,
+    check_syntax,
+    compile_check,
+    parse_source,
+)
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
 
 MAX_PASSES = 10
@@ -219,6 +224,10 @@ class _Fixpoint:
         problem = _try_apply(module, chosen, self.path)
         if isinstance(problem, tuple):
             return problem
+        if module is self.original:
+            # LibCST accepts some text CPython rejects (too many nested parentheses, `return`
+            # outside a function): that is the input's fault, not a rule's.
+            check_syntax(self.src, self.path)
         culprits = [
             code
             for code in sorted({f.rule.code for f in chosen})

@@ -69,3 +69,11 @@ class FileAccessError(OptcodemodError):
 
 class ConfigError(OptcodemodError):
     """A bad setting; the message names the key."""
+
+
+class TooDeeplyNestedError(SourceParseError):
+    """Valid or not, the text nests deeper than the parser can take without crashing."""
+
+
+class FileChangedError(FileAccessError):
+    """The file on disk is no longer what was read: someone saved it during the run."""

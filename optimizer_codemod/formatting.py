@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from optimizer_codemod.extras import BLACK_INSTALL
+from optimizer_codemod.lines import split_lines
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -104,7 +105,7 @@ def black_style_for(path: str) -> Optional[BlackStyle]:
 def changed_line_ranges(old: str, new: str) -> List[Tuple[int, int]]:
     """1-based inclusive ranges of lines in `new` that differ from `old`."""
     matcher = difflib.SequenceMatcher(
-        None, old.splitlines(keepends=True), new.splitlines(keepends=True), autojunk=False
+        None, split_lines(old, keepends=True), split_lines(new, keepends=True), autojunk=False
     )
     return [
         (j1 + 1, j2) for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal" and j2 > j1
@@ -143,6 +144,7 @@ def format_changed_lines(old: str, new: str, style: BlackStyle) -> str:
 # Only brackets on changed lines move; a line this cannot split as black would stays as the
 # rule wrote it.
 DEFAULT_LINE_LIMIT = 88
+_BOM = "\ufeff"
 MAX_ROUNDS = 8
 _BRACKETED = (cst.Call, cst.List, cst.Tuple, cst.Set, cst.Dict)
 
@@ -154,9 +156,12 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
     or the original's longest line when that is longer: a file written to 120 columns stays
     at 120.
     """
-    limit = line_length or max([DEFAULT_LINE_LIMIT, *(len(line) for line in old.splitlines())])
+    if new.startswith(_BOM) and old.startswith(_BOM):
+        # LibCST reads a text's BOM as an encoding mark and prints the module without it.
+        return _BOM + wrap_long_calls(old[1:], new[1:], line_length)
+    limit = line_length or max([DEFAULT_LINE_LIMIT, *(len(line) for line in split_lines(old))])
     for _ in range(MAX_ROUNDS):
-        lines = new.splitlines()
+        lines = split_lines(new)
         changed = {
             n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)
         }

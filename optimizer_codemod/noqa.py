@@ -7,9 +7,14 @@ import re
 import tokenize
 from typing import Dict, FrozenSet, Optional
 
-SKIP_FILE_RE = re.compile(rb"^[ \t]*#[ \t]*optcodemod:[ \t]*skip-file\b", re.MULTILINE)
+SKIP_FILE_RE = re.compile(
+    rb"^(?:\xef\xbb\xbf)?[ \t]*#[ \t]*optcodemod:[ \t]*skip-file\b", re.MULTILINE
+)
+_SKIP_FILE_COMMENT_RE = re.compile(r"#[ \t]*optcodemod:[ \t]*skip-file\b")
+# `noqa` must end there (ruff's reading): `# noqa-ish` or `# noqa_foo` is not a suppression.
 _NOQA_RE = re.compile(
-    r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*[,\s]\s*[A-Z]+[0-9]+)*))?", re.IGNORECASE
+    r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*[,\s]\s*[A-Z]+[0-9]+)*))?(?=$|[\s:,#])",
+    re.IGNORECASE,
 )
 _CODE_RE = re.compile(r"[A-Z]+[0-9]+", re.IGNORECASE)
 
@@ -18,7 +23,20 @@ NoqaMap = Dict[int, Optional[FrozenSet[str]]]
 
 
 def has_skip_file(src: bytes) -> bool:
-    return SKIP_FILE_RE.search(src) is not None
+    """Whether a comment line says `# optcodemod: skip-file` (a docstring that does, does not)."""
+    if SKIP_FILE_RE.search(src) is None:
+        return False  # the cheap test settles almost every file
+    try:
+        for token in tokenize.tokenize(io.BytesIO(src).readline):
+            if (
+                token.type == tokenize.COMMENT
+                and not token.line[: token.start[1]].strip()
+                and _SKIP_FILE_COMMENT_RE.match(token.string)
+            ):
+                return True
+    except (tokenize.TokenError, SyntaxError):
+        return True  # not Python (a notebook's JSON, or broken text): trust the line as written
+    return False
 
 
 def noqa_lines(code: str) -> NoqaMap:

@@ -21,6 +21,15 @@ _MAGIC_PLACEHOLDER = "__optcodemod_magic_{}__"
 _MAGIC_PLACEHOLDER_RE = re.compile(r"^([ \t]*)__optcodemod_magic_(\d+)__$")
 # `%time x`, `!ls`, `x = !ls`, `x = %env`, `obj?`, `??obj`
 _MAGIC_RE = re.compile(r"^[ \t]*(?:[%!]|\?{1,2}[\w.]|[\w.,\s\[\]]+=\s*[%!]|[\w.]+\?{1,2}\s*$)")
+# What decides whether the next line starts a statement: strings (a triple-quoted one may run
+# on), comments, and brackets.
+_PYTHON_TOKEN_RE = re.compile(
+    r"(?P<string>[rRbBuUfF]{0,2}"
+    r"(?:'''|\"\"\"|'(?:[^'\\]|\\.)*(?:'|\\?$)|\"(?:[^\"\\]|\\.)*(?:\"|\\?$)))"
+    r"|(?P<comment>#.*)"
+    r"|(?P<open>[(\[{])"
+    r"|(?P<close>[)\]}])"
+)
 
 
 @dataclass
@@ -30,6 +39,66 @@ class _Cell:
     source_was_list: bool
     ends_with_newline: bool
     magics: Dict[int, str] = field(default_factory=dict)  # placeholder number -> original line
+    newline: str = "\n"  # the cell's own line break, put back in the lines a rule changed
+
+
+class _Continuation:
+    """Whether the next line of a cell continues a statement (so cannot be a magic)."""
+
+    def __init__(self) -> None:
+        self.depth = 0  # open brackets
+        self.string = ""  # the quotes of a triple-quoted string still open
+        self.backslash = False
+
+    @property
+    def continuing(self) -> bool:
+        return self.depth > 0 or bool(self.string) or self.backslash
+
+    def feed(self, line: str) -> None:
+        position = 0
+        if self.string:
+            end = _closing_quotes(line, 0, self.string)
+            if end < 0:
+                return
+            self.string, position = "", end
+        self.backslash = False
+        while True:
+            match = _PYTHON_TOKEN_RE.search(line, position)
+            if match is None:
+                break
+            kind, position = match.lastgroup, match.end()
+            if kind == "comment":
+                return
+            if kind == "open":
+                self.depth += 1
+            elif kind == "close":
+                self.depth = max(0, self.depth - 1)
+            if kind != "string":
+                continue
+            quotes = match.group().lstrip("rRbBuUfF")
+            if quotes in ("'''", '"""'):
+                end = _closing_quotes(line, position, quotes)
+                if end < 0:
+                    self.string = quotes
+                    return
+                position = end
+            elif match.group().endswith("\\"):  # a one-quote string continued by a backslash
+                self.backslash = True
+                return
+        self.backslash = line.rstrip("\r").endswith("\\")
+
+
+def _closing_quotes(line: str, start: int, quotes: str) -> int:
+    """The index just past `quotes` closing a string in `line` from `start`, else -1."""
+    position = start
+    while True:
+        found = line.find(quotes, position)
+        if found < 0:
+            return -1
+        backslashes = len(line[:found]) - len(line[:found].rstrip("\\"))
+        if backslashes % 2 == 0:
+            return found + 3
+        position = found + 1
 
 
 @dataclass
@@ -37,10 +106,13 @@ class _Layout:
     indent: Optional[int]
     ensure_ascii: bool
     trailing_newline: bool
+    newline: str = "\n"  # a notebook saved on Windows may break its JSON lines with \r\n
 
     def dump(self, data: Any) -> str:
         text = json.dumps(data, indent=self.indent, ensure_ascii=self.ensure_ascii)
-        return text + ("\n" if self.trailing_newline else "")
+        text += "\n" if self.trailing_newline else ""
+        # JSON escapes line breaks inside strings, so every raw one is the layout's own.
+        return text.replace("\n", self.newline) if self.newline != "\n" else text
 
 
 class Notebook:
@@ -83,23 +155,29 @@ class Notebook:
         text = "".join(source) if was_list else str(source)
         if text.lstrip().startswith("%%"):
             return None
+        newline = "\r\n" if "\r\n" in text else "\n"
+        text = text.replace("\r\n", "\n")
         ends_with_newline = text.endswith("\n") or text == ""
         magics: Dict[int, str] = {}
-        lines = text.splitlines()
+        # Only \n breaks lines: a form feed or U+2028 inside the code is not a line break.
+        lines = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+        lines = lines if text else []
         masked = []
-        continuing = False
+        magic_continues = False
+        python = _Continuation()
         for line in lines:
-            if continuing or _MAGIC_RE.search(line):
+            if magic_continues or (not python.continuing and _MAGIC_RE.search(line)):
                 number = self._magic_count
                 self._magic_count += 1
                 magics[number] = line
                 indent = re.match(r"[ \t]*", line).group(0)
                 masked.append(indent + _MAGIC_PLACEHOLDER.format(number))
-                continuing = line.endswith("\\")
+                magic_continues = line.endswith("\\")
             else:
                 masked.append(line)
+                python.feed(line)
         body = "\n".join(masked) + ("\n" if masked else "")
-        return _Cell(index, body, was_list, ends_with_newline, magics)
+        return _Cell(index, body, was_list, ends_with_newline, magics, newline)
 
     # Python text ------------------------------------------------------------------------
     def python_text(self) -> str:
@@ -129,6 +207,8 @@ class Notebook:
             new = self._restore_magics(cell, text)
             if not cell.ends_with_newline:
                 old, new = _drop_final_newline(old), _drop_final_newline(new)
+            if cell.newline != "\n":
+                old, new = old.replace("\n", cell.newline), new.replace("\n", cell.newline)
             changes.append((cell.index, old, new))
         return changes
 
@@ -163,9 +243,10 @@ class Notebook:
 
     def _layout(self) -> _Layout:
         trailing = self.text.endswith("\n")
+        crlf = "\r\n" in self.text and self.text.count("\r\n") == self.text.count("\n")
         for indent in (1, 2, 4, None, 3, 8):
             for ensure_ascii in (False, True):
-                layout = _Layout(indent, ensure_ascii, trailing)
+                layout = _Layout(indent, ensure_ascii, trailing, "\r\n" if crlf else "\n")
                 if layout.dump(self.data) == self.text:
                     return layout
         raise NotebookError(

@@ -5,10 +5,14 @@ from __future__ import annotations
 import difflib
 import multiprocessing
 import os
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from optimizer_codemod.api import (
     SourceRewrite,
@@ -20,7 +24,14 @@ from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.edits import text_edits
 from optimizer_codemod.errors import OptcodemodError
-from optimizer_codemod.sources import read_bytes, write_atomic
+from optimizer_codemod.lines import split_lines
+from optimizer_codemod.sources import (
+    FileStamp,
+    read_bytes,
+    read_source,
+    remove_stale_temporaries,
+    write_atomic,
+)
 
 # Below this much candidate source, starting worker processes costs more than it saves.
 PARALLEL_THRESHOLD_BYTES = 256 * 1024
@@ -38,8 +49,8 @@ def unified_diff(parts) -> str:
     for label, old, new in parts:
         chunks.extend(
             difflib.unified_diff(
-                old.splitlines(keepends=True),
-                new.splitlines(keepends=True),
+                split_lines(old, keepends=True),
+                split_lines(new, keepends=True),
                 fromfile=label if os.path.isabs(label) else f"a/{label}",
                 tofile=label if os.path.isabs(label) else f"b/{label}",
             )
@@ -48,7 +59,25 @@ def unified_diff(parts) -> str:
     return text
 
 
-def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> FileOutcome:
+class Interrupted(KeyboardInterrupt):
+    """SIGINT stopped a run: what was already written, and what may have been."""
+
+    def __init__(self, written: Sequence[str], in_flight: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.written = list(written)
+        # Files a worker was rewriting when it had to be stopped: each is either untouched or
+        # completely rewritten, but which one was not reported back.
+        self.in_flight = list(in_flight)
+
+
+def process_bytes(
+    src: bytes,
+    path: str,
+    settings: Settings,
+    mode: Mode,
+    stamp: Optional[FileStamp] = None,
+    on_written: Optional[Callable[[str], None]] = None,
+) -> FileOutcome:
     outcome = FileOutcome(path=path)
     try:
         result: SourceRewrite = rewrite_source(src, path, settings.options_for(path))
@@ -57,6 +86,12 @@ def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> File
         return outcome
     except RecursionError:
         outcome.error = f"{path}: too deeply nested for the parser; left untouched"
+        return outcome
+    except Exception as exc:  # a bug of ours must cost this file, not the whole run
+        outcome.error = (
+            f"{path}: internal error ({type(exc).__name__}: {exc}); left untouched. "
+            "Please report it with this file."
+        )
         return outcome
     outcome.diagnostics = result.diagnostics
     outcome.changed = result.changed
@@ -74,24 +109,74 @@ def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> File
         outcome.new_text = result.new
     if result.changed and mode.write:
         try:
-            write_atomic(path, result.new)
+            write_atomic(path, result.new, stamp, on_replaced=on_written)
             outcome.written = True
         except OptcodemodError as error:
             outcome.error = error.render()
     return outcome
 
 
-def process_path(path: str, settings: Settings, mode: Mode) -> FileOutcome:
+def process_path(
+    path: str,
+    settings: Settings,
+    mode: Mode,
+    on_written: Optional[Callable[[str], None]] = None,
+) -> FileOutcome:
     try:
-        src = read_bytes(path)
+        src, stamp = read_source(path)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.render())
-    return process_bytes(src, path, settings, mode)
+    return process_bytes(src, path, settings, mode, stamp, on_written)
 
 
 def _worker(args) -> FileOutcome:
     path, settings, mode = args
     return process_path(path, settings, mode)
+
+
+def _init_worker(parent: int) -> None:
+    # Ctrl-C reaches the whole process group: the main process decides what happens, and a
+    # worker finishes the file it has. SIGTERM kills at once, except while a file is being
+    # replaced (write_atomic holds it back until the rename is done).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this worker end when the process that started it ends, however it ends.
+
+    Otherwise a SIGKILL'd run leaves its workers running, holding the caller's pipes open
+    (a pre-commit or CI job then waits forever). Linux delivers SIGTERM on the parent's death
+    (prctl); elsewhere a thread watches for the parent to change.
+    """
+    if sys.platform.startswith("linux") and _set_parent_death_signal(signal.SIGTERM):
+        if os.getppid() != parent:  # the parent died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+        return
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _set_parent_death_signal(signum: int) -> bool:
+    try:
+        import ctypes
+
+        # The running program's own symbols include libc's prctl.
+        return ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (ImportError, OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        # The SIGTERM sent below must reach the main thread, which holds it back mid-write.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _quick_outcome(path: str, settings: Settings) -> Optional[FileOutcome]:
@@ -120,39 +205,187 @@ def run(
     jobs: int = 0,
     on_done: Optional[Callable[[FileOutcome], None]] = None,
 ) -> List[FileOutcome]:
-    """Process every path; outcomes come back in the order of `paths`."""
-    outcomes: dict = {}
+    """Process every path; outcomes come back in the order of `paths`.
+
+    SIGINT raises Interrupted, which names the files already rewritten; every other file is
+    untouched.
+    """
+    outcomes: Dict[str, FileOutcome] = {}
+    written: Dict[str, None] = {}  # an ordered set
+
+    def record(outcome: FileOutcome) -> None:
+        outcomes[outcome.path] = outcome
+        if outcome.written:
+            written[outcome.path] = None
+        if on_done:
+            on_done(outcome)
+
+    def mark_written(path: str) -> None:
+        written[path] = None
+
+    if mode.write:
+        remove_stale_temporaries({os.path.dirname(os.path.realpath(p)) for p in paths})
+    try:
+        with _SigintWatch() as sigint:
+            _run_all(paths, settings, mode, jobs, record, mark_written, sigint)
+    except Interrupted as stop:
+        raise Interrupted(list(written), stop.in_flight) from None
+    except KeyboardInterrupt:
+        raise Interrupted(list(written)) from None
+    return [outcomes[path] for path in paths]
+
+
+class _SigintWatch:
+    """Remembers that SIGINT came, whatever became of its KeyboardInterrupt.
+
+    Library code can lose it: LibCST's position provider, interrupted inside its context
+    manager, raises a KeyError while handling it, which would then pass for a per-file error
+    and the run would go on. The run checks after each file instead.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous = None
+
+    def __enter__(self) -> "_SigintWatch":
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.received:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintWatch) -> None:
     candidates: List[str] = []
     for path in paths:
         quick = _quick_outcome(path, settings)
+        sigint.check()
         if quick is None:
             candidates.append(path)
         else:
-            outcomes[path] = quick
-            if on_done:
-                on_done(quick)
+            record(quick)
     jobs = jobs or os.cpu_count() or 1
     size = sum(_size(p) for p in candidates)
     if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
-        context = _mp_context()
-        with ProcessPoolExecutor(
-            max_workers=min(jobs, len(candidates)), mp_context=context
-        ) as pool:
-            work = [(path, settings, mode) for path in candidates]
-            # Large files first, so one big file does not finish last on its own.
-            order = sorted(range(len(work)), key=lambda i: -_size(candidates[i]))
-            results = pool.map(_worker, [work[i] for i in order], chunksize=1)
-            for index, outcome in zip(order, results):
-                outcomes[candidates[index]] = outcome
-                if on_done:
-                    on_done(outcome)
+        # Large files first, so one big file does not finish last on its own.
+        ordered = sorted(candidates, key=lambda p: -_size(p))
+        _run_in_workers(ordered, settings, mode, min(jobs, len(candidates)), record)
     else:
         for path in candidates:
-            outcome = process_path(path, settings, mode)
-            outcomes[path] = outcome
-            if on_done:
-                on_done(outcome)
-    return [outcomes[path] for path in paths]
+            outcome = process_path(path, settings, mode, on_written=mark_written)
+            sigint.check()  # an outcome made while SIGINT was being lost is not the file's
+            record(outcome)
+
+
+def _run_in_workers(
+    paths: List[str],
+    settings: Settings,
+    mode: Mode,
+    workers: int,
+    record: Callable[[FileOutcome], None],
+) -> None:
+    """Process `paths` in worker processes; a worker that dies costs only its own file."""
+    before = {path: _stat_key(path) for path in paths}
+    unfinished = _pool_pass(paths, settings, mode, workers, record)
+    # A worker died (a crash in native code) and took the pool down with it: the files it
+    # left are run one at a time, so that a second crash names its own file.
+    for path in unfinished:
+        if mode.write and _stat_key(path) != before[path]:
+            # The pool stopped a worker after its rename but before it could report.
+            record(
+                FileOutcome(
+                    path=path,
+                    changed=True,
+                    written=True,
+                    warning=f"{path}: rewritten, but its worker was stopped before it "
+                    "could report the fixes",
+                )
+            )
+        elif _pool_pass([path], settings, mode, 1, record):
+            record(FileOutcome(path=path, error=f"{path}: {_crash_message()}; left untouched"))
+
+
+def _pool_pass(paths, settings, mode, workers, record) -> List[str]:
+    """Run `paths` in one pool; the paths left without an outcome when a worker died."""
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=_mp_context(),
+        initializer=_init_worker,
+        initargs=(os.getpid(),),
+    )
+    futures = {pool.submit(_worker, (path, settings, mode)): path for path in paths}
+    unrecorded = dict(futures)
+    left: List[str] = []
+
+    def collect(future) -> None:
+        path = unrecorded[future]
+        try:
+            outcome = future.result()
+        except BrokenProcessPool:
+            left.append(path)
+        except Exception as exc:  # the outcome could not come back (pickling)
+            record(FileOutcome(path=path, error=f"{path}: internal error ({exc!r})"))
+        else:
+            record(outcome)
+        # Forgotten only once recorded: an interrupt before this line records it again.
+        del unrecorded[future]
+
+    try:
+        while unrecorded and not left:
+            done, _ = wait(list(unrecorded), return_when=FIRST_COMPLETED)
+            for future in done:
+                collect(future)
+        pool.shutdown(wait=True)
+        for future in list(unrecorded):  # after a crash: what finished, and what did not
+            collect(future)
+    except KeyboardInterrupt:
+        _stop(pool, unrecorded, collect)
+        raise
+    return left
+
+
+def _stop(pool, unrecorded, collect) -> None:
+    """After SIGINT: start nothing new, let each worker finish its file, report those."""
+    for future in list(unrecorded):
+        if future.cancel():
+            del unrecorded[future]
+    try:
+        for future in list(unrecorded):
+            collect(future)
+        pool.shutdown(wait=True)
+    except KeyboardInterrupt:
+        # A second SIGINT: stop the workers now. SIGTERM waits for a rename in progress, so
+        # each of their files is either untouched or completely rewritten.
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise Interrupted([], list(unrecorded.values())) from None
+
+
+def _crash_message() -> str:
+    return (
+        "the worker process handling this file died (a crash in native code, such as the "
+        "parser running out of stack)"
+    )
+
+
+def _stat_key(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _size(path: str) -> int:

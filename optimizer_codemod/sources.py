@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import re
+import signal
 import stat
 import tempfile
 import tokenize
 import warnings
-from typing import Tuple
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Tuple
 
 import libcst as cst
 
+from optimizer_codemod import nesting
 from optimizer_codemod.errors import (
     FileAccessError,
+    FileChangedError,
     SourceParseError,
+    TooDeeplyNestedError,
     UnreproducibleSourceError,
 )
 
@@ -50,6 +58,7 @@ def decode_source(src: bytes, path: str) -> str:
 def parse_source(src: bytes, path: str) -> cst.Module:
     """Parse `src` with LibCST; a syntax error names `path:line:col` as Python reports it."""
     text = decode_source(src, path)
+    check_nesting(src, text, path)
     try:
         return cst.parse_module(src)
     except cst.ParserSyntaxError as exc:
@@ -64,6 +73,30 @@ def parse_source(src: bytes, path: str) -> cst.Module:
     raise SourceParseError(f"cannot parse: {message}", path, line, column)
 
 
+def check_nesting(src: bytes, text: str, path: str) -> None:
+    """Refuse, before LibCST parses it, a text nested too deeply for its parser.
+
+    LibCST's parser crashes the process on an expression a few thousand levels deep, and it
+    accepts bracket nesting CPython rejects; Python's own verdict is preferred when it has one.
+    """
+    depth, brackets = nesting.estimate(src)
+    if depth <= nesting.MAX_NESTING and brackets <= nesting.PYTHON_MAX_BRACKETS:
+        return
+    python_error = python_syntax_error(text, path)
+    if python_error is not None and python_error[2] != _TOO_DEEP_FOR_PYTHON:
+        line, column, message = python_error
+        raise SourceParseError(f"cannot parse: {message}", path, line, column)
+    if depth <= nesting.MAX_NESTING:
+        return
+    raise TooDeeplyNestedError(
+        f"too deeply nested for the parser (this statement nests up to {depth} levels; at "
+        f"most {nesting.MAX_NESTING} are accepted); left untouched",
+        path,
+        nesting.deepest_line(src),
+        1,
+    )
+
+
 def check_syntax(src: bytes, path: str) -> None:
     """Raise SourceParseError (`path:line:col`) unless `src` is valid Python.
 
@@ -76,6 +109,9 @@ def check_syntax(src: bytes, path: str) -> None:
         raise SourceParseError(f"cannot parse: {message}", path, line, column)
 
 
+_TOO_DEEP_FOR_PYTHON = "too deeply nested: Python's own compiler gives up on this text"
+
+
 def python_syntax_error(text: str, path: str):
     try:
         with warnings.catch_warnings():
@@ -85,6 +121,10 @@ def python_syntax_error(text: str, path: str):
         return exc.lineno or 1, exc.offset or 1, exc.msg
     except ValueError as exc:  # null bytes
         return 1, 1, str(exc)
+    except (RecursionError, MemoryError):
+        # CPython's compiler runs out of recursion (a 3,000-term `a+a+...`) or of parser
+        # stack (`not not ... x`); the file cannot run under Python either.
+        return 1, 1, _TOO_DEEP_FOR_PYTHON
     return None
 
 
@@ -116,13 +156,43 @@ def compile_check(code: bytes, path: str) -> Tuple[bool, str]:
     except (SyntaxError, ValueError) as exc:
         where = f"{getattr(exc, 'lineno', '?')}:{getattr(exc, 'offset', '?')}"
         return False, f"{where}: {getattr(exc, 'msg', exc)}"
+    except (RecursionError, MemoryError):
+        return False, _TOO_DEEP_FOR_PYTHON
     return True, ""
 
 
+@dataclass(frozen=True)
+class FileStamp:
+    """What a file was when it was read: compared again just before it is replaced."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+    sha256: str
+
+    @classmethod
+    def of(cls, st: os.stat_result, data: bytes) -> "FileStamp":
+        digest = hashlib.sha256(data).hexdigest()
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, digest)
+
+
 def read_bytes(path: str) -> bytes:
+    return _read(path, stamped=False)[0]
+
+
+def read_source(path: str) -> Tuple[bytes, FileStamp]:
+    """The file's bytes and its stamp (taken after reading, so a write during the read shows)."""
+    data, stamp = _read(path, stamped=True)
+    assert stamp is not None
+    return data, stamp
+
+
+def _read(path: str, stamped: bool) -> Tuple[bytes, Optional[FileStamp]]:
     try:
         with open(path, "rb") as handle:
-            return handle.read()
+            data = handle.read()
+            return data, FileStamp.of(os.fstat(handle.fileno()), data) if stamped else None
     except FileNotFoundError:
         raise FileAccessError("no such file or directory", path) from None
     except IsADirectoryError:
@@ -133,32 +203,160 @@ def read_bytes(path: str) -> bytes:
         raise FileAccessError(f"cannot read: {exc.strerror or exc}", path) from None
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace `path` by `data` atomically, keeping its permission bits.
+TEMP_PREFIX = ".optcodemod-"
+TEMP_SUFFIX = ".tmp"
+# The pid in a temporary file's name says whether the run that made it is still alive.
+_TEMP_RE = re.compile(r"^\.optcodemod-(\d+)-.*\.tmp$")
+_DEFERRED_SIGNALS = {
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+}
 
-    A read-only file is refused rather than replaced: replacing would silently defeat the
-    permission the user set.
+
+def write_atomic(
+    path: str,
+    data: bytes,
+    expected: Optional[FileStamp] = None,
+    on_replaced: Optional[Callable[[str], None]] = None,
+) -> None:
+    """Replace the file at `path` by `data` atomically, keeping what makes it that file.
+
+    A symbolic link is written through: its target is replaced and the link stays. The
+    replacement keeps the permission bits, owner and group. It is refused, with the file left
+    as it is, when the file is read-only, has several hard links (replacing it would split
+    them), belongs to an owner this process cannot give the new file, or no longer matches
+    `expected` (someone saved it during the run). The folder is synced after the rename, and
+    SIGINT, SIGTERM and SIGHUP wait until the file is either the old one or the new one and
+    no temporary file is left; `on_replaced(path)` runs before they can, so a caller that is
+    interrupted still knows the file was written.
     """
+    real = os.path.realpath(path)
     try:
-        st = os.stat(path)
+        st = os.stat(real)
     except OSError as exc:
         raise FileAccessError(f"cannot stat before writing: {exc.strerror}", path) from None
-    if not os.access(path, os.W_OK):
+    if not os.access(real, os.W_OK):
         raise FileAccessError("file is read-only; not rewritten", path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".optcodemod-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        os.replace(tmp, path)
-    except BaseException as exc:
+    if st.st_nlink > 1:
+        raise FileAccessError(
+            f"has {st.st_nlink} hard links, and replacing it would split them; not rewritten "
+            "(run with --diff and apply the patch, or break the links first)",
+            path,
+        )
+    folder = os.path.dirname(real)
+    with _signals_deferred():
         try:
-            os.unlink(tmp)
+            fd, tmp = tempfile.mkstemp(
+                prefix=f"{TEMP_PREFIX}{os.getpid()}-", suffix=TEMP_SUFFIX, dir=folder
+            )
+        except OSError as exc:
+            raise FileAccessError(
+                f"cannot create a temporary file in {folder}: {exc.strerror or exc}; "
+                "not rewritten",
+                path,
+            ) from None
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _keep_owner(tmp, st, path)
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+            if expected is not None:
+                _check_unchanged(real, expected, path)
+            os.replace(tmp, real)
+        except BaseException as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                raise FileAccessError(f"cannot write: {exc.strerror or exc}", path) from None
+            raise
+        if on_replaced is not None:
+            on_replaced(path)
+        _sync_folder(folder)
+
+
+def _keep_owner(tmp: str, st: os.stat_result, path: str) -> None:
+    mine = os.stat(tmp)
+    if (mine.st_uid, mine.st_gid) == (st.st_uid, st.st_gid):
+        return
+    try:
+        os.chown(tmp, st.st_uid, st.st_gid)
+    except PermissionError:
+        raise FileAccessError(
+            f"belongs to uid {st.st_uid} gid {st.st_gid}, which this user cannot give the "
+            "rewritten file; not rewritten",
+            path,
+        ) from None
+
+
+def _check_unchanged(real: str, expected: FileStamp, path: str) -> None:
+    try:
+        with open(real, "rb") as handle:
+            data = handle.read()
+            now = FileStamp.of(os.fstat(handle.fileno()), data)
+    except OSError:
+        now = None
+    if now != expected:
+        raise FileChangedError(
+            "changed on disk while optcodemod was working on it; left as it is now, not "
+            "rewritten (run again to rewrite the new text)",
+            path,
+        )
+
+
+def _sync_folder(folder: str) -> None:
+    # The rename is durable only once the folder's entry is on disk.
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(folder, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot sync a folder
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    if not _DEFERRED_SIGNALS or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def remove_stale_temporaries(folders) -> None:
+    """Remove temporary files that a killed run (SIGKILL while writing) left in `folders`."""
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
         except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise FileAccessError(f"cannot write: {exc.strerror or exc}", path) from None
-        raise
+            continue
+        for name in names:
+            match = _TEMP_RE.match(name)
+            if match is None or _process_alive(int(match.group(1))):
+                continue
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid() or os.name == "nt":
+        return True  # on Windows os.kill would terminate the process, not probe it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process, or no way to tell: keep its file
+    return True

@@ -43,8 +43,9 @@ from optimizer_codemod.errors import (  # noqa: E402
     OptcodemodError,
     RuleBrokeOutputError,
 )
+from optimizer_codemod.nesting import recursion_headroom  # noqa: E402
 from optimizer_codemod.registry import all_rules  # noqa: E402
-from optimizer_codemod.sources import compile_check, parse_source  # noqa: E402
+from optimizer_codemod.sources import compile_check  # noqa: E402
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion  # noqa: E402
 
 # Outcome kinds, one per file.
@@ -187,7 +188,10 @@ def check_source(src: bytes, path: str, options: RewriteOptions, prefilter: bool
 def check_text(src: bytes, path: str, options: RewriteOptions, prefilter: bool = False) -> Checked:
     """`check_source`, also returning the output and diagnostics; never raises."""
     start = time.perf_counter()
-    checked = _check_source(src, path, options, prefilter)
+    # As the command line does: a text within the parser's nesting limit gets the recursion
+    # LibCST's visitors need for it.
+    with recursion_headroom():
+        checked = _check_source(src, path, options, prefilter)
     checked.report.seconds = time.perf_counter() - start
     return checked
 
@@ -211,14 +215,6 @@ def _check_source(src: bytes, path: str, options: RewriteOptions, prefilter: boo
     except OptcodemodError as error:
         report.kind, report.error = REFUSED, error.render()
         return checked
-    except RecursionError as exc:
-        # The command line refuses a file nested too deeply for LibCST's parser; anywhere
-        # else, running out of stack is a crash.
-        if _too_deep_to_parse(src, path):
-            report.kind, report.error = REFUSED, f"{path}: too deeply nested for the parser"
-        else:
-            report.kind, report.error = CRASHED, f"RecursionError: {exc}"
-        return checked
     except Exception as exc:  # every other exception is an engine or rule crash
         report.kind = CRASHED
         report.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
@@ -234,16 +230,6 @@ def _check_source(src: bytes, path: str, options: RewriteOptions, prefilter: boo
             report.not_compiling = problem
         report.not_idempotent = report.not_idempotent or _second_run_problem(new, path, options)
     return checked
-
-
-def _too_deep_to_parse(src: bytes, path: str) -> bool:
-    try:
-        parse_source(src, path)
-    except RecursionError:
-        return True
-    except Exception:
-        return False
-    return False
 
 
 def _second_run_problem(new: bytes, path: str, options: RewriteOptions) -> Optional[str]:

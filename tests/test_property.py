@@ -19,7 +19,7 @@ from typing import List
 import hypothesmith
 import libcst as cst
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from invariants import assert_comments_kept, assert_untouched_statements_kept
@@ -337,3 +337,111 @@ def test_snippet_programs_make_rules_fire() -> None:
 )
 def test_edge_cases(source: str) -> None:
     check(source)
+
+
+# --- Deep and long expressions -------------------------------------------------------------
+# LibCST's parser crashes the process on an expression a few thousand levels deep and its
+# visitors run out of recursion far sooner; the engine measures nesting before parsing
+# (optimizer_codemod/nesting.py). Generated expressions of every shape that nests, at sizes
+# around the limits, must come back rewritten or refused with a clear error, and the measure
+# must bound the real tree's depth whenever the text is parsed.
+
+# Each shape wraps an inner expression (`{}`) in n more levels.
+NESTING_SHAPES = {
+    "binary chain": lambda n, inner: " + ".join([inner] + ["a"] * n),
+    "mixed operators": lambda n, inner: inner
+    + "".join(f" {'+-*/%|&^'[i % 8]} a{i % 7}" for i in range(n)),
+    "power chain": lambda n, inner: "**".join(["a"] * n + [f"({inner})"]),
+    "boolean chain": lambda n, inner: " or ".join(["a"] * n + [f"({inner})"]),
+    "comparison chain": lambda n, inner: " < ".join([f"({inner})"] + ["a"] * n),
+    "unary minus": lambda n, inner: "-" * n + f"({inner})",
+    "not": lambda n, inner: "not " * n + f"({inner})",
+    "calls": lambda n, inner: f"({inner})" + "(x)" * n,
+    "subscripts": lambda n, inner: f"({inner})" + "[0]" * n,
+    "attributes": lambda n, inner: f"({inner})" + ".b" * n,
+    "nested calls": lambda n, inner: "f(" * n + inner + ")" * n,
+    "nested lists": lambda n, inner: "[" * n + inner + "]" * n,
+    "nested dicts": lambda n, inner: "{1: " * n + inner + "}" * n,
+    "nested subscripts": lambda n, inner: "a[" * n + inner + "]" * n,
+    "nested tuples": lambda n, inner: "(a, " * n + inner + ")" * n,
+    "string concatenation": lambda n, inner: "'s' " * n + f"str({inner})",
+    "f-string": lambda n, inner: "f'{" + " + ".join([f"({inner})"] + ["a"] * n) + "}'",
+    # PEP 701 (Python 3.12): quotes reused inside a replacement field, f-strings in f-strings.
+    "nested f-strings": lambda n, inner: "f'{" * n + f"({inner})" + "}'" * n,
+    "f-string reusing its quotes": lambda n, inner: "f'{x['k'] + "
+    + " + ".join([f"({inner})"] + ["a"] * n)
+    + "}'",
+    "conditional": lambda n, inner: "a if b else " * n + f"({inner})",
+    "lambdas": lambda n, inner: "lambda: " * n + f"({inner})",
+    "generators": lambda n, inner: "(x for x in " * n + inner + ")" * n,
+}
+# Small; around the depth where Python's default recursion limit used to give out (~300);
+# around the limit (a bound of 1000 is 250 to 1000 levels, by shape); far beyond it.
+NESTING_SIZES = st.one_of(
+    st.integers(1, 60),
+    st.integers(100, 350),
+    st.integers(250, 1000),
+    st.integers(2000, 12000),
+)
+
+
+@st.composite
+def deep_programs(draw) -> str:
+    expression = "a"
+    for _ in range(draw(st.integers(1, 2))):
+        shape = draw(st.sampled_from(sorted(NESTING_SHAPES)))
+        expression = NESTING_SHAPES[shape](draw(NESTING_SIZES), expression)
+    statement = f"z = {expression}\n"
+    wrapping = draw(st.sampled_from(["none", "blocks", "elifs"]))
+    if wrapping == "blocks":  # CPython allows 100 levels of indentation
+        depth = draw(st.integers(1, 99))
+        lines = [" " * i + f"if c{i}:" for i in range(depth)]
+        statement = "\n".join(lines) + "\n" + " " * depth + statement
+    elif wrapping == "elifs":
+        count = draw(st.one_of(st.integers(1, 50), st.integers(300, 1500)))
+        chain = "".join(f"elif c == {i}:\n    pass\n" for i in range(count))
+        statement = "if c:\n    pass\n" + chain + "else:\n    " + statement
+    return "import torch\noptimizer = torch.optim.AdamW(model.parameters())\n" + statement
+
+
+def _python_rejects(source: str) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, "<generated>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    return False
+
+
+def _tree_depth(module: cst.Module) -> int:
+    deepest, stack = 0, [(module, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.children)
+    return deepest
+
+
+@settings(max_examples=100, **COMMON)
+@given(deep_programs())
+# Found by a longer run: brackets inside an f-string's field nest two nodes per level.
+@example("z = f'{(" + "[" * 300 + "a" + "]" * 300 + ") + a}'\n")
+def test_deep_and_long_expressions(source: str) -> None:
+    from optimizer_codemod import nesting
+
+    src = source.encode("utf-8")
+    report = corpus_run.check_text(src, "deep.py", OPTIONS).report
+    assert report.kind in ALLOWED, f"{report.kind}: {report.error}"
+    assert report.not_compiling is None and report.not_idempotent is None
+    bound, brackets = nesting.estimate(src)
+    within = bound <= nesting.MAX_NESTING and brackets <= nesting.PYTHON_MAX_BRACKETS
+    event(f"{report.kind}, bound {'<= 300' if bound <= 300 else '<= 1000' if within else '> 1000'}")
+    if report.kind == corpus_run.REFUSED:
+        assert "too deeply nested" in report.error or "cannot parse" in report.error
+        # Refused only beyond the limits, or when Python itself rejects the text.
+        assert not within or _python_rejects(source), report.error
+    else:
+        assert within
+        # Safe to parse here: within the limit. The bound must hold for the real tree.
+        assert _tree_depth(cst.parse_module(src)) <= bound
