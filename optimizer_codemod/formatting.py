@@ -11,8 +11,11 @@ black-clean file stays black-clean either way. black is imported only when confi
 from __future__ import annotations
 
 import difflib
+import io
 import re
 import sys
+import token
+import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -159,7 +162,7 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
     if new.startswith(_BOM) and old.startswith(_BOM):
         # LibCST reads a text's BOM as an encoding mark and prints the module without it.
         return _BOM + wrap_long_calls(old[1:], new[1:], line_length)
-    limit = line_length or max([DEFAULT_LINE_LIMIT, *(len(line) for line in split_lines(old))])
+    limit = line_length or max(DEFAULT_LINE_LIMIT, _written_width(old))
     for _ in range(MAX_ROUNDS):
         lines = split_lines(new)
         changed = {
@@ -178,6 +181,28 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
             return new
         new = module.visit(_Relayout(plan)).code
     return new
+
+
+_UNSPLITTABLE_TOKENS = {
+    token.COMMENT,
+    token.STRING,
+    *(getattr(token, name, token.COMMENT) for name in ("FSTRING_START", "FSTRING_MIDDLE")),
+}
+
+
+def _written_width(text: str) -> int:
+    """The longest line of `text` that black would have split had it been too long: lines
+    holding a comment or a string (a docstring, a long message) are left long by black, so
+    they do not say the file is written to a wider limit."""
+    rows = split_lines(text)
+    unsplittable = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in _UNSPLITTABLE_TOKENS:
+                unsplittable.update(range(tok.start[0], tok.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        return max((len(line) for line in rows), default=0)
+    return max((len(line) for n, line in enumerate(rows, 1) if n not in unsplittable), default=0)
 
 
 def _may_join(lines: List[str], changed) -> bool:
@@ -275,6 +300,8 @@ class _Planner:
             where = self.positions[node]
             if where.end.line != line + 1 or not _can_explode(node) or _has_trailing_comma(node):
                 continue  # (a trailing comma: one element per line already)
+            if len(_elements(node)) < 2:
+                continue  # black splits a lone element within itself, never adding a comma
             closing = self.lines[line].lstrip()
             if self.lines[line - 2].rstrip().endswith(_opening(node)) and closing.startswith(
                 _closing(node)

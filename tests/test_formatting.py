@@ -81,10 +81,41 @@ def test_without_black_a_call_made_too_long_gets_one_argument_per_line(tmp_path:
 
 
 def test_without_black_a_file_written_wide_keeps_its_width() -> None:
-    wide = "x = 1  # " + "w" * 120 + "\n"
+    wide = "x = f(" + ", ".join(f"argument_{n}" for n in range(10)) + ")\n"  # 120 columns
     old = wide + "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)\n"
     new = old.replace("0.01)", "0.01, fused=True)")
     assert wrap_long_calls(old, new) == new
+
+
+@pytest.mark.parametrize(
+    "long_line",
+    [
+        '"""' + "A docstring line that black leaves as long as it is written." * 2 + '"""',
+        "# " + "a comment black leaves as long as it is written." * 2,
+        "x = 1  # " + "w" * 120,
+        'message = "' + "a string black cannot split " * 4 + '"',
+    ],
+)
+def test_long_comments_and_strings_do_not_widen_the_limit(long_line: str) -> None:
+    import black
+
+    old = (
+        long_line + "\n\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)\n"
+    )
+    new = old.replace("0.01)", "0.01, betas=(0.9, 0.95), fused=True)")
+    wrapped = wrap_long_calls(old, new)
+    assert wrapped != new
+    assert black.format_str(wrapped, mode=black.Mode()) == wrapped
+
+
+def test_a_lone_argument_still_too_long_gets_no_trailing_comma() -> None:
+    import black
+
+    old = 'for epoch in range(3):\n    print(f"epoch {epoch}: {100.0 * correct / seen:.2f}%")\n'
+    new = old.replace('%")', '% ({correct} of {seen}), a longer message than before")')
+    wrapped = wrap_long_calls(old, new)
+    assert wrapped.splitlines()[1] == "    print("
+    assert black.format_str(wrapped, mode=black.Mode()) == wrapped
 
 
 def test_wrapping_keeps_newlines_and_leaves_generator_arguments_alone() -> None:
