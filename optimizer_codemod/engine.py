@@ -8,7 +8,6 @@ a text LibCST cannot print back byte for byte is refused before anything is chan
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 import traceback
@@ -27,6 +26,7 @@ from optimizer_codemod.errors import (
     RuleBrokeOutputError,
 )
 from optimizer_codemod.fixes import apply_fixes, choose_compatible
+from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.noqa import is_suppressed, noqa_lines
 from optimizer_codemod.rule import Finding, Rule, Safety
 from optimizer_codemod.sources import check_reproducible, compile_check, parse_source
@@ -404,9 +404,7 @@ def _line_mapper(original: bytes, current: bytes) -> Callable[[int], int]:
         return lambda line: line
     old, new = original.splitlines(), current.splitlines()
     table: Dict[int, int] = {}
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(
-        None, old, new, autojunk=False
-    ).get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes(old, new):
         for j in range(j1, j2):
             if tag == "equal":
                 table[j + 1] = i1 + (j - j1) + 1

@@ -10,7 +10,6 @@ black-clean file stays black-clean either way. black is imported only when confi
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+from optimizer_codemod.linediff import opcodes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -101,12 +102,8 @@ def black_style_for(path: str) -> Optional[BlackStyle]:
 
 def changed_line_ranges(old: str, new: str) -> List[Tuple[int, int]]:
     """1-based inclusive ranges of lines in `new` that differ from `old`."""
-    matcher = difflib.SequenceMatcher(
-        None, old.splitlines(keepends=True), new.splitlines(keepends=True), autojunk=False
-    )
-    return [
-        (j1 + 1, j2) for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal" and j2 > j1
-    ]
+    codes = opcodes(old.splitlines(keepends=True), new.splitlines(keepends=True))
+    return [(j1 + 1, j2) for tag, _, _, j1, j2 in codes if tag != "equal" and j2 > j1]
 
 
 def format_changed_lines(old: str, new: str, style: BlackStyle) -> str:

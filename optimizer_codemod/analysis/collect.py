@@ -19,7 +19,9 @@ LoopNode = Union[cst.For, cst.While]
 FunctionNode = cst.FunctionDef
 
 
-@dataclass
+# Identity, not field-by-field, equality: one Loop per loop node, and `loop in site.loops`
+# is asked for every record of a file (a field comparison walks the chain of parents).
+@dataclass(eq=False)
 class Loop:
     node: LoopNode
     parent: Optional["Loop"]

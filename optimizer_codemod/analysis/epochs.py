@@ -63,17 +63,20 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
     training = facts.training_loops
     reaching = facts.functions_reaching_backward
     found = []
+    around_training = {id(inner.parent) for inner in training if inner.parent is not None}
+    training_ids = {id(inner) for inner in training}
     for loop in facts.records.loops:
         if not isinstance(loop.node, cst.For) or not loop.targets:
             continue
         # The nearest loop around the training loop; an outer one (over runs, folds) is not
         # an epoch loop.
-        encloses = any(inner.parent is loop for inner in training)
+        encloses = id(loop) in around_training
         calls_training = any(
-            callee_name(call.node) in reaching and call.site.loop is loop
-            for call in facts.loop_calls(loop)
+            callee_name(call.node) in reaching for call in facts.calls_directly_in(loop)
         )
-        full_batch = loop in training and any("epoch" in name.lower() for name in loop.targets)
+        full_batch = id(loop) in training_ids and any(
+            "epoch" in name.lower() for name in loop.targets
+        )
         if encloses or calls_training or full_batch:
             found.append(loop)
     return found
@@ -141,11 +144,7 @@ def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     """The loop's variables and the names its body computes from them (`step = epoch * n`);
     throwaway names (`_`, `__`, `_unused`) are never evidence."""
     names = {name for name in loop.targets if not is_throwaway(name)}
-    inside = [
-        a
-        for a in facts.records.assignments
-        if loop in a.site.loops and not a.augmented and "." not in a.target
-    ]
+    inside = [a for a in facts.assignments_in(loop) if not a.augmented and "." not in a.target]
     changed = True
     while changed:
         changed = False

@@ -41,9 +41,8 @@ def step_syncs(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
     per_step = every_iteration(loop)
     return [
         call
-        for call in facts.records.calls
-        if call.site.loop is loop
-        and call.site.statement in per_step
+        for call in facts.calls_directly_in(loop)
+        if call.site.statement in per_step
         and (
             (call.method in HOST_SYNC_METHODS and not call.node.args)
             or call.qualname in HOST_SYNC_FUNCTIONS
@@ -185,8 +184,8 @@ def backward_losses(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     """Names `x` with a bare `x.backward()` (or `scaler.scale(x).backward()`) in `loop`:
     scalar floating tensors."""
     found: Set[str] = set()
-    for call in facts.method_calls("backward"):
-        if call.site.loop is not loop or call.node.args:
+    for call in facts.calls_directly_in(loop):
+        if call.method != "backward" or call.node.args:
             continue
         receiver = call.node.func.value
         if (
@@ -207,8 +206,8 @@ def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
     losses = backward_losses(facts, loop)
     return [
         call
-        for call in facts.method_calls("item")
-        if call.site.loop is loop
+        for call in facts.calls_directly_in(loop)
+        if call.method == "item"
         and not call.node.args
         and call.receiver in losses
         and isinstance(call.node.func, cst.Attribute)

@@ -206,8 +206,8 @@ def _host_chain(
             if root is None:
                 return None
             pending.append(root)
-        for comprehension in facts.records.comprehensions:
-            if name in comprehension.targets and loop in comprehension.site.loops:
+        for comprehension in facts.comprehensions_in(loop):
+            if name in comprehension.targets:
                 if comprehension.site.statement is statement:
                     root = derived_root(comprehension.iter, names)
                 else:
@@ -235,8 +235,8 @@ def _written(
             continue
         if _IN_PLACE.match(call.method or "") and _base(call.node.func.value) in chain:
             return True
-    for assignment in facts.records.assignments:
-        if assignment.augmented and loop in assignment.site.loops:
+    for assignment in facts.assignments_in(loop):
+        if assignment.augmented:
             if assignment.site.statement is not statement and _base_of(assignment.target) in chain:
                 return True
     own = getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ()
@@ -251,8 +251,8 @@ def _written(
                 if _base(part) in chain:
                     return True
     # Rebound where the analysis records no assignment: an inner for, `with ... as`, `:=`.
-    for inner in facts.records.loops:
-        if loop in inner.ancestors and chain & set(inner.targets):
+    for inner in facts.loops_inside(loop):
+        if chain & set(inner.targets):
             return True
     for item, site in facts.records.with_items:
         if loop in site.loops and item.asname is not None:
@@ -298,9 +298,7 @@ def _element_of_batch(
     if name is None:
         return False
     bindings = [a for a in facts.assignments_to(name) if loop in a.site.loops]
-    comprehensions = [
-        c for c in facts.records.comprehensions if name in c.targets and loop in c.site.loops
-    ]
+    comprehensions = [c for c in facts.comprehensions_in(loop) if name in c.targets]
     if not bindings and not comprehensions:
         return False
     return all(not a.unpacked and isinstance(a.value, cst.Subscript) for a in bindings) and all(
