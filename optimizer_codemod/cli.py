@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 import click
 
 from optimizer_codemod import __version__
+from optimizer_codemod.cache import open_cache
 from optimizer_codemod.config import (
     RuleSelection,
     Settings,
@@ -101,6 +102,7 @@ def _settings_for(paths: Sequence[str], config: Optional[str]) -> Settings:
 @click.option("--stdin-filename", help="The path to report for `-` (stdin).")
 @click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache.")
 def apply(
     paths: Tuple[str, ...],
     diff: bool,
@@ -119,6 +121,7 @@ def apply(
     stdin_filename: Optional[str],
     quiet: bool,
     color: str,
+    no_cache: bool,
 ) -> None:
     """Rewrite PATHS (files, directories, or - for stdin) in place."""
     try:
@@ -137,7 +140,7 @@ def apply(
             _fail("`-` (stdin) cannot be combined with other paths", usage=True)
         _apply_stdin(settings, diff, check, stdin_filename or "-", output_format, quiet)
         return
-    mode = Mode(write=not (diff or check), diff=diff)
+    mode = Mode(write=not (diff or check), diff=diff, cache=open_cache(settings, not no_cache))
     found = discover(list(paths), settings)
     for missing in found.missing:
         click.echo(f"{missing}: no such file or directory", err=True)

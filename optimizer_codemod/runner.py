@@ -16,6 +16,7 @@ from optimizer_codemod.api import (
     rewrite_source,
     settle_without_parsing,
 )
+from optimizer_codemod.cache import Cache
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.edits import text_edits
@@ -31,6 +32,7 @@ class Mode:
     write: bool = True  # False under --check and --diff
     diff: bool = False
     keep_text: bool = False  # keep the new bytes (stdin mode)
+    cache: Optional[Cache] = None  # where outcomes are looked up and stored; None: nowhere
 
 
 def unified_diff(parts) -> str:
@@ -49,15 +51,35 @@ def unified_diff(parts) -> str:
 
 
 def process_bytes(src: bytes, path: str, settings: Settings, mode: Mode) -> FileOutcome:
-    outcome = FileOutcome(path=path)
     try:
-        result: SourceRewrite = rewrite_source(src, path, settings.options_for(path))
+        result = _cached_rewrite(src, path, settings, mode.cache)
     except OptcodemodError as error:
+        outcome = FileOutcome(path=path)
         outcome.error = error.with_path(error.path or path).render()
         return outcome
     except RecursionError:
-        outcome.error = f"{path}: too deeply nested for the parser; left untouched"
-        return outcome
+        return FileOutcome(
+            path=path, error=f"{path}: too deeply nested for the parser; left untouched"
+        )
+    return _outcome(result, path, mode)
+
+
+def _cached_rewrite(
+    src: bytes, path: str, settings: Settings, cache: Optional[Cache]
+) -> SourceRewrite:
+    key = cache.key(src, path, settings) if cache is not None else None
+    if key is not None:
+        hit = cache.get(key, src)
+        if hit is not None:
+            return hit
+    result = rewrite_source(src, path, settings.options_for(path))
+    if key is not None:
+        cache.put(key, result)
+    return result
+
+
+def _outcome(result: SourceRewrite, path: str, mode: Mode) -> FileOutcome:
+    outcome = FileOutcome(path=path)
     outcome.diagnostics = result.diagnostics
     outcome.changed = result.changed
     if result.skipped == "empty file":
@@ -93,21 +115,27 @@ def _worker(args) -> FileOutcome:
     return process_path(path, settings, mode)
 
 
-def _quick_outcome(path: str, settings: Settings) -> Optional[FileOutcome]:
-    """The outcome of a file the pre-filter settles without parsing, else None."""
+def _quick_outcome(path: str, settings: Settings, mode: Mode) -> Optional[FileOutcome]:
+    """The outcome of a file the cache or the pre-filter settles without parsing, else None."""
     try:
         src = read_bytes(path)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.render())
+    cache = mode.cache
+    key = cache.key(src, path, settings) if cache is not None else None
+    if key is not None:
+        hit = cache.get(key, src)
+        if hit is not None:
+            return _outcome(hit, path, mode)
     try:
         settled = settle_without_parsing(src, path, settings.rules_for(path))
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.with_path(error.path or path).render())
     if settled is None:
         return None
-    if settled.skipped == "empty file":
-        return FileOutcome(path=path, warning=f"{path}: empty file, nothing to do")
-    return FileOutcome(path=path)
+    if key is not None:
+        cache.put(key, settled)
+    return _outcome(settled, path, mode)
 
 
 def run(
@@ -121,7 +149,7 @@ def run(
     outcomes: dict = {}
     candidates: List[str] = []
     for path in paths:
-        quick = _quick_outcome(path, settings)
+        quick = _quick_outcome(path, settings, mode)
         if quick is None:
             candidates.append(path)
         else:
