@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from optimizer_codemod.analysis.walk import walk
 from optimizer_codemod.diagnostics import Diagnostic, Status
 from optimizer_codemod.errors import (
     NonConvergenceError,
@@ -294,7 +295,7 @@ def _visit_batched(wrapper: MetadataWrapper, rules: Sequence[Rule]) -> None:
             for method in table.get("leave_Module", ()):
                 method(wrapper.module)
         else:
-            wrapper.module.visit(_BatchedVisitor(table))
+            walk(wrapper.module, _BatchedVisitor(table))
 
 
 MODULE_METHODS = frozenset({"visit_Module", "leave_Module"})

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.linediff import opcodes
 
 if sys.version_info >= (3, 11):
@@ -388,7 +389,7 @@ def _walk(node: cst.CSTNode):
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(children(current))
 
 
 def _line_break(indent: str) -> cst.ParenthesizedWhitespace:

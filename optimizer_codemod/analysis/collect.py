@@ -14,6 +14,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import method_name
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+from optimizer_codemod.analysis.walk import walk
 
 LoopNode = Union[cst.For, cst.While]
 FunctionNode = cst.FunctionDef
@@ -336,7 +337,7 @@ class Collector(cst.CSTVisitor):
 
 def collect(module: cst.Module) -> Records:
     collector = Collector()
-    module.visit(collector)
+    walk(module, collector)
     # Qualified names depend on every import, including ones below first use; resolve again.
     imports = collector.records.imports
     for call in collector.records.calls:

@@ -18,6 +18,7 @@ from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -100,7 +101,7 @@ def containing_body(root: cst.CSTNode, statement: cst.BaseStatement) -> Optional
             s is statement for s in node.body
         ):
             return node
-        stack.extend(node.children)
+        stack.extend(children(node))
     return None
 
 
@@ -191,9 +192,9 @@ def _reads_and_binds(tree: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
                 binds.add((dotted_name(bound) or "").split(".")[0])
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             binds.add(node.name.value)
-            stack.extend(c for c in node.children if c is not node.name)
+            stack.extend(c for c in children(node) if c is not node.name)
         else:
-            stack.extend(node.children)
+            stack.extend(children(node))
     return reads, binds
 
 
@@ -210,7 +211,7 @@ def _breaks_out(block: cst.BaseSuite, kind: type = cst.Break) -> bool:
             continue
         if isinstance(node, _SCOPES):
             continue
-        stack.extend(node.children)
+        stack.extend(children(node))
     return False
 
 
@@ -233,11 +234,11 @@ def _movable(statement: cst.BaseStatement) -> bool:
             )
             if node.orelse is not None:
                 stack.append(node.orelse)
-            stack.extend(c for c in node.children if c is not node.body and c is not node.orelse)
+            stack.extend(c for c in children(node) if c is not node.body and c is not node.orelse)
             continue
         if isinstance(node, cst.Lambda):
             continue
-        stack.extend(node.children)
+        stack.extend(children(node))
     return True
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Type
 
 import libcst as cst
+from optimizer_codemod.analysis.walk import children
 
 
 def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
@@ -19,7 +20,7 @@ def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
         node = stack.pop()
         if isinstance(node, types):
             found.append(node)
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(children(node)))
     return found
 
 

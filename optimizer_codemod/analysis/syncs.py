@@ -20,6 +20,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import method_name
 from optimizer_codemod.analysis.collect import CallSite, Loop
 from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.walk import children, walk
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -86,7 +87,7 @@ def name_uses(scope: Scope, name: str) -> List[NameUse]:
     own variable and are skipped; other nested occurrences are marked `nested`.
     """
     visitor = _NameUses(name, scope)
-    scope.visit(visitor)
+    walk(scope, visitor)
     return visitor.uses
 
 
@@ -144,10 +145,10 @@ class _NameUses(cst.CSTVisitor):
             self._stores.update(_bound_names(node.asname.name if node.asname else node.name))
         elif isinstance(node, (cst.Attribute)):
             # `x.running` is no use of the variable `running`.
-            node.value.visit(self)
+            walk(node.value, self)
             return False
         elif isinstance(node, cst.Arg) and node.keyword is not None:
-            node.value.visit(self)
+            walk(node.value, self)
             return False
         elif isinstance(node, cst.Name) and node.value == self.name:
             self.uses.append(NameUse(node, node in self._stores, self._depth > 0))
@@ -356,7 +357,7 @@ def _parents(scope: Scope) -> dict:
     stack: List[cst.CSTNode] = [scope]
     while stack:
         current = stack.pop()
-        for child in current.children:
+        for child in children(current):
             parents[child] = current
             stack.append(child)
     return parents

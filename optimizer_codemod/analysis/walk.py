@@ -1,0 +1,163 @@
+"""Walking a LibCST tree without rebuilding it.
+
+`node.visit(visitor)` and `node.children` go through `_visit_and_replace_children`, which
+constructs (and validates) a new copy of every node it passes, even for a read-only visitor:
+a visit costs about as much as parsing the file again. These functions read the same fields
+in the same order and call the visitor's hooks exactly as LibCST does (`on_visit`,
+`on_visit_attribute`, `on_leave_attribute`, `on_leave`, and through them `visit_<Node>`,
+`visit_<Node>_<field>`, `leave_...`), but build nothing.
+
+The order of a node type's fields is read once from its `_visit_and_replace_children`: the
+`visit_*(self, "field", ...)` calls it makes, in order. A field visited only under a condition
+(`format_spec` when it is not None) gets no attribute events when it is None, as in LibCST.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+_VISIT_FUNCTIONS = frozenset(
+    {
+        "visit_required",
+        "visit_optional",
+        "visit_sentinel",
+        "visit_sequence",
+        "visit_iterable",
+        "visit_body_sequence",
+        "visit_body_iterable",
+    }
+)
+# (field name, visited only when not None) in visiting order, per node type.
+_FIELDS: Dict[type, Tuple[Tuple[str, bool], ...]] = {}
+
+
+def fields(cls: type) -> Tuple[Tuple[str, bool], ...]:
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = _FIELDS[cls] = _read_fields(cls)
+    return found
+
+
+def _read_fields(cls: type) -> Tuple[Tuple[str, bool], ...]:
+    source = textwrap.dedent(inspect.getsource(cls._visit_and_replace_children))
+    order: List[Tuple[Tuple[int, int], str, bool]] = []
+
+    def scan(node: ast.AST, conditional: bool) -> None:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _VISIT_FUNCTIONS
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            order.append(((node.lineno, node.col_offset), node.args[1].value, conditional))
+        for child in ast.iter_child_nodes(node):
+            scan(child, conditional or isinstance(node, (ast.IfExp, ast.If)))
+
+    scan(ast.parse(source), False)
+    seen: Dict[str, bool] = {}
+    for _, name, conditional in sorted(order):
+        # `names` of an ImportFrom is visited by one of two calls: one field, either way.
+        seen[name] = seen.get(name, False) or conditional
+    return tuple(seen.items())
+
+
+def children(node: cst.CSTNode) -> List[cst.CSTNode]:
+    """`node.children`: the nodes directly under `node`, in source order."""
+    found: List[cst.CSTNode] = []
+    for name, _ in fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found.extend(value)
+    return found
+
+
+class _Hooks:
+    """How a visitor class is called: its own on_* overrides, or its visit_/leave_ methods."""
+
+    def __init__(self, visitor_class: type) -> None:
+        self.cls = visitor_class
+        base = cst.CSTVisitor
+        self.custom_visit = visitor_class.on_visit is not base.on_visit
+        self.custom_leave = visitor_class.on_leave is not base.on_leave
+        self.custom_attributes = (
+            visitor_class.on_visit_attribute is not base.on_visit_attribute
+            or visitor_class.on_leave_attribute is not base.on_leave_attribute
+        )
+        self._names: Dict[Tuple[type, str], Tuple[Optional[str], Optional[str]]] = {}
+
+    def methods(self, node_type: type, field: str) -> Tuple[Optional[str], Optional[str]]:
+        """The visitor's visit_/leave_ method names for `node_type` (field "" for the node)."""
+        key = (node_type, field)
+        found = self._names.get(key)
+        if found is None:
+            suffix = f"{node_type.__name__}_{field}" if field else node_type.__name__
+            visit, leave = f"visit_{suffix}", f"leave_{suffix}"
+            found = self._names[key] = (
+                visit if _defined(self.cls, visit) else None,
+                leave if _defined(self.cls, leave) else None,
+            )
+        return found
+
+
+def _defined(visitor_class: type, name: str) -> bool:
+    method = getattr(visitor_class, name, None)
+    # CSTTypedVisitorFunctions defines every visit_/leave_ as an empty stub.
+    return method is not None and not getattr(method, "_is_no_op", False)
+
+
+_HOOKS: Dict[type, _Hooks] = {}
+
+
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """`node.visit(visitor)` for a read-only visitor, without rebuilding the tree."""
+    hooks = _HOOKS.get(type(visitor))
+    if hooks is None:
+        hooks = _HOOKS[type(visitor)] = _Hooks(type(visitor))
+    _walk(node, visitor, hooks)
+
+
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
+    node_type = type(node)
+    if hooks.custom_visit:
+        descend = visitor.on_visit(node)
+    else:
+        visit, _ = hooks.methods(node_type, "")
+        descend = visit is None or getattr(visitor, visit)(node) is not False
+    if descend:
+        for name, conditional in fields(node_type):
+            value = getattr(node, name)
+            if conditional and value is None:
+                continue
+            if hooks.custom_attributes:
+                visitor.on_visit_attribute(node, name)
+                _children(value, visitor, hooks)
+                visitor.on_leave_attribute(node, name)
+                continue
+            visit, leave = hooks.methods(node_type, name)
+            if visit is not None:
+                getattr(visitor, visit)(node)
+            _children(value, visitor, hooks)
+            if leave is not None:
+                getattr(visitor, leave)(node)
+    if hooks.custom_leave:
+        visitor.on_leave(node)
+    else:
+        _, leave = hooks.methods(node_type, "")
+        if leave is not None:
+            getattr(visitor, leave)(node)
+
+
+def _children(value, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
+    if isinstance(value, cst.CSTNode):
+        _walk(value, visitor, hooks)
+    elif isinstance(value, (tuple, list)):
+        for child in value:
+            _walk(child, visitor, hooks)
