@@ -17,7 +17,7 @@ from functools import cached_property, lru_cache
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
 from optimizer_codemod.analysis.walk import walk
 from optimizer_codemod.diagnostics import Diagnostic, Status
@@ -29,6 +29,7 @@ from optimizer_codemod.errors import (
 from optimizer_codemod.fixes import apply_fixes, choose_compatible
 from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.noqa import is_suppressed, noqa_lines
+from optimizer_codemod.positions import positions
 from optimizer_codemod.rule import Finding, Rule, Safety
 from optimizer_codemod.sources import check_reproducible, compile_check, parse_source
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
@@ -178,7 +179,7 @@ class _Fixpoint:
                 check_reproducible(self.original, self.src, self.path)
             applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
             chosen = choose_compatible(applicable, positions)
-            new_module, new_code = self._apply_verified(module, chosen)
+            new_module, new_code = self._apply_verified(module, chosen, positions)
             fixed.extend(self._diagnostic(f, positions, line_map, Status.FIXED) for f in chosen)
             if new_code in seen:
                 codes = sorted({f.rule.code for f in chosen})
@@ -214,16 +215,19 @@ class _Fixpoint:
         return [finding for rule in rules for finding in rule.findings]
 
     def _apply_verified(
-        self, module: cst.Module, chosen: List[Finding]
+        self, module: cst.Module, chosen: List[Finding], positions
     ) -> Tuple[cst.Module, bytes]:
-        problem = _try_apply(module, chosen, self.path)
+        problem = _try_apply(module, chosen, self.path, positions)
         if isinstance(problem, tuple):
             return problem
         culprits = [
             code
             for code in sorted({f.rule.code for f in chosen})
             if not isinstance(
-                _try_apply(module, [f for f in chosen if f.rule.code == code], self.path), tuple
+                _try_apply(
+                    module, [f for f in chosen if f.rule.code == code], self.path, positions
+                ),
+                tuple,
             )
         ] or sorted({f.rule.code for f in chosen})
         raise RuleBrokeOutputError(
@@ -369,13 +373,20 @@ def _start(code_range) -> Tuple[int, int]:
 
 
 def _positions(module: cst.Module, findings: Iterable[Finding]):
-    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    """The ranges of the findings' nodes, their edits' nodes and the top-level statements
+    (which hold the edits, fixes.apply_fixes): the only ones a pass reports or edits."""
+    wanted: List[cst.CSTNode] = list(module.body)
+    for finding in findings:
+        wanted.append(finding.node)
+        for edit in finding.fix.edits if finding.fix else ():
+            wanted.append(getattr(edit, "node", None) or edit.anchor)
+    return positions(module, wanted)
 
 
-def _try_apply(module: cst.Module, chosen: List[Finding], path: str):
+def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=None):
     """(new module, new code) when the fixes produce valid code, else the problem's text."""
     try:
-        new_module = apply_fixes(module, [f.fix for f in chosen])
+        new_module = apply_fixes(module, [f.fix for f in chosen], positions)
         new_code = new_module.bytes
     except Exception as exc:  # a fix that builds an invalid tree
         return f"{type(exc).__name__}: {exc}"

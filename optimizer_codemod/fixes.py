@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from bisect import bisect_right
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -64,17 +65,62 @@ class _EditApplier(cst.CSTTransformer):
         super().__init__()
         self._replacements = replacements
         self._inserts = inserts
+        self.applied = 0
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         if original_node in self._replacements:
+            self.applied += 1
             return self._replacements[original_node]
         if original_node in self._inserts:
+            self.applied += 1
             before, after = self._inserts[original_node]
             return cst.FlattenSentinel([*before, updated_node, *after])
         return updated_node
 
 
-def apply_fixes(module: cst.Module, fixes: Iterable[Fix]) -> cst.Module:
+def _edited_statements(
+    module: cst.Module, targets: Iterable[cst.CSTNode], positions: Mapping[cst.CSTNode, CodeRange]
+) -> Optional[Set[int]]:
+    """Indices of the top-level statements whose ranges hold the targets; None when some
+    target lies in none of them (a comment between statements, the module itself)."""
+    starts = [span(positions[statement]) for statement in module.body]
+    found: Set[int] = set()
+    for target in targets:
+        where = span(positions[target])
+        index = bisect_right(starts, (where[0], (1 << 62, 0))) - 1
+        if index < 0 or not _contains(starts[index], where):
+            return None
+        found.add(index)
+    return found
+
+
+def _transform_statements(
+    module: cst.Module, indices: Set[int], applier: _EditApplier
+) -> cst.Module:
+    body: List[cst.BaseStatement] = []
+    for index, statement in enumerate(module.body):
+        if index not in indices:
+            body.append(statement)
+            continue
+        result = statement.visit(applier)
+        if isinstance(result, cst.FlattenSentinel):
+            body.extend(result)
+        elif not isinstance(result, cst.RemovalSentinel):
+            body.append(result)
+    return module.with_changes(body=body)
+
+
+def apply_fixes(
+    module: cst.Module,
+    fixes: Iterable[Fix],
+    positions: Optional[Mapping[cst.CSTNode, CodeRange]] = None,
+) -> cst.Module:
+    """`module` with the fixes' edits made (and their imports added).
+
+    With `positions`, only the top-level statements that hold an edit are transformed, the
+    others kept as they are: a transform rebuilds every node it passes, which on a long file
+    costs about as much as parsing it.
+    """
     replacements: Dict[cst.CSTNode, object] = {}
     inserts: Dict[cst.CSTNode, tuple] = {}
     imports = []
@@ -86,7 +132,20 @@ def apply_fixes(module: cst.Module, fixes: Iterable[Fix]) -> cst.Module:
             else:
                 before, after = inserts.get(edit.anchor, ((), ()))
                 inserts[edit.anchor] = (before + tuple(edit.before), after + tuple(edit.after))
-    new_module = module.visit(_EditApplier(replacements, inserts))
+    applier = _EditApplier(replacements, inserts)
+    indices = (
+        _edited_statements(module, [*replacements, *inserts], positions)
+        if positions is not None
+        else None
+    )
+    new_module = None
+    if indices is not None:
+        new_module = _transform_statements(module, indices, applier)
+        if applier.applied != len(replacements) + len(inserts):
+            new_module = None  # an edit outside the statements found: edit the whole tree
+    if new_module is None:
+        applier = _EditApplier(replacements, inserts)
+        new_module = module.visit(applier)
     if imports:
         # Imported here: libcst.codemod pulls in libcst.matchers (~150 ms at start-up), and
         # most runs add no import.

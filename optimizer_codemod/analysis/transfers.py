@@ -336,6 +336,31 @@ def _parameter_names(function: cst.FunctionDef) -> List[str]:
     return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
 
 
+def _calls_by_callee(facts: "ScriptFacts") -> Dict[str, List[CallSite]]:
+    """Calls `f(...)` by `f`, and `self.f(...)`/`cls.f(...)` by `f`, in source order."""
+    memo = facts.memo("calls_by_callee")
+    if "table" not in memo:
+        table: Dict[str, List[CallSite]] = {}
+        for call in facts.records.calls:
+            if isinstance(call.node.func, cst.Name):
+                table.setdefault(call.node.func.value, []).append(call)
+            elif call.method is not None and call.receiver in ("self", "cls"):
+                table.setdefault(call.method, []).append(call)
+        memo["table"] = table
+    return memo["table"]
+
+
+def _mentions(facts: "ScriptFacts") -> Dict[str, int]:
+    """How many times each name is written in the file (one walk per pass, asked per copy)."""
+    memo = facts.memo("name_mentions")
+    if "counts" not in memo:
+        counts: Dict[str, int] = {}
+        for node in find_all(facts.module, cst.Name):
+            counts[node.value] = counts.get(node.value, 0) + 1
+        memo["counts"] = counts
+    return memo["counts"]
+
+
 def parameter_values(
     facts: "ScriptFacts", function: cst.FunctionDef, name: str
 ) -> Optional[Sequence[cst.BaseExpression]]:
@@ -356,17 +381,11 @@ def parameter_values(
         ),
         None,
     )
-    callers = [
-        call
-        for call in facts.records.calls
-        if (isinstance(call.node.func, cst.Name) and call.node.func.value == function.name.value)
-        or (call.method == function.name.value and call.receiver in ("self", "cls"))
-    ]
+    callers = list(_calls_by_callee(facts).get(function.name.value, ()))
     if not callers or facts.assignments_to(function.name.value):
         return None
     # Used other than by these calls (passed to a thread, stored): its callers are unknown.
-    mentions = [n for n in find_all(facts.module, cst.Name) if n.value == function.name.value]
-    if len(mentions) > len(callers) + 1:
+    if _mentions(facts).get(function.name.value, 0) > len(callers) + 1:
         return None
     values: List[cst.BaseExpression] = []
     for caller in callers:
