@@ -20,6 +20,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from optimizer_codemod.analysis.walk import walk
+from optimizer_codemod.chunks import PieceCache, parse_in_pieces
 from optimizer_codemod.diagnostics import Diagnostic, Status
 from optimizer_codemod.errors import (
     NonConvergenceError,
@@ -130,12 +131,26 @@ def may_contain_findings(src: bytes, rules: Sequence[type]) -> bool:
 
 def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
     """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem."""
-    module = parse_source(src, path)
-    return _Fixpoint(src, module, path, options).run()
+    pieces = PieceCache()
+    module = parse_in_pieces(src, pieces)
+    if module is None:
+        return _Fixpoint(src, parse_source(src, path), path, options, pieces).run()
+    # Every piece was checked to print back its own text: so does the whole.
+    return _Fixpoint(src, module, path, options, pieces, reproducible=True).run()
 
 
 class _Fixpoint:
-    def __init__(self, src: bytes, module: cst.Module, path: str, options: RewriteOptions):
+    def __init__(
+        self,
+        src: bytes,
+        module: cst.Module,
+        path: str,
+        options: RewriteOptions,
+        pieces: Optional[PieceCache] = None,
+        reproducible: bool = False,
+    ):
+        self.pieces = pieces
+        self.reproducible = reproducible
         self.src = src
         self.original = module
         self.path = path
@@ -175,7 +190,7 @@ class _Fixpoint:
                     codes,
                     self.path,
                 )
-            if module is self.original:
+            if module is self.original and not self.reproducible:
                 check_reproducible(self.original, self.src, self.path)
             applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
             chosen = choose_compatible(applicable, positions)
@@ -217,7 +232,7 @@ class _Fixpoint:
     def _apply_verified(
         self, module: cst.Module, chosen: List[Finding], positions
     ) -> Tuple[cst.Module, bytes]:
-        problem = _try_apply(module, chosen, self.path, positions)
+        problem = _try_apply(module, chosen, self.path, positions, self.pieces)
         if isinstance(problem, tuple):
             return problem
         culprits = [
@@ -225,7 +240,11 @@ class _Fixpoint:
             for code in sorted({f.rule.code for f in chosen})
             if not isinstance(
                 _try_apply(
-                    module, [f for f in chosen if f.rule.code == code], self.path, positions
+                    module,
+                    [f for f in chosen if f.rule.code == code],
+                    self.path,
+                    positions,
+                    self.pieces,
                 ),
                 tuple,
             )
@@ -383,7 +402,7 @@ def _positions(module: cst.Module, findings: Iterable[Finding]):
     return positions(module, wanted)
 
 
-def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=None):
+def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=None, pieces=None):
     """(new module, new code) when the fixes produce valid code, else the problem's text."""
     try:
         new_module = apply_fixes(module, [f.fix for f in chosen], positions)
@@ -393,6 +412,11 @@ def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=N
     ok, error = compile_check(new_code, path)
     if not ok:
         return f"does not compile: {error}"
+    # A long output is parsed piece by piece, and only the pieces a fix changed: the same
+    # tree, verified to print back the same (chunks.py).
+    reparsed = parse_in_pieces(new_code, pieces) if pieces is not None else None
+    if reparsed is not None:
+        return reparsed, new_code
     try:
         reparsed = cst.parse_module(new_code)
     except Exception as exc:
