@@ -25,7 +25,7 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, Status

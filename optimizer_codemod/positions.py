@@ -80,14 +80,15 @@ class _WantedState(_State):
     (a block's range ends where its last statement ends): those are named when the wanted
     node's code begins, before their own."""
 
-    wanted: Set[cst.CSTNode]
+    # By id(): CSTNode's __hash__ is a Python function, and this is asked of every node.
+    wanted: Set[int]
 
     def before_codegen(self, node: cst.CSTNode) -> None:
-        if node in self.wanted:
+        if id(node) in self.wanted:
             self._stack.append(CodePosition(self.line, self.column))
 
     def after_codegen(self, node: cst.CSTNode) -> None:
-        if node in self.wanted:
+        if id(node) in self.wanted:
             start = self._stack.pop()
             if node not in self.provider._computed:
                 end = CodePosition(self.line, self.column)
@@ -100,11 +101,11 @@ class _WantedState(_State):
         start_node: Optional[cst.CSTNode] = None,
         end_node: Optional[cst.CSTNode] = None,
     ):
-        if node not in self.wanted:
+        if id(node) not in self.wanted:
             return _NOTHING
         for other in (start_node, end_node):
             if other is not None:
-                self.wanted.add(other)
+                self.wanted.add(id(other))
         return _Syntactic(self, node, start_node, end_node)
 
 
@@ -121,7 +122,8 @@ def positions(
         provider=provider,
     )
     if wanted is not None:
-        state.wanted = set(wanted)
+        wanted = list(wanted)
+        state.wanted = {id(node) for node in wanted}
     module._codegen(state)
     computed = provider._computed
     if wanted is not None:

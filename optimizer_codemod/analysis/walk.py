@@ -67,14 +67,33 @@ def _read_fields(cls: type) -> Tuple[Tuple[str, bool], ...]:
     return tuple(seen.items())
 
 
+# What a field holds, by the type of its value: a node (1), a sequence of nodes (2), or
+# neither (0: None, MaybeSentinel, a string). isinstance against CSTNode, an abstract base
+# class, is several times slower than this lookup, and it ran for every field of every node.
+_KINDS: Dict[type, int] = {}
+
+
+def _kind(value_type: type) -> int:
+    kind = _KINDS.get(value_type)
+    if kind is None:
+        kind = _KINDS[value_type] = (
+            1 if issubclass(value_type, cst.CSTNode) else 2 if value_type in (tuple, list) else 0
+        )
+    return kind
+
+
 def children(node: cst.CSTNode) -> List[cst.CSTNode]:
     """`node.children`: the nodes directly under `node`, in source order."""
     found: List[cst.CSTNode] = []
+    kinds = _KINDS
     for name, _ in fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = kinds.get(type(value))
+        if kind is None:
+            kind = _kind(type(value))
+        if kind == 1:
             found.append(value)
-        elif isinstance(value, (tuple, list)):
+        elif kind == 2:
             found.extend(value)
     return found
 
@@ -85,8 +104,13 @@ class _Hooks:
     def __init__(self, visitor_class: type) -> None:
         self.cls = visitor_class
         base = cst.CSTVisitor
-        self.custom_visit = visitor_class.on_visit is not base.on_visit
-        self.custom_leave = visitor_class.on_leave is not base.on_leave
+        # A visitor that needs to see every node may define _walk_enter/_walk_leave, called
+        # around the visit_/leave_ methods, instead of overriding on_visit/on_leave (which
+        # then dispatch by formatting a method name per node).
+        self.enter = getattr(visitor_class, "_walk_enter", None)
+        self.leave = getattr(visitor_class, "_walk_leave", None)
+        self.custom_visit = visitor_class.on_visit is not base.on_visit and self.enter is None
+        self.custom_leave = visitor_class.on_leave is not base.on_leave and self.leave is None
         self.custom_attributes = (
             visitor_class.on_visit_attribute is not base.on_visit_attribute
             or visitor_class.on_leave_attribute is not base.on_leave_attribute
@@ -126,6 +150,8 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
     node_type = type(node)
+    if hooks.enter is not None:
+        hooks.enter(visitor, node)
     if hooks.custom_visit:
         descend = visitor.on_visit(node)
     else:
@@ -153,11 +179,16 @@ def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
         _, leave = hooks.methods(node_type, "")
         if leave is not None:
             getattr(visitor, leave)(node)
+    if hooks.leave is not None:
+        hooks.leave(visitor, node)
 
 
 def _children(value, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
-    if isinstance(value, cst.CSTNode):
+    kind = _KINDS.get(type(value))
+    if kind is None:
+        kind = _kind(type(value))
+    if kind == 1:
         _walk(value, visitor, hooks)
-    elif isinstance(value, (tuple, list)):
+    elif kind == 2:
         for child in value:
             _walk(child, visitor, hooks)
