@@ -30,7 +30,7 @@ from optimizer_codemod.errors import (
 from optimizer_codemod.fixes import apply_fixes, choose_compatible
 from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.noqa import is_suppressed, noqa_lines
-from optimizer_codemod.positions import positions
+from optimizer_codemod.positions import positions_and_code
 from optimizer_codemod.rule import Finding, Rule, Safety
 from optimizer_codemod.sources import check_reproducible, compile_check, parse_source
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
@@ -163,7 +163,7 @@ class _Fixpoint:
         seen = {code}
         for pass_number in range(1, MAX_PASSES + 2):
             findings = self._findings(module, code)
-            positions = _positions(module, findings) if findings else {}
+            positions, printed = _positions(module, findings) if findings else ({}, None)
             _check_nodes_are_in_the_tree(findings, positions, self.path)
             noqa = _noqa_map(module, code) if findings else {}
             findings = [
@@ -191,7 +191,9 @@ class _Fixpoint:
                     self.path,
                 )
             if module is self.original and not self.reproducible:
-                check_reproducible(self.original, self.src, self.path)
+                check_reproducible(
+                    self.original, self.src, self.path, printed.encode(module.encoding)
+                )
             applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
             chosen = choose_compatible(applicable, positions)
             new_module, new_code = self._apply_verified(module, chosen, positions)
@@ -393,13 +395,14 @@ def _start(code_range) -> Tuple[int, int]:
 
 def _positions(module: cst.Module, findings: Iterable[Finding]):
     """The ranges of the findings' nodes, their edits' nodes and the top-level statements
-    (which hold the edits, fixes.apply_fixes): the only ones a pass reports or edits."""
+    (which hold the edits, fixes.apply_fixes): the only ones a pass reports or edits; and
+    the module's text, printed by the same code generation."""
     wanted: List[cst.CSTNode] = list(module.body)
     for finding in findings:
         wanted.append(finding.node)
         for edit in finding.fix.edits if finding.fix else ():
             wanted.append(getattr(edit, "node", None) or edit.anchor)
-    return positions(module, wanted)
+    return positions_and_code(module, wanted)
 
 
 def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=None, pieces=None):

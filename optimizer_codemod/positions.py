@@ -10,7 +10,7 @@ without the empty visit and with cheaper bookkeeping.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional, Set
+from typing import Dict, Iterable, Optional, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, PositionProvider
@@ -114,6 +114,13 @@ def positions(
 ) -> Dict[cst.CSTNode, CodeRange]:
     """The range of every node of `module` (as PositionProvider defines it), or of the
     `wanted` ones that are in it (a node that is not in the tree gets none)."""
+    return positions_and_code(module, wanted)[0]
+
+
+def positions_and_code(
+    module: cst.Module, wanted: Optional[Iterable[cst.CSTNode]] = None
+) -> Tuple[Dict[cst.CSTNode, CodeRange], str]:
+    """`positions`, and `module.code`: the text the same code generation printed."""
     provider = PositionProvider()
     state_class = _State if wanted is None else _WantedState
     state = state_class(
@@ -125,8 +132,9 @@ def positions(
         wanted = list(wanted)
         state.wanted = {id(node) for node in wanted}
     module._codegen(state)
+    code = "".join(state.tokens)
     computed = provider._computed
     if wanted is not None:
         # Nodes added along the way are not asked for.
-        return {node: computed[node] for node in wanted if node in computed}
-    return computed
+        return {node: computed[node] for node in wanted if node in computed}, code
+    return computed, code

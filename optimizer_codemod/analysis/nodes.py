@@ -16,11 +16,15 @@ def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
     """Every node of one of `types` in `tree` (the tree itself included), in source order."""
     found: List[cst.CSTNode] = []
     stack = [tree]
+    pop, push = stack.pop, stack.extend
     while stack:
-        node = stack.pop()
+        node = pop()
         if isinstance(node, types):
             found.append(node)
-        stack.extend(reversed(children(node)))
+        below = children(node)
+        if below:
+            below.reverse()
+            push(below)
     return found
 
 

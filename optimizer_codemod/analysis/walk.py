@@ -17,7 +17,8 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from typing import Dict, List, Optional, Tuple
+from operator import attrgetter
+from typing import Callable, Dict, List, Optional, Tuple
 
 import libcst as cst
 
@@ -82,12 +83,32 @@ def _kind(value_type: type) -> int:
     return kind
 
 
+# The values of a node type's fields in visiting order, read by one C call.
+_GETTERS: Dict[type, Callable[[cst.CSTNode], tuple]] = {}
+
+
+def _getter(node_type: type) -> Callable[[cst.CSTNode], tuple]:
+    getter = _GETTERS.get(node_type)
+    if getter is None:
+        names = [name for name, _ in fields(node_type)]
+        if len(names) > 1:
+            getter = attrgetter(*names)
+        elif names:
+            single = attrgetter(names[0])
+            getter = lambda node: (single(node),)  # noqa: E731
+        else:
+            getter = lambda node: ()  # noqa: E731
+        _GETTERS[node_type] = getter
+    return getter
+
+
 def children(node: cst.CSTNode) -> List[cst.CSTNode]:
     """`node.children`: the nodes directly under `node`, in source order."""
+    node_type = type(node)
+    getter = _GETTERS.get(node_type) or _getter(node_type)
     found: List[cst.CSTNode] = []
     kinds = _KINDS
-    for name, _ in fields(type(node)):
-        value = getattr(node, name)
+    for value in getter(node):
         kind = kinds.get(type(value))
         if kind is None:
             kind = _kind(type(value))
@@ -115,20 +136,33 @@ class _Hooks:
             visitor_class.on_visit_attribute is not base.on_visit_attribute
             or visitor_class.on_leave_attribute is not base.on_leave_attribute
         )
-        self._names: Dict[Tuple[type, str], Tuple[Optional[str], Optional[str]]] = {}
+        self.plans: Dict[type, tuple] = {}
 
-    def methods(self, node_type: type, field: str) -> Tuple[Optional[str], Optional[str]]:
-        """The visitor's visit_/leave_ method names for `node_type` (field "" for the node)."""
-        key = (node_type, field)
-        found = self._names.get(key)
-        if found is None:
-            suffix = f"{node_type.__name__}_{field}" if field else node_type.__name__
-            visit, leave = f"visit_{suffix}", f"leave_{suffix}"
-            found = self._names[key] = (
-                visit if _defined(self.cls, visit) else None,
-                leave if _defined(self.cls, leave) else None,
-            )
+    def plan(self, node_type: type) -> tuple:
+        """(visit method name, leave method name, field getter, per-field plan or None):
+        the per-field plan, (name, conditional, visit name, leave name) for each field, is
+        None when the visitor has no method for any of this type's fields."""
+        visit, leave = self._methods(node_type.__name__)
+        per_field = []
+        observed = self.custom_attributes
+        for name, conditional in fields(node_type):
+            field_visit, field_leave = self._methods(f"{node_type.__name__}_{name}")
+            observed = observed or field_visit is not None or field_leave is not None
+            per_field.append((name, conditional, field_visit, field_leave))
+        found = self.plans[node_type] = (
+            visit,
+            leave,
+            _getter(node_type),
+            tuple(per_field) if observed else None,
+        )
         return found
+
+    def _methods(self, suffix: str) -> Tuple[Optional[str], Optional[str]]:
+        visit, leave = f"visit_{suffix}", f"leave_{suffix}"
+        return (
+            visit if _defined(self.cls, visit) else None,
+            leave if _defined(self.cls, leave) else None,
+        )
 
 
 def _defined(visitor_class: type, name: str) -> bool:
@@ -150,35 +184,37 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
     node_type = type(node)
+    plan = hooks.plans.get(node_type) or hooks.plan(node_type)
+    visit, leave, getter, per_field = plan
     if hooks.enter is not None:
         hooks.enter(visitor, node)
     if hooks.custom_visit:
         descend = visitor.on_visit(node)
     else:
-        visit, _ = hooks.methods(node_type, "")
         descend = visit is None or getattr(visitor, visit)(node) is not False
     if descend:
-        for name, conditional in fields(node_type):
-            value = getattr(node, name)
-            if conditional and value is None:
-                continue
-            if hooks.custom_attributes:
-                visitor.on_visit_attribute(node, name)
+        values = getter(node)
+        if per_field is None:
+            for value in values:
                 _children(value, visitor, hooks)
-                visitor.on_leave_attribute(node, name)
-                continue
-            visit, leave = hooks.methods(node_type, name)
-            if visit is not None:
-                getattr(visitor, visit)(node)
-            _children(value, visitor, hooks)
-            if leave is not None:
-                getattr(visitor, leave)(node)
+        else:
+            for value, (name, conditional, field_visit, field_leave) in zip(values, per_field):
+                if conditional and value is None:
+                    continue
+                if hooks.custom_attributes:
+                    visitor.on_visit_attribute(node, name)
+                    _children(value, visitor, hooks)
+                    visitor.on_leave_attribute(node, name)
+                    continue
+                if field_visit is not None:
+                    getattr(visitor, field_visit)(node)
+                _children(value, visitor, hooks)
+                if field_leave is not None:
+                    getattr(visitor, field_leave)(node)
     if hooks.custom_leave:
         visitor.on_leave(node)
-    else:
-        _, leave = hooks.methods(node_type, "")
-        if leave is not None:
-            getattr(visitor, leave)(node)
+    elif leave is not None:
+        getattr(visitor, leave)(node)
     if hooks.leave is not None:
         hooks.leave(visitor, node)
 
