@@ -8,6 +8,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange
 
+from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.rule import Finding, Fix, InsertStatements, Replace
 
 Span = Tuple[Tuple[int, int], Tuple[int, int]]
@@ -61,11 +62,23 @@ def choose_compatible(
 
 
 class _EditApplier(cst.CSTTransformer):
-    def __init__(self, replacements: Dict[cst.CSTNode, object], inserts: Dict[cst.CSTNode, tuple]):
+    def __init__(
+        self,
+        replacements: Dict[cst.CSTNode, object],
+        inserts: Dict[cst.CSTNode, tuple],
+        path: Optional[Set[int]] = None,
+    ):
         super().__init__()
         self._replacements = replacements
         self._inserts = inserts
+        # The ids of the edited nodes and of every node above them: a transform rebuilds
+        # each node it descends into, so it descends only where an edit lies. Elsewhere the
+        # nodes stay as they are (a full transform would make equal copies of them).
+        self._path = path
         self.applied = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self._path is None or id(node) in self._path
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         if original_node in self._replacements:
@@ -92,6 +105,24 @@ def _edited_statements(
             return None
         found.add(index)
     return found
+
+
+def _path_to(roots: Iterable[cst.CSTNode], targets: Set[int]) -> Set[int]:
+    """The ids of the `targets` under `roots` and of all the nodes above them."""
+    path: Set[int] = set()
+
+    def mark(node: cst.CSTNode) -> bool:
+        hit = id(node) in targets
+        for child in children(node):
+            if mark(child):
+                hit = True
+        if hit:
+            path.add(id(node))
+        return hit
+
+    for root in roots:
+        mark(root)
+    return path
 
 
 def _transform_statements(
@@ -132,7 +163,6 @@ def apply_fixes(
             else:
                 before, after = inserts.get(edit.anchor, ((), ()))
                 inserts[edit.anchor] = (before + tuple(edit.before), after + tuple(edit.after))
-    applier = _EditApplier(replacements, inserts)
     indices = (
         _edited_statements(module, [*replacements, *inserts], positions)
         if positions is not None
@@ -140,6 +170,9 @@ def apply_fixes(
     )
     new_module = None
     if indices is not None:
+        targets = {id(node) for node in (*replacements, *inserts)}
+        path = _path_to((module.body[index] for index in indices), targets)
+        applier = _EditApplier(replacements, inserts, path)
         new_module = _transform_statements(module, indices, applier)
         if applier.applied != len(replacements) + len(inserts):
             new_module = None  # an edit outside the statements found: edit the whole tree
