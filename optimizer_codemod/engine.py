@@ -151,6 +151,8 @@ class _Fixpoint:
     ):
         self.pieces = pieces
         self.reproducible = reproducible
+        # (module, module before, fixes, positions) while that module's round trip is unchecked.
+        self._pending: Optional[tuple] = None
         self.src = src
         self.original = module
         self.path = path
@@ -162,8 +164,13 @@ class _Fixpoint:
         fixed: List[Diagnostic] = []
         seen = {code}
         for pass_number in range(1, MAX_PASSES + 2):
-            findings = self._findings(module, code)
+            try:
+                findings = self._findings(module, code)
+            except OptcodemodError:
+                self._check_round_trip(module, code, None)  # the likelier cause, if it fails
+                raise
             positions, printed = _positions(module, findings) if findings else ({}, None)
+            self._check_round_trip(module, code, printed)
             _check_nodes_are_in_the_tree(findings, positions, self.path)
             noqa = _noqa_map(module, code) if findings else {}
             findings = [
@@ -234,9 +241,29 @@ class _Fixpoint:
     def _apply_verified(
         self, module: cst.Module, chosen: List[Finding], positions
     ) -> Tuple[cst.Module, bytes]:
-        problem = _try_apply(module, chosen, self.path, positions, self.pieces)
+        problem = _try_apply(module, chosen, self.path, positions, self.pieces, False)
         if isinstance(problem, tuple):
-            return problem
+            new_module, new_code, printed_back = problem
+            if not printed_back:
+                # Whether the parse of the output prints back to it is checked on the text
+                # the next pass prints anyway (its positions), not by printing it once more.
+                self._pending = (new_module, module, chosen, positions)
+            return new_module, new_code
+        self._raise_broken(module, chosen, positions, problem)
+
+    def _check_round_trip(self, module: cst.Module, code: bytes, printed: Optional[str]) -> None:
+        """Raise if `module`, parsed from the last pass's output `code`, does not print back
+        to it; `printed`: its text when this pass printed it already."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] is not module:
+            return
+        _, before, chosen, positions = pending
+        again = module.bytes if printed is None else printed.encode(module.encoding)
+        if again != code:
+            problem = "LibCST cannot reproduce the output byte for byte"
+            self._raise_broken(before, chosen, positions, problem)
+
+    def _raise_broken(self, module: cst.Module, chosen: List[Finding], positions, problem):
         culprits = [
             code
             for code in sorted({f.rule.code for f in chosen})
@@ -405,8 +432,17 @@ def _positions(module: cst.Module, findings: Iterable[Finding]):
     return positions_and_code(module, wanted)
 
 
-def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=None, pieces=None):
-    """(new module, new code) when the fixes produce valid code, else the problem's text."""
+def _try_apply(
+    module: cst.Module,
+    chosen: List[Finding],
+    path: str,
+    positions=None,
+    pieces=None,
+    print_back: bool = True,
+):
+    """(new module, new code, whether the new module was checked to print back to the new
+    code) when the fixes produce valid code, else the problem's text. Without `print_back`,
+    that check is left to the caller (whole-file parses only; pieces are always checked)."""
     try:
         new_module = apply_fixes(module, [f.fix for f in chosen], positions)
         new_code = new_module.bytes
@@ -419,14 +455,14 @@ def _try_apply(module: cst.Module, chosen: List[Finding], path: str, positions=N
     # tree, verified to print back the same (chunks.py).
     reparsed = parse_in_pieces(new_code, pieces) if pieces is not None else None
     if reparsed is not None:
-        return reparsed, new_code
+        return reparsed, new_code, True
     try:
         reparsed = cst.parse_module(new_code)
     except Exception as exc:
         return f"LibCST cannot parse the output: {exc}"
-    if reparsed.bytes != new_code:
+    if print_back and reparsed.bytes != new_code:
         return "LibCST cannot reproduce the output byte for byte"
-    return reparsed, new_code
+    return reparsed, new_code, print_back
 
 
 def _rule_in_traceback(exc: BaseException) -> Optional[str]:

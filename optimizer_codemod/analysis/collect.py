@@ -170,8 +170,10 @@ class Collector(cst.CSTVisitor):
             order=self._order,
         )
 
-    # The statement stack, around every node (walk.py calls these; LibCST's visit calls
-    # them through on_visit/on_leave).
+    # The statement stack, around every statement (walk.py calls these for _walk_types;
+    # LibCST's visit calls them through on_visit/on_leave, for every node).
+    _walk_types = cst.BaseStatement
+
     def _walk_enter(self, node: cst.CSTNode) -> None:
         if _is_statement(type(node)):
             self._statements.append(node)

@@ -130,6 +130,8 @@ class _Hooks:
         # then dispatch by formatting a method name per node).
         self.enter = getattr(visitor_class, "_walk_enter", None)
         self.leave = getattr(visitor_class, "_walk_leave", None)
+        # ... for the node types in _walk_types only, when it names them.
+        self.enter_types = getattr(visitor_class, "_walk_types", cst.CSTNode)
         self.custom_visit = visitor_class.on_visit is not base.on_visit and self.enter is None
         self.custom_leave = visitor_class.on_leave is not base.on_leave and self.leave is None
         self.custom_attributes = (
@@ -139,9 +141,10 @@ class _Hooks:
         self.plans: Dict[type, tuple] = {}
 
     def plan(self, node_type: type) -> tuple:
-        """(visit method name, leave method name, field getter, per-field plan or None):
-        the per-field plan, (name, conditional, visit name, leave name) for each field, is
-        None when the visitor has no method for any of this type's fields."""
+        """(visit method name, leave method name, field getter, per-field plan or None,
+        whether _walk_enter and _walk_leave apply): the per-field plan, (name, conditional,
+        visit name, leave name) for each field, is None when the visitor has no method for
+        any of this type's fields."""
         visit, leave = self._methods(node_type.__name__)
         per_field = []
         observed = self.custom_attributes
@@ -154,6 +157,8 @@ class _Hooks:
             leave,
             _getter(node_type),
             tuple(per_field) if observed else None,
+            self.enter is not None and issubclass(node_type, self.enter_types),
+            self.leave is not None and issubclass(node_type, self.enter_types),
         )
         return found
 
@@ -185,8 +190,8 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
     node_type = type(node)
     plan = hooks.plans.get(node_type) or hooks.plan(node_type)
-    visit, leave, getter, per_field = plan
-    if hooks.enter is not None:
+    visit, leave, getter, per_field, enters, leaves = plan
+    if enters:
         hooks.enter(visitor, node)
     if hooks.custom_visit:
         descend = visitor.on_visit(node)
@@ -215,7 +220,7 @@ def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: _Hooks) -> None:
         visitor.on_leave(node)
     elif leave is not None:
         getattr(visitor, leave)(node)
-    if hooks.leave is not None:
+    if leaves:
         hooks.leave(visitor, node)
 
 
