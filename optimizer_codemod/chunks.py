@@ -13,7 +13,7 @@ output of a rewrite parses only the statements whose text changed.
 
 The joined tree is used only when it is certainly the one a whole-file parse gives: every
 piece parsed with the same indentation and newline conventions as the first that shows
-them, and every piece printing back to exactly its text. Anything else (another
+them. Anything else (another
 encoding, a byte-order mark, a statement LibCST parses otherwise alone, a continuation line
 `ast` and LibCST count differently) returns None and the caller parses the whole file.
 """
@@ -83,13 +83,12 @@ def parse_in_pieces(src: bytes, cache: Optional[PieceCache] = None) -> Optional[
                 module = cst.parse_module(piece)
             except Exception:
                 return None
-            if module.code != piece:  # LibCST's own round-trip bugs, within a piece
-                return None
             parsed.append(module)
         pieces.append(parsed[index])
-    # Each piece prints back to its text, and prints the same within the joined module when
-    # it shares its indentation and newline (checked while joining): the joined module
-    # prints back to the whole text.
+    # A piece prints the same within the joined module as alone when it shares its
+    # indentation and newline (checked while joining). Whether LibCST prints each piece back
+    # to its text is checked as for a whole-file parse: by printing the module, when a fix
+    # is about to change it (engine.py).
     return _join(pieces, cache)
 
 

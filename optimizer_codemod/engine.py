@@ -132,11 +132,8 @@ def may_contain_findings(src: bytes, rules: Sequence[type]) -> bool:
 def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
     """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem."""
     pieces = PieceCache()
-    module = parse_in_pieces(src, pieces)
-    if module is None:
-        return _Fixpoint(src, parse_source(src, path), path, options, pieces).run()
-    # Every piece was checked to print back its own text: so does the whole.
-    return _Fixpoint(src, module, path, options, pieces, reproducible=True).run()
+    module = parse_in_pieces(src, pieces) or parse_source(src, path)
+    return _Fixpoint(src, module, path, options, pieces).run()
 
 
 class _Fixpoint:
@@ -147,10 +144,8 @@ class _Fixpoint:
         path: str,
         options: RewriteOptions,
         pieces: Optional[PieceCache] = None,
-        reproducible: bool = False,
     ):
         self.pieces = pieces
-        self.reproducible = reproducible
         # (module, module before, fixes, positions) while that module's round trip is unchecked.
         self._pending: Optional[tuple] = None
         self.src = src
@@ -197,7 +192,7 @@ class _Fixpoint:
                     codes,
                     self.path,
                 )
-            if module is self.original and not self.reproducible:
+            if module is self.original:
                 check_reproducible(
                     self.original, self.src, self.path, printed.encode(module.encoding)
                 )
@@ -355,15 +350,23 @@ MODULE_METHODS = frozenset({"visit_Module", "leave_Module"})
 
 @lru_cache(maxsize=None)
 def _visitor_method_names(rule_class: type) -> Tuple[str, ...]:
-    """The visit_/leave_ methods a rule class defines, leaving out LibCST's empty stubs."""
-    names = []
-    for name in dir(rule_class):
-        if not name.startswith(("visit_", "leave_")):
-            continue
-        method = inspect.getattr_static(rule_class, name)
-        if inspect.isfunction(method) and not getattr(method, "_is_no_op", False):
-            names.append(name)
-    return tuple(names)
+    """The visit_/leave_ methods a rule class defines, leaving out LibCST's empty stubs.
+
+    Read from the classes' own dictionaries in method resolution order (what
+    inspect.getattr_static finds), not by probing each of the ~1,700 names dir() lists.
+    """
+    found: Dict[str, object] = {}
+    for klass in rule_class.__mro__:
+        for name, value in vars(klass).items():
+            if name.startswith(("visit_", "leave_")) and name not in found:
+                found[name] = value
+    return tuple(
+        sorted(
+            name
+            for name, method in found.items()
+            if inspect.isfunction(method) and not getattr(method, "_is_no_op", False)
+        )
+    )
 
 
 class _BatchedVisitor(cst.CSTVisitor):
@@ -442,7 +445,7 @@ def _try_apply(
 ):
     """(new module, new code, whether the new module was checked to print back to the new
     code) when the fixes produce valid code, else the problem's text. Without `print_back`,
-    that check is left to the caller (whole-file parses only; pieces are always checked)."""
+    that check is left to the caller."""
     try:
         new_module = apply_fixes(module, [f.fix for f in chosen], positions)
         new_code = new_module.bytes
@@ -455,7 +458,9 @@ def _try_apply(
     # tree, verified to print back the same (chunks.py).
     reparsed = parse_in_pieces(new_code, pieces) if pieces is not None else None
     if reparsed is not None:
-        return reparsed, new_code, True
+        if print_back and reparsed.bytes != new_code:
+            return "LibCST cannot reproduce the output byte for byte"
+        return reparsed, new_code, print_back
     try:
         reparsed = cst.parse_module(new_code)
     except Exception as exc:

@@ -14,7 +14,6 @@ from optimizer_codemod.api import (
     SourceRewrite,
     is_notebook,
     rewrite_source,
-    settle_without_parsing,
 )
 from optimizer_codemod.cache import Cache
 from optimizer_codemod.config import Settings
@@ -23,7 +22,8 @@ from optimizer_codemod.edits import text_edits
 from optimizer_codemod.errors import OptcodemodError
 from optimizer_codemod.sources import read_bytes, write_atomic
 
-# Below this much candidate source, starting worker processes costs more than it saves.
+# Below this much source to look at (files the cache does not settle; the pre-filter runs
+# in the workers too), starting worker processes costs more than it saves.
 # Measured on 2 cores (fork): a pool adds 10-20 ms; two 3 KB training scripts take 150 ms
 # alone and 105 ms on two workers, 281 training scripts 11.3 s and 5.6 s; twelve fixtures of
 # 170 bytes (2 ms each) 15 ms alone and 25 ms on two workers.
@@ -118,27 +118,16 @@ def _worker(args) -> FileOutcome:
     return process_path(path, settings, mode)
 
 
-def _quick_outcome(path: str, settings: Settings, mode: Mode) -> Optional[FileOutcome]:
-    """The outcome of a file the cache or the pre-filter settles without parsing, else None."""
+def _cached_outcome(path: str, settings: Settings, mode: Mode) -> Optional[FileOutcome]:
+    """The outcome the cache holds for the file as it is now, else None."""
+    if mode.cache is None:
+        return None
     try:
         src = read_bytes(path)
-    except OptcodemodError as error:
-        return FileOutcome(path=path, error=error.render())
-    cache = mode.cache
-    key = cache.key(src, path, settings) if cache is not None else None
-    if key is not None:
-        hit = cache.get(key, src)
-        if hit is not None:
-            return _outcome(hit, path, mode)
-    try:
-        settled = settle_without_parsing(src, path, settings.rules_for(path))
-    except OptcodemodError as error:
-        return FileOutcome(path=path, error=error.with_path(error.path or path).render())
-    if settled is None:
-        return None
-    if key is not None:
-        cache.put(key, settled)
-    return _outcome(settled, path, mode)
+    except OptcodemodError:
+        return None  # reported when the file is processed
+    hit = mode.cache.get(mode.cache.key(src, path, settings), src)
+    return _outcome(hit, path, mode) if hit is not None else None
 
 
 def run(
@@ -152,13 +141,13 @@ def run(
     outcomes: dict = {}
     candidates: List[str] = []
     for path in paths:
-        quick = _quick_outcome(path, settings, mode)
-        if quick is None:
+        cached = _cached_outcome(path, settings, mode)
+        if cached is None:
             candidates.append(path)
         else:
-            outcomes[path] = quick
+            outcomes[path] = cached
             if on_done:
-                on_done(quick)
+                on_done(cached)
     jobs = jobs or os.cpu_count() or 1
     size = sum(_size(p) for p in candidates)
     if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
