@@ -13,8 +13,10 @@ The command line is built on `rewrite_source`, which works on bytes and notebook
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from optimizer_codemod.config import RuleSelection, Settings, validate_codes
 from optimizer_codemod.diagnostics import Diagnostic
@@ -97,8 +99,26 @@ def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewr
         return settled
     # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive
     # visitors need more than Python's default recursion limit.
-    with recursion_headroom():
+    with recursion_headroom(), _cyclic_gc_paused():
         return _rewrite_parsed(src, path, options)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off while one file is rewritten.
+
+    A parse allocates a million nodes for a 30,000-line file, and each time the heap grows
+    by a quarter the collector walks all of it: a third of a large file's time went there.
+    Syntax trees hold no cycles (reference counting frees them); what cycles a rewrite makes
+    are collected once the collector runs again.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _rewrite_parsed(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:

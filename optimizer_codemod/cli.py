@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 import click
 
 from optimizer_codemod import __version__
+from optimizer_codemod.cache import open_cache
 from optimizer_codemod.config import (
     TABLE,
     RuleSelection,
@@ -197,6 +198,7 @@ def _say_settings(settings: Settings, start_paths: Sequence[str]) -> None:
     default="auto",
     help="auto: on a terminal, unless NO_COLOR is set (FORCE_COLOR forces it).",
 )
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the results cache.")
 def apply(
     paths: Tuple[str, ...],
     diff: bool,
@@ -221,6 +223,7 @@ def apply(
     quiet: bool,
     verbose: bool,
     color: str,
+    no_cache: bool,
 ) -> None:
     """Rewrite PATHS (files, directories, or - for stdin; default: .) in place."""
     paths = paths or (".",)
@@ -247,7 +250,7 @@ def apply(
             settings, diff, check, stdin_filename or "-", output_format, quiet, verbose, exit_zero
         )
         return
-    mode = Mode(write=not (diff or check), diff=diff)
+    mode = Mode(write=not (diff or check), diff=diff, cache=open_cache(settings, not no_cache))
     found = discover(list(paths), settings)
     if verbose:
         for path, reason in found.skipped:

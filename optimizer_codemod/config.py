@@ -81,6 +81,8 @@ class Settings:
     force_exclude: bool = False
     respect_gitignore: bool = True
     why_not: bool = False
+    # Where results are cached (relative to `root`); None: `.optcodemod_cache` (cache.py).
+    cache_dir: Optional[str] = None
     overrides: Tuple[RuleSelection, ...] = ()  # command-line or API layers, in order
     # Where the configuration came from; relative patterns are relative to `root`.
     root: str = "."
@@ -306,6 +308,12 @@ def _strings(path: str, key: str, value: Any) -> Tuple[str, ...]:
     return tuple(value)
 
 
+def _string(path: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(path, key, f"expected a folder name, got {value!r}")
+    return value
+
+
 def _one_of(choices: Tuple[str, ...]):
     def parse(path: str, key: str, value: Any) -> str:
         if value not in choices:
@@ -349,6 +357,7 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "exclude": ("exclude", _strings),
     "force-exclude": ("force_exclude", _bool),
     "respect-gitignore": ("respect_gitignore", _bool),
+    "cache-dir": ("cache_dir", _string),
 }
 CONFIG_KEYS = tuple(_PARSERS)
 

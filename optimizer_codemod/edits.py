@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import List
 
 from optimizer_codemod.lines import split_lines
+from optimizer_codemod.linediff import opcodes
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,6 @@ def text_edits(old: str, new: str) -> List[TextEdit]:
     old_lines = split_lines(old, keepends=True)
     new_lines = split_lines(new, keepends=True)
     starts = [0, *accumulate(len(line) for line in old_lines)]
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
     return [
         TextEdit(
             first_line=i1 + 1,
@@ -42,6 +41,6 @@ def text_edits(old: str, new: str) -> List[TextEdit]:
             length=starts[i2] - starts[i1],
             new_text="".join(new_lines[j1:j2]),
         )
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        for tag, i1, i2, j1, j2 in opcodes(old_lines, new_lines)
         if tag != "equal"
     ]

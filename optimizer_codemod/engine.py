@@ -8,7 +8,6 @@ a text LibCST cannot print back byte for byte is refused before anything is chan
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 import traceback
@@ -18,8 +17,10 @@ from functools import cached_property, lru_cache
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
+from optimizer_codemod.analysis.walk import walk
+from optimizer_codemod.chunks import PieceCache, parse_in_pieces
 from optimizer_codemod.diagnostics import Diagnostic, Status
 from optimizer_codemod.errors import (
     NonConvergenceError,
@@ -27,7 +28,9 @@ from optimizer_codemod.errors import (
     RuleBrokeOutputError,
 )
 from optimizer_codemod.fixes import apply_fixes, choose_compatible
+from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.noqa import is_suppressed, noqa_lines
+from optimizer_codemod.positions import positions_and_code
 from optimizer_codemod.rule import Finding, Rule, Safety
 from optimizer_codemod.sources import (
     check_reproducible,
@@ -134,12 +137,23 @@ def may_contain_findings(src: bytes, rules: Sequence[type]) -> bool:
 
 def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
     """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem."""
-    module = parse_source(src, path)
-    return _Fixpoint(src, module, path, options).run()
+    pieces = PieceCache()
+    module = parse_in_pieces(src, pieces) or parse_source(src, path)
+    return _Fixpoint(src, module, path, options, pieces).run()
 
 
 class _Fixpoint:
-    def __init__(self, src: bytes, module: cst.Module, path: str, options: RewriteOptions):
+    def __init__(
+        self,
+        src: bytes,
+        module: cst.Module,
+        path: str,
+        options: RewriteOptions,
+        pieces: Optional[PieceCache] = None,
+    ):
+        self.pieces = pieces
+        # (module, module before, fixes, positions) while that module's round trip is unchecked.
+        self._pending: Optional[tuple] = None
         self.src = src
         self.original = module
         self.path = path
@@ -151,8 +165,13 @@ class _Fixpoint:
         fixed: List[Diagnostic] = []
         seen = {code}
         for pass_number in range(1, MAX_PASSES + 2):
-            findings = self._findings(module, code)
-            positions = _positions(module, findings) if findings else {}
+            try:
+                findings = self._findings(module, code)
+            except OptcodemodError:
+                self._check_round_trip(module, code, None)  # the likelier cause, if it fails
+                raise
+            positions, printed = _positions(module, findings) if findings else ({}, None)
+            self._check_round_trip(module, code, printed)
             _check_nodes_are_in_the_tree(findings, positions, self.path)
             noqa = _noqa_map(module, code) if findings else {}
             findings = [
@@ -180,10 +199,12 @@ class _Fixpoint:
                     self.path,
                 )
             if module is self.original:
-                check_reproducible(self.original, self.src, self.path)
+                check_reproducible(
+                    self.original, self.src, self.path, printed.encode(module.encoding)
+                )
             applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
             chosen = choose_compatible(applicable, positions)
-            new_module, new_code = self._apply_verified(module, chosen)
+            new_module, new_code = self._apply_verified(module, chosen, positions)
             fixed.extend(self._diagnostic(f, positions, line_map, Status.FIXED) for f in chosen)
             if new_code in seen:
                 codes = sorted({f.rule.code for f in chosen})
@@ -219,11 +240,31 @@ class _Fixpoint:
         return [finding for rule in rules for finding in rule.findings]
 
     def _apply_verified(
-        self, module: cst.Module, chosen: List[Finding]
+        self, module: cst.Module, chosen: List[Finding], positions
     ) -> Tuple[cst.Module, bytes]:
-        problem = _try_apply(module, chosen, self.path)
+        problem = _try_apply(module, chosen, self.path, positions, self.pieces, False)
         if isinstance(problem, tuple):
-            return problem
+            new_module, new_code, printed_back = problem
+            if not printed_back:
+                # Whether the parse of the output prints back to it is checked on the text
+                # the next pass prints anyway (its positions), not by printing it once more.
+                self._pending = (new_module, module, chosen, positions)
+            return new_module, new_code
+        self._raise_broken(module, chosen, positions, problem)
+
+    def _check_round_trip(self, module: cst.Module, code: bytes, printed: Optional[str]) -> None:
+        """Raise if `module`, parsed from the last pass's output `code`, does not print back
+        to it; `printed`: its text when this pass printed it already."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] is not module:
+            return
+        _, before, chosen, positions = pending
+        again = module.bytes if printed is None else printed.encode(module.encoding)
+        if again != code:
+            problem = "LibCST cannot reproduce the output byte for byte"
+            self._raise_broken(before, chosen, positions, problem)
+
+    def _raise_broken(self, module: cst.Module, chosen: List[Finding], positions, problem):
         if module is self.original:
             # LibCST accepts some text CPython rejects (too many nested parentheses, `return`
             # outside a function): that is the input's fault, not a rule's.
@@ -232,7 +273,14 @@ class _Fixpoint:
             code
             for code in sorted({f.rule.code for f in chosen})
             if not isinstance(
-                _try_apply(module, [f for f in chosen if f.rule.code == code], self.path), tuple
+                _try_apply(
+                    module,
+                    [f for f in chosen if f.rule.code == code],
+                    self.path,
+                    positions,
+                    self.pieces,
+                ),
+                tuple,
             )
         ] or sorted({f.rule.code for f in chosen})
         raise RuleBrokeOutputError(
@@ -304,7 +352,7 @@ def _visit_batched(wrapper: MetadataWrapper, rules: Sequence[Rule]) -> None:
             for method in table.get("leave_Module", ()):
                 method(wrapper.module)
         else:
-            wrapper.module.visit(_BatchedVisitor(table))
+            walk(wrapper.module, _BatchedVisitor(table))
 
 
 MODULE_METHODS = frozenset({"visit_Module", "leave_Module"})
@@ -312,15 +360,23 @@ MODULE_METHODS = frozenset({"visit_Module", "leave_Module"})
 
 @lru_cache(maxsize=None)
 def _visitor_method_names(rule_class: type) -> Tuple[str, ...]:
-    """The visit_/leave_ methods a rule class defines, leaving out LibCST's empty stubs."""
-    names = []
-    for name in dir(rule_class):
-        if not name.startswith(("visit_", "leave_")):
-            continue
-        method = inspect.getattr_static(rule_class, name)
-        if inspect.isfunction(method) and not getattr(method, "_is_no_op", False):
-            names.append(name)
-    return tuple(names)
+    """The visit_/leave_ methods a rule class defines, leaving out LibCST's empty stubs.
+
+    Read from the classes' own dictionaries in method resolution order (what
+    inspect.getattr_static finds), not by probing each of the ~1,700 names dir() lists.
+    """
+    found: Dict[str, object] = {}
+    for klass in rule_class.__mro__:
+        for name, value in vars(klass).items():
+            if name.startswith(("visit_", "leave_")) and name not in found:
+                found[name] = value
+    return tuple(
+        sorted(
+            name
+            for name, method in found.items()
+            if inspect.isfunction(method) and not getattr(method, "_is_no_op", False)
+        )
+    )
 
 
 class _BatchedVisitor(cst.CSTVisitor):
@@ -380,26 +436,50 @@ def _start(code_range) -> Tuple[int, int]:
 
 
 def _positions(module: cst.Module, findings: Iterable[Finding]):
-    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    """The ranges of the findings' nodes, their edits' nodes and the top-level statements
+    (which hold the edits, fixes.apply_fixes): the only ones a pass reports or edits; and
+    the module's text, printed by the same code generation."""
+    wanted: List[cst.CSTNode] = list(module.body)
+    for finding in findings:
+        wanted.append(finding.node)
+        for edit in finding.fix.edits if finding.fix else ():
+            wanted.append(getattr(edit, "node", None) or edit.anchor)
+    return positions_and_code(module, wanted)
 
 
-def _try_apply(module: cst.Module, chosen: List[Finding], path: str):
-    """(new module, new code) when the fixes produce valid code, else the problem's text."""
+def _try_apply(
+    module: cst.Module,
+    chosen: List[Finding],
+    path: str,
+    positions=None,
+    pieces=None,
+    print_back: bool = True,
+):
+    """(new module, new code, whether the new module was checked to print back to the new
+    code) when the fixes produce valid code, else the problem's text. Without `print_back`,
+    that check is left to the caller."""
     try:
-        new_module = apply_fixes(module, [f.fix for f in chosen])
+        new_module = apply_fixes(module, [f.fix for f in chosen], positions)
         new_code = new_module.bytes
     except Exception as exc:  # a fix that builds an invalid tree
         return f"{type(exc).__name__}: {exc}"
     ok, error = compile_check(new_code, path)
     if not ok:
         return f"does not compile: {error}"
+    # A long output is parsed piece by piece, and only the pieces a fix changed: the same
+    # tree, verified to print back the same (chunks.py).
+    reparsed = parse_in_pieces(new_code, pieces) if pieces is not None else None
+    if reparsed is not None:
+        if print_back and reparsed.bytes != new_code:
+            return "LibCST cannot reproduce the output byte for byte"
+        return reparsed, new_code, print_back
     try:
         reparsed = cst.parse_module(new_code)
     except Exception as exc:
         return f"LibCST cannot parse the output: {exc}"
-    if reparsed.bytes != new_code:
+    if print_back and reparsed.bytes != new_code:
         return "LibCST cannot reproduce the output byte for byte"
-    return reparsed, new_code
+    return reparsed, new_code, print_back
 
 
 def _rule_in_traceback(exc: BaseException) -> Optional[str]:
@@ -416,9 +496,7 @@ def _line_mapper(original: bytes, current: bytes) -> Callable[[int], int]:
         return lambda line: line
     old, new = original.splitlines(), current.splitlines()
     table: Dict[int, int] = {}
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(
-        None, old, new, autojunk=False
-    ).get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes(old, new):
         for j in range(j1, j2):
             if tag == "equal":
                 table[j + 1] = i1 + (j - j1) + 1

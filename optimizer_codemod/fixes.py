@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from bisect import bisect_right
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import CodeRange
 
+from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.rule import Finding, Fix, InsertStatements, Replace
 
 Span = Tuple[Tuple[int, int], Tuple[int, int]]
@@ -60,21 +62,96 @@ def choose_compatible(
 
 
 class _EditApplier(cst.CSTTransformer):
-    def __init__(self, replacements: Dict[cst.CSTNode, object], inserts: Dict[cst.CSTNode, tuple]):
+    def __init__(
+        self,
+        replacements: Dict[cst.CSTNode, object],
+        inserts: Dict[cst.CSTNode, tuple],
+        path: Optional[Set[int]] = None,
+    ):
         super().__init__()
         self._replacements = replacements
         self._inserts = inserts
+        # The ids of the edited nodes and of every node above them: a transform rebuilds
+        # each node it descends into, so it descends only where an edit lies. Elsewhere the
+        # nodes stay as they are (a full transform would make equal copies of them).
+        self._path = path
+        self.applied = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return self._path is None or id(node) in self._path
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         if original_node in self._replacements:
+            self.applied += 1
             return self._replacements[original_node]
         if original_node in self._inserts:
+            self.applied += 1
             before, after = self._inserts[original_node]
             return cst.FlattenSentinel([*before, updated_node, *after])
         return updated_node
 
 
-def apply_fixes(module: cst.Module, fixes: Iterable[Fix]) -> cst.Module:
+def _edited_statements(
+    module: cst.Module, targets: Iterable[cst.CSTNode], positions: Mapping[cst.CSTNode, CodeRange]
+) -> Optional[Set[int]]:
+    """Indices of the top-level statements whose ranges hold the targets; None when some
+    target lies in none of them (a comment between statements, the module itself)."""
+    starts = [span(positions[statement]) for statement in module.body]
+    found: Set[int] = set()
+    for target in targets:
+        where = span(positions[target])
+        index = bisect_right(starts, (where[0], (1 << 62, 0))) - 1
+        if index < 0 or not _contains(starts[index], where):
+            return None
+        found.add(index)
+    return found
+
+
+def _path_to(roots: Iterable[cst.CSTNode], targets: Set[int]) -> Set[int]:
+    """The ids of the `targets` under `roots` and of all the nodes above them."""
+    path: Set[int] = set()
+
+    def mark(node: cst.CSTNode) -> bool:
+        hit = id(node) in targets
+        for child in children(node):
+            if mark(child):
+                hit = True
+        if hit:
+            path.add(id(node))
+        return hit
+
+    for root in roots:
+        mark(root)
+    return path
+
+
+def _transform_statements(
+    module: cst.Module, indices: Set[int], applier: _EditApplier
+) -> cst.Module:
+    body: List[cst.BaseStatement] = []
+    for index, statement in enumerate(module.body):
+        if index not in indices:
+            body.append(statement)
+            continue
+        result = statement.visit(applier)
+        if isinstance(result, cst.FlattenSentinel):
+            body.extend(result)
+        elif not isinstance(result, cst.RemovalSentinel):
+            body.append(result)
+    return module.with_changes(body=body)
+
+
+def apply_fixes(
+    module: cst.Module,
+    fixes: Iterable[Fix],
+    positions: Optional[Mapping[cst.CSTNode, CodeRange]] = None,
+) -> cst.Module:
+    """`module` with the fixes' edits made (and their imports added).
+
+    With `positions`, only the top-level statements that hold an edit are transformed, the
+    others kept as they are: a transform rebuilds every node it passes, which on a long file
+    costs about as much as parsing it.
+    """
     replacements: Dict[cst.CSTNode, object] = {}
     inserts: Dict[cst.CSTNode, tuple] = {}
     imports = []
@@ -86,7 +163,22 @@ def apply_fixes(module: cst.Module, fixes: Iterable[Fix]) -> cst.Module:
             else:
                 before, after = inserts.get(edit.anchor, ((), ()))
                 inserts[edit.anchor] = (before + tuple(edit.before), after + tuple(edit.after))
-    new_module = module.visit(_EditApplier(replacements, inserts))
+    indices = (
+        _edited_statements(module, [*replacements, *inserts], positions)
+        if positions is not None
+        else None
+    )
+    new_module = None
+    if indices is not None:
+        targets = {id(node) for node in (*replacements, *inserts)}
+        path = _path_to((module.body[index] for index in indices), targets)
+        applier = _EditApplier(replacements, inserts, path)
+        new_module = _transform_statements(module, indices, applier)
+        if applier.applied != len(replacements) + len(inserts):
+            new_module = None  # an edit outside the statements found: edit the whole tree
+    if new_module is None:
+        applier = _EditApplier(replacements, inserts)
+        new_module = module.visit(applier)
     if imports:
         # Imported here: libcst.codemod pulls in libcst.matchers (~150 ms at start-up), and
         # most runs add no import.
@@ -96,5 +188,24 @@ def apply_fixes(module: cst.Module, fixes: Iterable[Fix]) -> cst.Module:
         context = CodemodContext()
         for spec in imports:
             AddImportsVisitor.add_needed_import(context, spec.module, spec.obj, spec.asname)
-        new_module = new_module.visit(AddImportsVisitor(context))
+        # AddImportsVisitor reads and edits only the import block at the top (after a
+        # docstring) and the statement after it; run over the whole module, its transform
+        # would rebuild every node of the file to change those few.
+        end = _import_block_end(new_module)
+        head = new_module.with_changes(body=new_module.body[: end + 1])
+        head = head.visit(AddImportsVisitor(context))
+        new_module = new_module.with_changes(body=(*head.body, *new_module.body[end + 1 :]))
     return new_module
+
+
+def _import_block_end(module: cst.Module) -> int:
+    """The index of the first statement but the first that is not a lone import: the top
+    import block ends before it (the first statement may be a docstring)."""
+    for index, statement in enumerate(module.body):
+        if index and not (
+            isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))
+        ):
+            return index
+    return len(module.body)

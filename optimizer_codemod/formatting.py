@@ -10,22 +10,25 @@ black-clean file stays black-clean either way. black is imported only when confi
 
 from __future__ import annotations
 
-import difflib
+import ast
 import io
 import re
 import sys
 import token
 import tokenize
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from optimizer_codemod.analysis.walk import children
+from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.extras import BLACK_INSTALL
 from optimizer_codemod.lines import split_lines
+from optimizer_codemod.positions import positions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -107,12 +110,8 @@ def black_style_for(path: str) -> Optional[BlackStyle]:
 
 def changed_line_ranges(old: str, new: str) -> List[Tuple[int, int]]:
     """1-based inclusive ranges of lines in `new` that differ from `old`."""
-    matcher = difflib.SequenceMatcher(
-        None, split_lines(old, keepends=True), split_lines(new, keepends=True), autojunk=False
-    )
-    return [
-        (j1 + 1, j2) for tag, _, _, j1, j2 in matcher.get_opcodes() if tag != "equal" and j2 > j1
-    ]
+    codes = opcodes(split_lines(old, keepends=True), split_lines(new, keepends=True))
+    return [(j1 + 1, j2) for tag, _, _, j1, j2 in codes if tag != "equal" and j2 > j1]
 
 
 def format_changed_lines(old: str, new: str, style: BlackStyle) -> str:
@@ -171,16 +170,110 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
         too_long = sorted(n for n in changed if len(lines[n - 1]) > limit)
         if not too_long and not _may_join(lines, changed):
             return new
-        module = cst.parse_module(new)
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        positions = wrapper.resolve(PositionProvider)
-        planner = _Planner(lines, positions, wrapper.resolve(ParentNodeProvider), limit)
-        plan: Dict[cst.CSTNode, object] = dict(planner.plan(too_long)) if too_long else {}
-        plan.update(planner.joinable(changed))
-        if not plan:
+        windows = _statement_windows(new, changed)
+        if windows is None:
+            relaid = _relayout(new, too_long, changed, limit)
+        else:
+            relaid = _relayout_windows(new, windows, too_long, changed, limit)
+        if relaid is None:
             return new
-        new = module.visit(_Relayout(plan)).code
+        new = relaid
     return new
+
+
+def _relayout(text: str, too_long: List[int], changed, limit: int) -> Optional[str]:
+    """`text` with the brackets on the given lines laid out again; None when none can be."""
+    module = cst.parse_module(text)
+    planner = _Planner(split_lines(text), positions(module), _parents(module), limit)
+    plan: Dict[cst.CSTNode, object] = dict(planner.plan(too_long)) if too_long else {}
+    plan.update(planner.joinable(changed))
+    if not plan:
+        return None
+    return module.visit(_Relayout(plan)).code
+
+
+# Lines that str.splitlines() ends but Python's tokenizer does not: with one of them in the
+# text, line numbers of the two disagree, and only the whole text is laid out.
+_OTHER_LINE_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _statement_windows(text: str, lines) -> Optional[List[Tuple[int, int]]]:
+    """The line spans (first, last) of the top-level statements that hold any of `lines`.
+
+    A rewrite changes a few statements of a file; parsing and laying out only those costs
+    in proportion to the change, not to the file (a 50,000-line file is otherwise parsed
+    again in full, once per round). None when the text cannot be cut safely.
+    """
+    if _OTHER_LINE_BREAKS.search(text):
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    spans: List[Tuple[int, int]] = []
+    for statement in tree.body:
+        first = min(
+            [statement.lineno, *(d.lineno for d in getattr(statement, "decorator_list", ()))]
+        )
+        last = statement.end_lineno or statement.lineno
+        if spans and first <= spans[-1][1]:  # `a; b` on one line
+            spans[-1] = (spans[-1][0], max(last, spans[-1][1]))
+        else:
+            spans.append((first, last))
+    starts = [first for first, _ in spans]
+    chosen = set()
+    for line in lines:
+        index = bisect_right(starts, line) - 1
+        if index >= 0 and line <= spans[index][1]:
+            chosen.add(spans[index])
+    return sorted(chosen)
+
+
+def _relayout_windows(
+    text: str, windows: List[Tuple[int, int]], too_long: List[int], changed, limit: int
+) -> Optional[str]:
+    """_relayout, statement by statement: each top-level statement in `windows` is parsed
+    and laid out on its own (positions within it are its own lines, counted from 1)."""
+    pieces = _LINE_END.split(text)
+    lines = ["".join(pieces[i : i + 2]) for i in range(0, len(pieces) - 1, 2)]
+    if pieces[-1]:
+        lines.append(pieces[-1])
+    newline = _first_newline(text)
+    done = False
+    for first, last in reversed(windows):
+        snippet = "".join(lines[first - 1 : last])
+        if _first_newline(snippet) != newline:
+            return _relayout(text, too_long, changed, limit)  # the module's newline differs
+        relaid = _relayout(
+            snippet,
+            [n - first + 1 for n in too_long if first <= n <= last],
+            {n - first + 1 for n in changed if first <= n <= last},
+            limit,
+        )
+        if relaid is not None:
+            lines[first - 1 : last] = [relaid]
+            done = True
+    return "".join(lines) if done else None
+
+
+_LINE_END = re.compile("(\r\n|\r|\n)")
+
+
+def _first_newline(text: str) -> str:
+    found = _LINE_END.search(text)
+    return found.group(0) if found else "\n"
+
+
+def _parents(module: cst.Module) -> Dict[cst.CSTNode, cst.CSTNode]:
+    """ParentNodeProvider's answer, from a walk that does not rebuild the tree."""
+    found: Dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: List[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        for child in children(node):
+            found[child] = node
+            stack.append(child)
+    return found
 
 
 _UNSPLITTABLE_TOKENS = {
@@ -575,7 +668,7 @@ def _walk(node: cst.CSTNode):
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(children(current))
 
 
 def _line_break(indent: str) -> cst.ParenthesizedWhitespace:

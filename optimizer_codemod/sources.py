@@ -128,9 +128,14 @@ def python_syntax_error(text: str, path: str):
     return None
 
 
-def check_reproducible(module: cst.Module, src: bytes, path: str) -> None:
-    """Refuse a file LibCST would not print back identically (it would lose text)."""
-    printed = module.bytes
+def check_reproducible(
+    module: cst.Module, src: bytes, path: str, printed: Optional[bytes] = None
+) -> None:
+    """Refuse a file LibCST would not print back identically (it would lose text).
+
+    `printed`: `module.bytes` when the caller has printed the module already.
+    """
+    printed = module.bytes if printed is None else printed
     if printed == src:
         return
     old_lines = src.splitlines(keepends=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -12,6 +14,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 from optimizer_codemod.cli import main
+
+# Runs of the command line cache their results (cache.py) beside the configuration, or in
+# the working directory: the checkout itself for most tests. One folder per test process
+# keeps the checkout clean; the cache stays on, so every test of the command line also runs
+# through it.
+_CACHE = tempfile.mkdtemp(prefix="optcodemod-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ.setdefault("OPTCODEMOD_CACHE_DIR", _CACHE)
 
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     # Parallel workers each start torch processes: one thread apiece, or OpenMP threads of

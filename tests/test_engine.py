@@ -338,3 +338,32 @@ def test_attention_prefilter_tells_matrix_products_from_decorators(text, passes)
     from optimizer_codemod.registry import rule_by_code
 
     assert may_contain_findings(text, [rule_by_code("OPT406")]) is passes
+
+
+class UnprintableEnding(_TestRule):
+    """Ends the module with an indented comment before a whitespace-only line: the output
+    compiles and parses, but LibCST 1.9 prints it back without the comment."""
+
+    code = "OPT989"
+
+    def visit_Module(self, node: cst.Module) -> None:
+        if node.footer:
+            return
+        footer = (
+            cst.EmptyLine(
+                indent=False, whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment("# c")
+            ),
+            cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(" ")),
+        )
+        self.report(node, Fix((Replace(node, node.with_changes(footer=footer)),)))
+
+
+@pytest.mark.parametrize("others", [(), (FUSED,)], ids=["alone", "with a rule that reports"])
+def test_output_libcst_cannot_print_back_is_blamed_on_its_rule(others) -> None:
+    # The round trip of a pass's output is checked on the next pass's printed text: the
+    # error must still name the rule and revert everything.
+    src = b"import torch\nopt = torch.optim.Adam(p)\nx = 1\n"
+    with pytest.raises(RuleBrokeOutputError) as error:
+        rewrite(src, UnprintableEnding, *others)
+    assert error.value.codes == ("OPT989",)
+    assert "byte for byte" in str(error.value) and "reverted" in str(error.value)

@@ -163,17 +163,10 @@ class DeprecatedAmpApi(Rule):
         Example("import torch\nwith torch.amp.autocast('cuda'):\n    y = model(x)\n"),
     )
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self._decorators: List[cst.Decorator] = []
-
-    def visit_Decorator(self, node: cst.Decorator) -> None:
-        self._decorators.append(node)
-
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         wanted = {q for q, api in DEPRECATED.items() if api.since <= self.context.target_torch}
-        bare = any(facts.qualified_name(d.decorator) in wanted for d in self._decorators)
+        bare = any(facts.qualified_name(d.decorator) in wanted for d in facts.records.decorators)
         if not bare and not facts.calls_to(*wanted):
             return
         references = find_references(facts, DEPRECATED_MODULES)

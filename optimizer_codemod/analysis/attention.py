@@ -20,6 +20,7 @@ from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.scalars import is_python_number
 from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -112,7 +113,7 @@ _STATEMENT_HOLDERS = (
 
 def _functions(node: cst.CSTNode, klass: Optional[cst.ClassDef]):
     """Every function with the class it is a method of (None for other functions)."""
-    for child in node.children:
+    for child in children(node):
         if isinstance(child, cst.FunctionDef):
             yield child, klass
             yield from _functions(child.body, None)
@@ -132,7 +133,7 @@ def _blocks(function: cst.FunctionDef) -> List[cst.IndentedBlock]:
             continue
         if isinstance(node, cst.IndentedBlock):
             found.append(node)
-        stack.extend(child for child in node.children if isinstance(child, _STATEMENT_HOLDERS))
+        stack.extend(child for child in children(node) if isinstance(child, _STATEMENT_HOLDERS))
     return found
 
 

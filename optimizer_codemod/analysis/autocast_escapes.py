@@ -30,6 +30,7 @@ from optimizer_codemod.analysis.escapes import HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -143,16 +144,16 @@ class _ScopeIndex:
                 if node not in stores:
                     self.reads.setdefault(node.value, []).append(node)
                 continue
-            children: Sequence[cst.CSTNode] = node.children
+            below: Sequence[cst.CSTNode] = children(node)
             if isinstance(node, cst.Attribute):
-                children = (node.value,)
+                below = (node.value,)
             elif isinstance(node, cst.Arg):
-                children = (node.value,)
+                below = (node.value,)
             elif isinstance(node, cst.FunctionDef):
-                children = (node.body,)
+                below = (node.body,)
             elif isinstance(node, (cst.Import, cst.ImportFrom)):
-                children = ()
-            stack.extend((child, node) for child in reversed(children))
+                below = ()
+            stack.extend((child, node) for child in reversed(below))
 
     def suite_of(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         while node is not None and not isinstance(node, _SUITES):

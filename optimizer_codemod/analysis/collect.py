@@ -8,18 +8,22 @@ need no parent map and no second walk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import method_name
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+from optimizer_codemod.analysis.walk import walk
 
 LoopNode = Union[cst.For, cst.While]
 FunctionNode = cst.FunctionDef
 
 
-@dataclass
+# Identity, not field-by-field, equality: one Loop per loop node, and `loop in site.loops`
+# is asked for every record of a file (a field comparison walks the chain of parents).
+@dataclass(eq=False)
 class Loop:
     node: LoopNode
     parent: Optional["Loop"]
@@ -106,6 +110,7 @@ class Records:
     functions: Dict[str, FunctionNode] = field(default_factory=dict)
     comprehensions: List[Comprehension] = field(default_factory=list)
     with_items: List[Tuple[cst.WithItem, Site]] = field(default_factory=list)
+    decorators: List[cst.Decorator] = field(default_factory=list)
     # `if`, conditional expressions and `try` (with the suite that holds an `if` statement):
     # where feature checks may sit (guards.py).
     branches: List[Tuple[Union[cst.If, cst.IfExp, cst.Try], Optional[cst.CSTNode]]] = field(
@@ -136,6 +141,11 @@ def is_main_guard(node: cst.If) -> bool:
     return "__name__" in sides and bool(sides & {"'__main__'", '"__main__"'})
 
 
+@lru_cache(maxsize=None)
+def _is_statement(node_type: type) -> bool:
+    return issubclass(node_type, cst.BaseStatement)
+
+
 class Collector(cst.CSTVisitor):
     def __init__(self) -> None:
         super().__init__()
@@ -160,15 +170,25 @@ class Collector(cst.CSTVisitor):
             order=self._order,
         )
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.BaseStatement):
+    # The statement stack, around every statement (walk.py calls these for _walk_types;
+    # LibCST's visit calls them through on_visit/on_leave, for every node).
+    _walk_types = cst.BaseStatement
+
+    def _walk_enter(self, node: cst.CSTNode) -> None:
+        if _is_statement(type(node)):
             self._statements.append(node)
+
+    def _walk_leave(self, node: cst.CSTNode) -> None:
+        if _is_statement(type(node)):
+            self._statements.pop()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self._walk_enter(node)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
-        if isinstance(original_node, cst.BaseStatement):
-            self._statements.pop()
+        self._walk_leave(original_node)
 
     # The block that holds the statement being visited (for `if` statements: guards.py).
     def visit_Module(self, node: cst.Module) -> None:
@@ -314,6 +334,9 @@ class Collector(cst.CSTVisitor):
             for name in target_names(node.asname.name):
                 self._bind(name)
 
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        self.records.decorators.append(node)
+
     # Calls and reads -------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
@@ -334,7 +357,7 @@ class Collector(cst.CSTVisitor):
 
 def collect(module: cst.Module) -> Records:
     collector = Collector()
-    module.visit(collector)
+    walk(module, collector)
     # Qualified names depend on every import, including ones below first use; resolve again.
     imports = collector.records.imports
     for call in collector.records.calls:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Optional, Set, Tuple
-from weakref import WeakKeyDictionary
+from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -58,10 +57,6 @@ class DeviceKind(enum.Enum):
 
 
 _STRINGS = (cst.SimpleString, cst.ConcatenatedString)
-# device_kind's answers per script, name and depth (a script's facts are never changed).
-_KIND_MEMO: "WeakKeyDictionary[ScriptFacts, Dict[Tuple[str, int], DeviceKind]]" = (
-    WeakKeyDictionary()
-)
 
 
 def _combine(kinds: Iterable[DeviceKind]) -> DeviceKind:
@@ -78,6 +73,10 @@ def device_kind(
 ) -> DeviceKind:
     if node is None or depth > MAX_DEPTH:
         return DeviceKind.UNKNOWN
+    return _memoized(facts, "device_kind", (node, depth), _device_kind, node, depth)
+
+
+def _device_kind(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> DeviceKind:
     # Only a string literal can name a device; printing other nodes to find out is costly.
     value = literal(node, None) if isinstance(node, _STRINGS) else None
     if isinstance(value, str):
@@ -98,18 +97,26 @@ def device_kind(
         )
     name = dotted_name(node)
     if name is not None:
-        # Followed once per name and depth: a name assigned in many places (`device` in a
-        # file of tests) would otherwise be followed again through every assignment.
-        memo = _KIND_MEMO.setdefault(facts, {})
-        if (name, depth) not in memo:
-            values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
-            memo[name, depth] = (
-                _combine(device_kind(facts, v, depth + 1) for v in values)
-                if values
-                else DeviceKind.UNKNOWN
-            )
-        return memo[name, depth]
+        return _memoized(facts, "name_device_kind", (name, depth), _name_device_kind, name, depth)
     return DeviceKind.UNKNOWN
+
+
+def _name_device_kind(facts: "ScriptFacts", name: str, depth: int) -> DeviceKind:
+    values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+    if values:
+        return _combine(device_kind(facts, v, depth + 1) for v in values)
+    return DeviceKind.UNKNOWN
+
+
+def _memoized(facts: "ScriptFacts", table: str, key, compute, *args):
+    # Every name-following answer here depends only on its key within one pass's facts: a
+    # name assigned in each of a file's n functions is followed once, not n times per use.
+    memo = facts.memo(table)
+    try:
+        return memo[key]
+    except KeyError:
+        found = memo[key] = compute(facts, *args)
+        return found
 
 
 def device_types(
@@ -122,6 +129,12 @@ def device_types(
     """
     if node is None or depth > MAX_DEPTH:
         return None
+    return _memoized(facts, "device_types", (node, depth), _device_types, node, depth)
+
+
+def _device_types(
+    facts: "ScriptFacts", node: cst.BaseExpression, depth: int
+) -> Optional[FrozenSet[str]]:
     value = literal(node, None)
     if isinstance(value, str):
         return frozenset({value.split(":")[0]}) if value else None
@@ -140,15 +153,20 @@ def device_types(
         return body | orelse if body is not None and orelse is not None else None
     name = dotted_name(node)
     if name is not None:
-        values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
-        if values and not any(a.unpacked for a in facts.assignments_to(name)):
-            found: FrozenSet[str] = frozenset()
-            for value in values:
-                types = device_types(facts, value, depth + 1)
-                if types is None:
-                    return None
-                found |= types
-            return found
+        return _memoized(facts, "name_device_types", (name, depth), _name_device_types, name, depth)
+    return None
+
+
+def _name_device_types(facts: "ScriptFacts", name: str, depth: int) -> Optional[FrozenSet[str]]:
+    values = [a.value for a in facts.assignments_to(name) if not a.unpacked]
+    if values and not any(a.unpacked for a in facts.assignments_to(name)):
+        found: FrozenSet[str] = frozenset()
+        for value in values:
+            types = device_types(facts, value, depth + 1)
+            if types is None:
+                return None
+            found |= types
+        return found
     return None
 
 
@@ -187,6 +205,10 @@ def _looks_like_dtype(node: cst.BaseExpression) -> bool:
 
 def places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> bool:
     """Whether this call may put its result on an accelerator (`.cuda()`, `.to(dev)`, `device=`)."""
+    return _memoized(facts, "places_on_accelerator", call, _places_on_accelerator, call)
+
+
+def _places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> bool:
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
         return True
@@ -201,26 +223,66 @@ def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression, dept
     """Whether the value of `node` could be a tensor on an accelerator, following names.
 
     Used to keep `pin_memory` away from data already on the device (pinning raises there).
+    A name is followed through every assignment to it but the one whose value is `node`
+    itself, at most MAX_DEPTH times; a chain of names deeper than that counts as "may".
     """
     if depth > MAX_DEPTH:
         return True
-    for call in find_all(node, cst.Call):
-        assert isinstance(call, cst.Call)
+    return _memoized(facts, "may_live", (node, depth), _may_live, node, depth)
+
+
+def _may_live(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> bool:
+    calls, names = _calls_and_names(facts, node)
+    for call in calls:
         if places_on_accelerator(facts, call):
             return True
         constructed = facts.imports.qualified_name(call.func) or dotted_name(call.func)
         if constructed in facts.classes and facts.class_places_on_accelerator(constructed):
             return True
-    for ref in find_all(node, cst.Name, cst.Attribute):
-        name = dotted_name(ref)
-        if name is None:
-            continue
+    return any(_other_values_may_live(facts, name, node, depth + 1) for name in names)
+
+
+def _calls_and_names(facts: "ScriptFacts", node: cst.BaseExpression):
+    """The calls in `node` and the dotted names it reads, in source order (per node, not per
+    depth: the same value is asked about at every depth of the chains that reach it)."""
+    memo = facts.memo("calls_and_names")
+    found = memo.get(node)
+    if found is None:
+        calls = find_all(node, cst.Call)
+        names = [dotted_name(ref) for ref in find_all(node, cst.Name, cst.Attribute)]
+        found = memo[node] = (calls, [n for n in names if n is not None])
+    return found
+
+
+def _other_values_may_live(
+    facts: "ScriptFacts", name: str, node: cst.BaseExpression, depth: int
+) -> bool:
+    """Some value assigned to `name`, other than `node`, may live on an accelerator."""
+    assignments = facts.assignments_to(name)
+    own = _times_assigned(facts, name, node)
+    if depth > MAX_DEPTH:
+        return len(assignments) > own
+    # Counting (not just finding one) makes the answer one lookup per name and depth, the
+    # same for every value that reads the name; `node`'s own assignments are taken back out.
+    live = _memoized(facts, "live_values", (name, depth), _live_values, name, depth)
+    if own and may_live_on_accelerator(facts, node, depth):
+        live -= own
+    return live > 0
+
+
+def _live_values(facts: "ScriptFacts", name: str, depth: int) -> int:
+    return sum(may_live_on_accelerator(facts, a.value, depth) for a in facts.assignments_to(name))
+
+
+def _times_assigned(facts: "ScriptFacts", name: str, node: cst.BaseExpression) -> int:
+    """How many of the assignments to `name` assign `node` (`x = x = value` is two)."""
+    memo = facts.memo("times_assigned")
+    counts = memo.get(name)
+    if counts is None:
+        counts = memo[name] = {}
         for assignment in facts.assignments_to(name):
-            if assignment.value is not node and may_live_on_accelerator(
-                facts, assignment.value, depth + 1
-            ):
-                return True
-    return False
+            counts[assignment.value] = counts.get(assignment.value, 0) + 1
+    return counts.get(node, 0)
 
 
 # Values on the device -------------------------------------------------------------------------

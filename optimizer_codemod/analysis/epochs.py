@@ -18,6 +18,7 @@ from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -63,17 +64,20 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
     training = facts.training_loops
     reaching = facts.functions_reaching_backward
     found = []
+    around_training = {id(inner.parent) for inner in training if inner.parent is not None}
+    training_ids = {id(inner) for inner in training}
     for loop in facts.records.loops:
         if not isinstance(loop.node, cst.For) or not loop.targets:
             continue
         # The nearest loop around the training loop; an outer one (over runs, folds) is not
         # an epoch loop.
-        encloses = any(inner.parent is loop for inner in training)
+        encloses = id(loop) in around_training
         calls_training = any(
-            callee_name(call.node) in reaching and call.site.loop is loop
-            for call in facts.loop_calls(loop)
+            callee_name(call.node) in reaching for call in facts.calls_directly_in(loop)
         )
-        full_batch = loop in training and any("epoch" in name.lower() for name in loop.targets)
+        full_batch = id(loop) in training_ids and any(
+            "epoch" in name.lower() for name in loop.targets
+        )
         if encloses or calls_training or full_batch:
             found.append(loop)
     return found
@@ -97,7 +101,7 @@ def containing_body(root: cst.CSTNode, statement: cst.BaseStatement) -> Optional
             s is statement for s in node.body
         ):
             return node
-        stack.extend(node.children)
+        stack.extend(children(node))
     return None
 
 
@@ -141,11 +145,7 @@ def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     """The loop's variables and the names its body computes from them (`step = epoch * n`);
     throwaway names (`_`, `__`, `_unused`) are never evidence."""
     names = {name for name in loop.targets if not is_throwaway(name)}
-    inside = [
-        a
-        for a in facts.records.assignments
-        if loop in a.site.loops and not a.augmented and "." not in a.target
-    ]
+    inside = [a for a in facts.assignments_in(loop) if not a.augmented and "." not in a.target]
     changed = True
     while changed:
         changed = False
@@ -192,9 +192,9 @@ def _reads_and_binds(tree: cst.CSTNode) -> Tuple[Set[str], Set[str]]:
                 binds.add((dotted_name(bound) or "").split(".")[0])
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             binds.add(node.name.value)
-            stack.extend(c for c in node.children if c is not node.name)
+            stack.extend(c for c in children(node) if c is not node.name)
         else:
-            stack.extend(node.children)
+            stack.extend(children(node))
     return reads, binds
 
 
@@ -211,7 +211,7 @@ def _breaks_out(block: cst.BaseSuite, kind: type = cst.Break) -> bool:
             continue
         if isinstance(node, _SCOPES):
             continue
-        stack.extend(node.children)
+        stack.extend(children(node))
     return False
 
 
@@ -234,11 +234,11 @@ def _movable(statement: cst.BaseStatement) -> bool:
             )
             if node.orelse is not None:
                 stack.append(node.orelse)
-            stack.extend(c for c in node.children if c is not node.body and c is not node.orelse)
+            stack.extend(c for c in children(node) if c is not node.body and c is not node.orelse)
             continue
         if isinstance(node, cst.Lambda):
             continue
-        stack.extend(node.children)
+        stack.extend(children(node))
     return True
 
 

@@ -27,6 +27,7 @@ from optimizer_codemod.analysis.devices import HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -68,7 +69,7 @@ def parents(root: cst.CSTNode) -> Dict[cst.CSTNode, cst.CSTNode]:
     stack: List[cst.CSTNode] = [root]
     while stack:
         current = stack.pop()
-        for child in current.children:
+        for child in children(current):
             table[child] = current
             stack.append(child)
     return table
@@ -161,7 +162,7 @@ def _scope_nodes(scope: Scope) -> Iterable[cst.CSTNode]:
     while stack:
         node = stack.pop()
         yield node
-        for child in node.children:
+        for child in children(node):
             if isinstance(child, _NESTED):
                 continue
             stack.append(child)

@@ -150,16 +150,16 @@ def _kind_of(
         return DatasetKind.UNKNOWN
     name = dotted_name(node)
     if name is not None:
-        assignments = facts.assignments_to(name)
-        kinds = set()
-        for assignment in assignments:
-            value = assignment.value
-            if assignment.unpacked:  # `train, val = random_split(dataset, ...)`
-                split = isinstance(value, cst.Call) and facts.qualified_name(value.func) in SUBSETS
-                if not split:
-                    return DatasetKind.UNKNOWN
-            kinds.add(_kind_of(facts, value, depth + 1, classes))
-        return kinds.pop() if len(kinds) == 1 else DatasetKind.UNKNOWN
+        # Every use of a name asks the same question of all its assignments: answered once
+        # per pass, with the classes the answer went through (callers collect those).
+        memo = facts.memo("dataset_kind_of_name")
+        key = (name, depth)
+        if key not in memo:
+            found: List[str] = []
+            memo[key] = (_kind_of_name(facts, name, depth, found), tuple(found))
+        kind, seen = memo[key]
+        classes.extend(seen)
+        return kind
     if not isinstance(node, cst.Call):
         return DatasetKind.UNKNOWN
     qualname = facts.qualified_name(node.func)
@@ -180,6 +180,18 @@ def _kind_of(
     if qualname is None and local in facts.classes:
         return _class_kind(facts, local, 0, classes)
     return DatasetKind.UNKNOWN
+
+
+def _kind_of_name(facts: "ScriptFacts", name: str, depth: int, classes: List[str]) -> DatasetKind:
+    kinds = set()
+    for assignment in facts.assignments_to(name):
+        value = assignment.value
+        if assignment.unpacked:  # `train, val = random_split(dataset, ...)`
+            split = isinstance(value, cst.Call) and facts.qualified_name(value.func) in SUBSETS
+            if not split:
+                return DatasetKind.UNKNOWN
+        kinds.add(_kind_of(facts, value, depth + 1, classes))
+    return kinds.pop() if len(kinds) == 1 else DatasetKind.UNKNOWN
 
 
 def _class_kind(facts: "ScriptFacts", name: str, depth: int, classes: List[str]) -> DatasetKind:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal, method_name
+from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -123,7 +124,7 @@ class _Scope:
             if isinstance(node, (cst.Global, cst.Nonlocal)):
                 self.result.escaped |= {item.name.value for item in node.names}
             self._record_bindings(node)
-            for child in node.children:
+            for child in children(node):
                 self.parents[child] = node
                 stack.append(child)
             if isinstance(node, cst.Name):
@@ -510,7 +511,7 @@ def _all_names(node: cst.CSTNode) -> List[cst.CSTNode]:
         current = stack.pop()
         if isinstance(current, cst.Name):
             found.append(current)
-        stack.extend(current.children)
+        stack.extend(children(current))
     return found
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Type
 
 import libcst as cst
+from optimizer_codemod.analysis.walk import children
 
 
 def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
@@ -16,11 +17,15 @@ def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
     every node when no type is given."""
     found: List[cst.CSTNode] = []
     stack = [tree]
+    pop, push = stack.pop, stack.extend
     while stack:
-        node = stack.pop()
+        node = pop()
         if not types or isinstance(node, types):
             found.append(node)
-        stack.extend(reversed(node.children))
+        below = children(node)
+        if below:
+            below.reverse()
+            push(below)
     return found
 
 

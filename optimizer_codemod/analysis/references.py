@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Tu
 import libcst as cst
 
 from optimizer_codemod.analysis.imports import ImportedName, dotted_name
+from optimizer_codemod.analysis.walk import walk
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -78,14 +79,14 @@ class _Walker(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         if not self._record(node):
-            node.value.visit(self)  # `x.autocast`: the attribute name is no reference
+            walk(node.value, self)  # `x.autocast`: the attribute name is no reference
         return False
 
     def visit_Name(self, node: cst.Name) -> None:
         self._record(node)
 
     def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)  # keyword names are no references
+        walk(node.value, self)  # keyword names are no references
         return False
 
     def visit_Param(self, node: cst.Param) -> bool:
@@ -94,7 +95,7 @@ class _Walker(cst.CSTVisitor):
         self._record(node.name)
         for part in (node.annotation, node.default):
             if part is not None:
-                part.visit(self)
+                walk(part, self)
         return False
 
     def _exported(self, target: cst.BaseExpression, value: Optional[cst.BaseExpression]) -> None:
@@ -120,7 +121,7 @@ class _Walker(cst.CSTVisitor):
 def find_references(facts: "ScriptFacts", prefixes: Collection[str]) -> List[Reference]:
     """Every use of a name whose qualified name is one of `prefixes` or lies under one."""
     walker = _Walker(facts, tuple(prefixes))
-    facts.module.visit(walker)
+    walk(facts.module, walker)
     return walker.found
 
 

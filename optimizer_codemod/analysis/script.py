@@ -41,10 +41,22 @@ class ScriptFacts:
     def __init__(self, module: cst.Module, records: Records):
         self.module = module
         self.records = records
+        self._memos: Dict[str, dict] = {}
 
     @classmethod
     def of(cls, module: cst.Module) -> "ScriptFacts":
         return cls(module, collect(module))
+
+    def memo(self, table: str) -> dict:
+        """A table for one name-following answer, kept as long as these facts (one pass).
+
+        Answers that follow a name through every assignment to it, file-wide, must be kept:
+        recomputed per question, their cost grows with a power of the file's length.
+        """
+        found = self._memos.get(table)
+        if found is None:
+            found = self._memos[table] = {}
+        return found
 
     # Names -----------------------------------------------------------------------------
     @property
@@ -183,9 +195,55 @@ class ScriptFacts:
                 loops.append(loop)
         return sorted(loops, key=lambda loop: loop.start)
 
+    # What each loop holds, indexed once: questions asked per loop (or per call in a loop)
+    # must not scan the whole file's records each time.
     def loop_calls(self, loop: Loop) -> List[CallSite]:
         """Calls inside `loop` (nested loops included)."""
-        return [c for c in self.records.calls if loop in c.site.loops]
+        return list(self._inside_loops("calls").get(id(loop), ()))
+
+    def calls_directly_in(self, loop: Loop) -> List[CallSite]:
+        """Calls in `loop`'s own body (not in a loop nested in it)."""
+        return list(self._directly_in_loops("calls").get(id(loop), ()))
+
+    def assignments_in(self, loop: Loop) -> List[Assignment]:
+        """Assignments inside `loop` (nested loops included)."""
+        return list(self._inside_loops("assignments").get(id(loop), ()))
+
+    def comprehensions_in(self, loop: Loop) -> list:
+        """Comprehensions inside `loop` (nested loops included)."""
+        return list(self._inside_loops("comprehensions").get(id(loop), ()))
+
+    def loops_inside(self, loop: Loop) -> List[Loop]:
+        """Loops nested in `loop`, at any depth, in source order."""
+        return list(self._nested_loops.get(id(loop), ()))
+
+    def _inside_loops(self, kind: str) -> Dict[int, list]:
+        memo = self.memo("inside_loops")
+        table = memo.get(kind)
+        if table is None:
+            table = memo[kind] = {}
+            for item in getattr(self.records, kind):
+                for loop in item.site.loops:
+                    table.setdefault(id(loop), []).append(item)
+        return table
+
+    def _directly_in_loops(self, kind: str) -> Dict[int, list]:
+        memo = self.memo("directly_in_loops")
+        table = memo.get(kind)
+        if table is None:
+            table = memo[kind] = {}
+            for item in getattr(self.records, kind):
+                if item.site.loops:
+                    table.setdefault(id(item.site.loops[-1]), []).append(item)
+        return table
+
+    @cached_property
+    def _nested_loops(self) -> Dict[int, List[Loop]]:
+        table: Dict[int, List[Loop]] = {}
+        for inner in self.records.loops:
+            for outer in inner.ancestors:
+                table.setdefault(id(outer), []).append(inner)
+        return table
 
     def optimizer_constructions(self) -> List[CallSite]:
         return [
@@ -249,6 +307,13 @@ class ScriptFacts:
     def loader_named(self, name: str, depth: int = 0) -> Optional[CallSite]:
         if depth > 3:
             return None
+        memo = self.memo("loader_named")
+        key = (name, depth)
+        if key not in memo:
+            memo[key] = self._loader_named(name, depth)
+        return memo[key]
+
+    def _loader_named(self, name: str, depth: int) -> Optional[CallSite]:
         found = None
         for assignment in self.assignments_to(name):
             if assignment.unpacked:
@@ -277,8 +342,8 @@ class ScriptFacts:
     def names_derived_in(self, loop: Loop, seeds: Set[str]) -> Set[str]:
         """`seeds` and the names inside `loop` bound to parts of them (unpacking, indexing...)."""
         names = set(seeds)
-        inside = [a for a in self.records.assignments if loop in a.site.loops]
-        comprehensions = [c for c in self.records.comprehensions if loop in c.site.loops]
+        inside = self.assignments_in(loop)
+        comprehensions = self.comprehensions_in(loop)
         changed = True
         while changed:
             changed = False

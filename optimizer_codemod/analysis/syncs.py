@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
+from optimizer_codemod.analysis.walk import children, walk
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -413,7 +414,7 @@ def _walk(root: cst.CSTNode) -> List[cst.CSTNode]:
         found.append(node)
         if isinstance(node, _NESTED):
             continue
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(children(node)))
     return found
 
 
@@ -462,7 +463,7 @@ def name_uses(scope: Scope, name: str) -> List[NameUse]:
     own variable and are skipped; other nested occurrences are marked `nested`.
     """
     visitor = _NameUses(name, scope)
-    scope.visit(visitor)
+    walk(scope, visitor)
     return visitor.uses
 
 
@@ -520,10 +521,10 @@ class _NameUses(cst.CSTVisitor):
             self._stores.update(_bound_names(node.asname.name if node.asname else node.name))
         elif isinstance(node, (cst.Attribute)):
             # `x.running` is no use of the variable `running`.
-            node.value.visit(self)
+            walk(node.value, self)
             return False
         elif isinstance(node, cst.Arg) and node.keyword is not None:
-            node.value.visit(self)
+            walk(node.value, self)
             return False
         elif isinstance(node, cst.Name) and node.value == self.name:
             self.uses.append(NameUse(node, node in self._stores, self._depth > 0))
@@ -563,8 +564,8 @@ def backward_losses(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     """Names `x` with a bare `x.backward()` (or `scaler.scale(x).backward()`) in `loop`:
     scalar floating tensors."""
     found: Set[str] = set()
-    for call in facts.method_calls("backward"):
-        if call.site.loop is not loop or call.node.args:
+    for call in facts.calls_directly_in(loop):
+        if call.method != "backward" or call.node.args:
             continue
         receiver = call.node.func.value
         if (
@@ -585,8 +586,8 @@ def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
     losses = backward_losses(facts, loop)
     return [
         call
-        for call in facts.method_calls("item")
-        if call.site.loop is loop
+        for call in facts.calls_directly_in(loop)
+        if call.method == "item"
         and not call.node.args
         and call.receiver in losses
         and isinstance(call.node.func, cst.Attribute)
@@ -834,7 +835,7 @@ def _parents(scope: Scope) -> dict:
     stack: List[cst.CSTNode] = [scope]
     while stack:
         current = stack.pop()
-        for child in current.children:
+        for child in children(current):
             parents[child] = current
             stack.append(child)
     return parents

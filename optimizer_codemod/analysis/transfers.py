@@ -210,8 +210,8 @@ def _host_chain(
             if root is None:
                 return None
             pending.append(root)
-        for comprehension in facts.records.comprehensions:
-            if name in comprehension.targets and loop in comprehension.site.loops:
+        for comprehension in facts.comprehensions_in(loop):
+            if name in comprehension.targets:
                 if comprehension.site.statement is statement:
                     root = derived_root(comprehension.iter, names)
                 else:
@@ -239,8 +239,8 @@ def _written(
             continue
         if _IN_PLACE.match(call.method or "") and _base(call.node.func.value) in chain:
             return True
-    for assignment in facts.records.assignments:
-        if assignment.augmented and loop in assignment.site.loops:
+    for assignment in facts.assignments_in(loop):
+        if assignment.augmented:
             if assignment.site.statement is not statement and _base_of(assignment.target) in chain:
                 return True
     own = getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ()
@@ -255,8 +255,8 @@ def _written(
                 if _base(part) in chain:
                     return True
     # Rebound where the analysis records no assignment: an inner for, `with ... as`, `:=`.
-    for inner in facts.records.loops:
-        if loop in inner.ancestors and chain & set(inner.targets):
+    for inner in facts.loops_inside(loop):
+        if chain & set(inner.targets):
             return True
     for item, site in facts.records.with_items:
         if loop in site.loops and item.asname is not None:
@@ -302,9 +302,7 @@ def _element_of_batch(
     if name is None:
         return False
     bindings = [a for a in facts.assignments_to(name) if loop in a.site.loops]
-    comprehensions = [
-        c for c in facts.records.comprehensions if name in c.targets and loop in c.site.loops
-    ]
+    comprehensions = [c for c in facts.comprehensions_in(loop) if name in c.targets]
     if not bindings and not comprehensions:
         return False
     return all(not a.unpacked and isinstance(a.value, cst.Subscript) for a in bindings) and all(
@@ -342,6 +340,31 @@ def _parameter_names(function: cst.FunctionDef) -> List[str]:
     return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
 
 
+def _calls_by_callee(facts: "ScriptFacts") -> Dict[str, List[CallSite]]:
+    """Calls `f(...)` by `f`, and `self.f(...)`/`cls.f(...)` by `f`, in source order."""
+    memo = facts.memo("calls_by_callee")
+    if "table" not in memo:
+        table: Dict[str, List[CallSite]] = {}
+        for call in facts.records.calls:
+            if isinstance(call.node.func, cst.Name):
+                table.setdefault(call.node.func.value, []).append(call)
+            elif call.method is not None and call.receiver in ("self", "cls"):
+                table.setdefault(call.method, []).append(call)
+        memo["table"] = table
+    return memo["table"]
+
+
+def _mentions(facts: "ScriptFacts") -> Dict[str, int]:
+    """How many times each name is written in the file (one walk per pass, asked per copy)."""
+    memo = facts.memo("name_mentions")
+    if "counts" not in memo:
+        counts: Dict[str, int] = {}
+        for node in find_all(facts.module, cst.Name):
+            counts[node.value] = counts.get(node.value, 0) + 1
+        memo["counts"] = counts
+    return memo["counts"]
+
+
 def parameter_values(
     facts: "ScriptFacts", function: cst.FunctionDef, name: str
 ) -> Optional[Sequence[cst.BaseExpression]]:
@@ -362,17 +385,11 @@ def parameter_values(
         ),
         None,
     )
-    callers = [
-        call
-        for call in facts.records.calls
-        if (isinstance(call.node.func, cst.Name) and call.node.func.value == function.name.value)
-        or (call.method == function.name.value and call.receiver in ("self", "cls"))
-    ]
+    callers = list(_calls_by_callee(facts).get(function.name.value, ()))
     if not callers or facts.assignments_to(function.name.value):
         return None
     # Used other than by these calls (passed to a thread, stored): its callers are unknown.
-    mentions = [n for n in find_all(facts.module, cst.Name) if n.value == function.name.value]
-    if len(mentions) > len(callers) + 1:
+    if _mentions(facts).get(function.name.value, 0) > len(callers) + 1:
         return None
     values: List[cst.BaseExpression] = []
     for caller in callers:
