@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.collect import Loop, is_main_guard
 from optimizer_codemod.analysis.epochs import is_throwaway
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, lone_call
+from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
     StepSync,
     alone_in_statement,
@@ -175,14 +176,20 @@ class DebugSwitches:
 def _path_to(root: cst.CSTNode, target: cst.CSTNode) -> List[cst.CSTNode]:
     """The nodes from `root` down to `target`'s parent (empty when `target` is not there);
     nested functions are not entered unless `root` is one."""
-    stack = [(root, [root])]
+    # Parents are remembered instead of copying a path per node: linear in the tree's size.
+    parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+    stack = [root]
     while stack:
-        node, path = stack.pop()
-        for child in node.children:
+        node = stack.pop()
+        for child in children(node):
             if child is target:
-                return path
+                path = [node]
+                while path[-1] is not root:
+                    path.append(parents[path[-1]])
+                return path[::-1]
             if not isinstance(child, (cst.FunctionDef, cst.Lambda)):
-                stack.append((child, path + [child]))
+                parents[child] = node
+                stack.append(child)
     return []
 
 
