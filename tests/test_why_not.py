@@ -154,7 +154,7 @@ def test_the_command_line_lists_reasons_in_text_and_json(tmp_path: Path) -> None
         run_cli(["apply", str(script), "--check", "--why-not", "--output-format", "json"]).output
     )
     statuses = {(f["code"], f["status"]) for f in document["findings"]}
-    assert ("OPT102", "declined") in statuses and ("OPT501", "fixed") in statuses
+    assert ("OPT102", "declined") in statuses and ("OPT501", "fixable") in statuses
     github = run_cli(["apply", str(script), "--check", "--why-not", "--output-format", "github"])
     assert "OPT102" not in github.output  # no annotation on code left alone
     sarif = json.loads(
