@@ -383,11 +383,11 @@ def device_names(
     depends on the order of statements, which this does not follow. Callers ask only where
     the script places something on an accelerator (`uses_accelerator`): elsewhere no tensor
     is on one."""
-    assignments = [a for a in facts.records.assignments if a.site.function is function]
+    assignments = facts.in_function("assignments", function)
     modules: Set[str] = set()
-    for call in facts.records.calls:
+    for call in facts.in_function("calls", function):
         callee = dotted_name(call.node.func)
-        if call.site.function is function and callee is not None and callee not in modules:
+        if callee is not None and callee not in modules:
             if call.qualname is None and holds_module(facts, callee):
                 modules.add(callee)
     names = set(seeds) - modules

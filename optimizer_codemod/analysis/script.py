@@ -217,6 +217,17 @@ class ScriptFacts:
         """Loops nested in `loop`, at any depth, in source order."""
         return list(self._nested_loops.get(id(loop), ()))
 
+    def in_function(self, kind: str, function: Optional[cst.FunctionDef]) -> list:
+        """The `kind` records ("calls", "assignments") whose site is `function`'s own scope
+        (None: module level), from one index built per kind."""
+        memo = self.memo("in_function")
+        table = memo.get(kind)
+        if table is None:
+            table = memo[kind] = {}
+            for item in getattr(self.records, kind):
+                table.setdefault(id(item.site.function), []).append(item)
+        return table.get(id(function), [])
+
     def _inside_loops(self, kind: str) -> Dict[int, list]:
         memo = self.memo("inside_loops")
         table = memo.get(kind)

@@ -338,10 +338,8 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     with a loss (`logits, loss = model(x, y)`)."""
     losses = backward_losses(facts, loop)
     seeds = set(losses)
-    for loss in losses:
-        for assignment in facts.assignments_to(loss):
-            if loop not in assignment.site.loops:
-                continue
+    for assignment in facts.assignments_in(loop):
+        if assignment.target in losses:
             value = assignment.value
             if assignment.unpacked:
                 statement = assignment.statement_node
@@ -710,8 +708,8 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
         losses = backward_losses(facts, loop)
         items: List[CallSite] = []
         types: Dict[str, Set[str]] = {}
-        for call in facts.method_calls("item"):
-            if call.site.loop is not loop or call.node.args or call.receiver in losses:
+        for call in facts.calls_directly_in(loop):
+            if call.method != "item" or call.node.args or call.receiver in losses:
                 continue
             small = _small_statement(call)
             accumulated = _accumulated(small) if small is not None else None
