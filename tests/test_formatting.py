@@ -206,6 +206,33 @@ def test_a_keyword_added_to_a_hugged_call_keeps_its_layout() -> None:
     assert not [line for line in new.splitlines() if line != line.rstrip()]
 
 
+@pytest.mark.parametrize(
+    "written, expected",
+    [
+        # one argument per line without a trailing comma: the keyword gets its own line
+        (
+            "opt = torch.optim.AdamW(\n    params,\n    lr=1e-3\n)\n",
+            "opt = torch.optim.AdamW(\n    params,\n    lr=1e-3,\n    fused=True\n)\n",
+        ),
+        # ... and a comment ending the last argument's line stays on that line
+        (
+            "opt = torch.optim.AdamW(\n    params,\n    lr=1e-3  # tuned\n)\n",
+            "opt = torch.optim.AdamW(\n    params,\n    lr=1e-3,  # tuned\n    fused=True\n)\n",
+        ),
+        # keywords written with spaces around `=` get the new one the same way
+        (
+            "opt = torch.optim.AdamW(params, lr = 1e-3, betas = (0.9, 0.95))\n",
+            "opt = torch.optim.AdamW(params, lr = 1e-3, betas = (0.9, 0.95), fused = True)\n",
+        ),
+    ],
+)
+def test_a_keyword_is_added_in_the_call_s_own_style(written: str, expected: str) -> None:
+    from optimizer_codemod import rewrite
+
+    head = "import torch\n\n"
+    assert rewrite(head + written, select=["OPT501"]).source == head + expected
+
+
 def test_a_hugged_call_that_no_longer_fits_goes_one_argument_per_line() -> None:
     from optimizer_codemod import rewrite
 

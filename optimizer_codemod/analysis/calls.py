@@ -98,13 +98,7 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
 
     Callers make sure no `**kwargs` could already carry `name`.
     """
-    new_arg = cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-        ),
-    )
+    new_arg = cst.Arg(value=value, keyword=cst.Name(name), equal=_keyword_equal(call))
     args = list(call.args)
     if not args:
         return call.with_changes(args=[new_arg])
@@ -127,6 +121,19 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
                 whitespace_after=_strip_comment(trailing),
             )
         )
+    elif _indent_before(call, len(args) - 1) is not None and isinstance(
+        last.whitespace_after_arg, cst.ParenthesizedWhitespace
+    ):
+        # One argument per line, without a trailing comma: the new one gets its own line, and
+        # a comment ending the last argument's line stays on that line.
+        closing = last.whitespace_after_arg
+        args[-1] = last.with_changes(
+            comma=cst.Comma(
+                whitespace_after=_with_last_line(closing, _indent_before(call, len(args) - 1))
+            ),
+            whitespace_after_arg=cst.SimpleWhitespace(""),
+        )
+        new_arg = new_arg.with_changes(whitespace_after_arg=_strip_comment(closing))
     else:
         # The space before `)` (a line break in black's hugging layout, `f(\n    a, b\n)`)
         # moves behind the new argument, so `)` stays where it was.
@@ -136,6 +143,23 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
         )
         new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
     return call.with_changes(args=[*args, new_arg])
+
+
+def _keyword_equal(call: cst.Call) -> cst.AssignEqual:
+    """`=` spaced as the call's own keywords are (`lr = 0.1` in a file written that way)."""
+    for arg in call.args:
+        equal = arg.equal
+        if (
+            arg.keyword is not None
+            and isinstance(equal, cst.AssignEqual)
+            and isinstance(equal.whitespace_before, cst.SimpleWhitespace)
+            and isinstance(equal.whitespace_after, cst.SimpleWhitespace)
+        ):
+            return cst.AssignEqual(
+                whitespace_before=equal.whitespace_before, whitespace_after=equal.whitespace_after
+            )
+    empty = cst.SimpleWhitespace("")
+    return cst.AssignEqual(whitespace_before=empty, whitespace_after=empty)
 
 
 def without_argument(call: cst.Call, arg: cst.Arg) -> cst.Call:
