@@ -296,3 +296,30 @@ def test_opt503_measurements_are_committed_with_machine_torch_and_date() -> None
         assert entry["speedup"] == pytest.approx(entry["before_s"] / entry["after_s"])
     # The rule's page renders them.
     assert len(measurements_for("OPT503", load_results())) == len(entries)
+
+
+# OPT605 ---------------------------------------------------------------------------------------
+def test_opt605_offers_bucket_views_on_the_ddp_workload_only_with_unsafe_fixes() -> None:
+    path = ROOT / "reference_models" / "mmdit_ddp" / "train.py"
+    source = path.read_text(encoding="utf-8")
+    default = rewrite(source, path=str(path), select=["OPT605"])
+    assert default.source == source
+    (finding,) = default.diagnostics
+    assert finding.status is Status.UNSAFE
+    assert "model = DDP(model, device_ids=" in source.splitlines()[finding.line - 1]
+    unsafe = rewrite(source, path=str(path), select=["OPT605"], unsafe_fixes=True)
+    assert unsafe.source.count("gradient_as_bucket_view=True") == 1
+
+
+def test_opt605_quotes_the_installed_torch() -> None:
+    torch = pytest.importorskip("torch")
+    # Compared without reST/Markdown backticks, which the two texts use differently.
+    doc = " ".join((torch.nn.parallel.DistributedDataParallel.__doc__ or "").split())
+    doc = doc.replace("`", "")
+    page = " ".join(rule_by_code("OPT605").__doc__.split()).replace("`", "")
+    for quoted in (
+        "Moreover, it avoids the overhead of copying between gradients and allreduce "
+        "communication buckets.",
+        "alone cannot avoid copies because the bucket view alias is destroyed every iteration",
+    ):
+        assert quoted in doc and quoted in page

@@ -99,7 +99,13 @@ class DDPFindUnusedParameters(Rule):
     Expected gain:
         One traversal of the autograd graph per iteration (proportional to the number of
         autograd nodes, not to tensor sizes): worth most for deep models with many small
-        layers and small per-rank batches. No published figure; not measured here.
+        layers and small per-rank batches. No published figure. Measured here on the shared
+        2-core CPU with one gloo process (`benchmarks/ddp_find_unused.py`, steps of both
+        settings interleaved) for 48 blocks of Linear(64, 64) + LayerNorm + GELU (192
+        parameter tensors), batch 16: median step 17.9 ms with the flag, 17.2 ms without
+        (x1.04), with interquartile ranges that overlap: small next to the step on this CPU.
+        Not measured on a GPU, where the step is shorter and the host-side traversal weighs
+        more.
     """
 
     code = "OPT603"
