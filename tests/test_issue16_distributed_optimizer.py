@@ -194,6 +194,35 @@ import timm
             None,
             id="helper-method-followed",
         ),
+        pytest.param(
+            """
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = nn.Linear(8, 8)
+                    self.register_buffer("mask", torch.ones(8))
+                    nn.init.zeros_(self.a.bias)
+                    self.apply(init_weights)
+
+                def forward(self, x):
+                    return self.a(x) * self.mask
+            """,
+            None,
+            id="buffers-and-initialisation",
+        ),
+        pytest.param(
+            """
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.register_parameter("w", nn.Parameter(torch.ones(8)))
+
+                def forward(self, x):
+                    return x
+            """,
+            "which may register parameters",
+            id="register-parameter",
+        ),
     ],
 )
 def test_why_parameters_may_go_unused(body: str, reason: Optional[str]) -> None:

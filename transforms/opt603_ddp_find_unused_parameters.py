@@ -86,7 +86,8 @@ class DDPFindUnusedParameters(Rule):
         every parameter used: the model is built here from a class deriving from `nn.Module`
         alone; its `__init__` is straight-line and assigns `self.X = ...` only from
         `torch.nn` layers, `nn.Parameter`, classes of this file (checked the same way) and
-        plain values; its `forward` (and the methods of the class it calls) has no `if`,
+        plain values (besides `register_buffer`, `self.apply(...)` and `nn.init` calls); its
+        `forward` (and the methods of the class it calls) has no `if`,
         conditional expression, `while`, `try`, `with`, `and`/`or`, early `return` or
         `detach`, loops only over its own containers, returns one value (not a tuple, list or
         dict: a loss using part of it would leave the rest without gradients) and reads every

@@ -172,7 +172,9 @@ def _registered(
                 "analysis does not follow"
             )
         for small in statement.body:
-            if isinstance(small, cst.Expr) and _is_super_init(small.value):
+            if isinstance(small, cst.Expr) and (
+                _is_super_init(small.value) or _registers_no_parameter(facts, small.value)
+            ):
                 continue
             if isinstance(small, (cst.Assign, cst.AnnAssign)):
                 targets = (
@@ -227,6 +229,24 @@ def _plain_parameter(init: cst.FunctionDef, value: cst.BaseExpression) -> bool:
             isinstance(default, cst.Name) and default.value in ("True", "False", "None")
         )
     return False
+
+
+# Calls in `__init__` that register no parameter: buffers, and initialisation of the weights
+# already registered.
+NO_PARAMETER_METHODS = frozenset({"register_buffer", "apply", "reset_parameters"})
+
+
+def _registers_no_parameter(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    if not isinstance(node, cst.Call):
+        return False
+    if (facts.qualified_name(node.func) or "").startswith("torch.nn.init."):
+        return True
+    target = dotted_name(node.func)
+    return (
+        target is not None
+        and target.startswith("self.")
+        and (target[len("self.") :] in NO_PARAMETER_METHODS)
+    )
 
 
 def _is_super_init(node: cst.BaseExpression) -> bool:
