@@ -173,6 +173,12 @@ def render(rows, info: dict, args) -> str:
         if compiled:
             line += f" {entry['compiled_s'] * 1e6:.1f} us | {entry['compile_s']:.1f} s |"
         lines.append(line)
+    if compiled:
+        lines += [
+            "",
+            "Compile time: the first call of the compiled loop, rows in the order above; later "
+            "rows reuse what inductor compiled and cached for earlier ones.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -115,8 +115,9 @@ class PerParameterUpdateLoop(Rule):
         costs: large for many small tensors on a GPU, little or nothing on a CPU where the
         update is bound by memory. Measured here on the CPU (see the table below, from
         `benchmarks/foreach_update.py`): hand-written SGD with momentum over 16 small tensors
-        gains about x1.6 from `_foreach_`; over the 2.4M-parameter MLP of
-        reference_models/sgld_mnist (6 tensors) nothing; the SGLD update, whose noise draws
+        gains about x1.7 from `_foreach_`; over the 2.4M-parameter MLP of
+        reference_models/sgld_mnist (6 tensors) nothing (x0.85 to x0.95 over three runs:
+        slower if anything); the SGLD update, whose noise draws
         stay per parameter, gains little on small tensors and loses on large ones, and under
         `torch.compile` on the CPU its random draws became much slower (see
         `benchmarks/results/foreach-update-cpu.md`). Not measured on a GPU here.
