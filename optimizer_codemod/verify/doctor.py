@@ -135,6 +135,11 @@ PAYOFF: Tuple[Payoff, ...] = (
         lambda m: PAYS_OFF if m.cuda else NO_GAIN,
         "the write overlaps GPU work; on a CPU training already uses the cores (measured)",
     ),
+    Payoff(
+        "OPT604",
+        _cuda_and(lambda m: len(m.devices) > 1),
+        "DataParallel and DDP only split work across 2+ GPUs",
+    ),
     Payoff("OPT6", _processes, "distributed training: 2+ processes"),
     Payoff("OPT703", _always, "debugging and per-step cleanup cost time on any device"),
     Payoff("OPT7", _always, "bug fixes: the script does what was meant, on any device"),
