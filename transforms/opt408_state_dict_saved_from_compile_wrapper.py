@@ -166,17 +166,21 @@ class StateDictSavedFromCompileWrapper(Rule):
 
     def _state_dict_read(self, target: str, assignment) -> bool:
         return any(
-            c.receiver == target and self._same_object(target, assignment, c.site.function)
+            c.receiver == target and self._same_object(target, assignment, c.site)
             for c in self.facts.method_calls("state_dict")
         )
 
-    def _same_object(self, target: str, assignment, function) -> bool:
+    def _same_object(self, target: str, assignment, site) -> bool:
         """`target` in a scope reaching this assignment: the same function, a method of the
         same class for `self.` attributes, or a function that does not bind it itself."""
+        function = site.function
         if function is assignment.site.function:
             return True
         if target.startswith("self."):
-            return assignment.site.class_name is not None
+            return (
+                assignment.site.class_name is not None
+                and site.class_name == assignment.site.class_name
+            )
         return assignment.site.function is None and not any(
             a.site.function is function for a in self.facts.assignments_to(target)
         )
@@ -226,9 +230,7 @@ class StateDictSavedFromCompileWrapper(Rule):
         """Method calls on `target` that may run after it is compiled."""
         found = []
         for site in self.facts.records.calls:
-            if site.receiver != target or not self._same_object(
-                target, assignment, site.site.function
-            ):
+            if site.receiver != target or not self._same_object(target, assignment, site.site):
                 continue
             same_body = site.site.function is assignment.site.function
             if not same_body or site.site.order > assignment.site.order or site.site.loops:

@@ -63,7 +63,9 @@ class CompileSettingsThatCostSpeed(Rule):
         model's methods or the compiled function): a fixed-shape script is left alone.
         Gradient accumulation under a CUDA-graph mode, named in the issue that asked for
         this rule, is not reported: we found no published measurement or documented
-        mechanism to cite for it.
+        mechanism to cite for it. Nor is a `torch.jit.script` function called from a
+        compiled model: with torch 2.13.0+cpu Dynamo traces it into one graph without a
+        break (tests/test_issue16_compile_settings.py).
 
     Expected gain:
         None by itself (a report). pytorch/pytorch issue #188150 measured
