@@ -53,7 +53,9 @@ class StateDictSavedFromCompileWrapper(Rule):
     """
     What it does:
         Rewrites `model = torch.compile(model, ...)` to `model.compile(...)` when the script
-        reads `model.state_dict()` (to save a checkpoint, or to copy weights), and
+        reads `model.state_dict()` (to save a checkpoint, or to copy weights), directly or
+        through a name bound to it afterwards (nanoGPT's `raw_model = model.module if ddp
+        else model`), and
         `model = torch.compile(Net(...), ...)` to `model = Net(...)` followed by
         `model.compile(...)`. The other arguments of `torch.compile` (`mode`, `fullgraph`,
         `dynamic`, `backend`, `options`) carry over unchanged. The compiled object is a
@@ -96,7 +98,9 @@ class StateDictSavedFromCompileWrapper(Rule):
         script calls `load_state_dict` on the compiled model (checkpoints it saved before
         the rewrite carry the prefix), asks the wrapper for names or the module tree
         (`named_parameters()`, `modules()`, hooks) after compiling, tests its type
-        (`isinstance`, `type`), mentions `_orig_mod` or `OptimizedModule`, or binds the
+        (`isinstance`, `type`), keeps and uses another name for the module bound before
+        the compile (`eager = model`: it would be compiled too), mentions `_orig_mod` or
+        `OptimizedModule`, or binds the
         wrapper to another name than the model (both objects stay in use; saving
         `model.state_dict()` instead gives the same tensors under plain names). Not
         rewritten inside a loop (a model compiled again on every pass), or when the
@@ -165,10 +169,41 @@ class StateDictSavedFromCompileWrapper(Rule):
             self.report(call.node, self._fix(target, inner, call.node, assignment))
 
     def _state_dict_read(self, target: str, assignment) -> bool:
+        """`target.state_dict()`, or the state_dict of a name bound to it after compiling
+        (`raw_model = model.module if ddp else model`, nanoGPT's spelling)."""
+        readers = {target} | {
+            a.target
+            for a in self._aliases(target)
+            if a.site.function is assignment.site.function and a.site.order > assignment.site.order
+        }
         return any(
-            c.receiver == target and self._same_object(target, assignment, c.site)
+            c.receiver in readers and self._same_object(target, assignment, c.site)
             for c in self.facts.method_calls("state_dict")
         )
+
+    def _used(self, name: str) -> bool:
+        """`name` is called, has a method called, is passed to a call or assigned onward
+        (nanoGPT binds `unoptimized_model = model` before compiling and never uses it)."""
+        records = self.facts.records
+        for site in records.calls:
+            node = site.node
+            if site.receiver == name or dotted_name(node.func) == name:
+                return True
+            if any(dotted_name(arg.value) == name for arg in node.args):
+                return True
+        return any(dotted_name(a.value) == name for a in records.assignments)
+
+    def _aliases(self, target: str) -> List:
+        """Assignments binding another name to `target` (or its DDP `.module`), directly or
+        through either branch of a conditional expression."""
+        found = []
+        for assignment in self.facts.records.assignments:
+            value = assignment.value
+            options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+            names = {dotted_name(option) for option in options}
+            if assignment.target != target and names & {target, f"{target}.module"}:
+                found.append(assignment)
+        return found
 
     def _same_object(self, target: str, assignment, site) -> bool:
         """`target` in a scope reaching this assignment: the same function, a method of the
@@ -194,6 +229,20 @@ class StateDictSavedFromCompileWrapper(Rule):
                 f"`{target}` holds the wrapper while `{inner_name}` stays the module: save "
                 f"`{inner_name}.state_dict()` (the same tensors), or compile it in place with "
                 f"`{inner_name}.compile()` and use `{inner_name}`"
+            )
+        before = [
+            a.target
+            for a in self._aliases(target)
+            if (
+                a.site.function is not assignment.site.function
+                or a.site.order < assignment.site.order
+            )
+            and self._used(a.target)
+        ]
+        if before:
+            return (
+                f"`{before[0]} = {target}` keeps the module uncompiled; compiling it in place "
+                f"would compile `{before[0]}` too"
             )
         if self._wrapper_named:
             return "the script names `_orig_mod` or `OptimizedModule`: move to `.compile()` by hand"
