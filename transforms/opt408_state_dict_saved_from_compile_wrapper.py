@@ -149,7 +149,9 @@ class StateDictSavedFromCompileWrapper(Rule):
         for call in facts.calls_to(COMPILE):
             assignment = facts.assignment_of(call.node)
             args = positional(call.node)
-            if assignment is None or assignment.unpacked or assignment.augmented or not args:
+            if not args or any(d.decorator is call.node for d in facts.records.decorators):
+                continue  # `torch.compile()` or a decorator: functions, not a module's keys
+            if assignment is None or assignment.unpacked or assignment.augmented:
                 if facts.method_calls("state_dict"):
                     self.decline(
                         call.node,
