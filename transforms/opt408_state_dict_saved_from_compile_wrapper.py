@@ -55,12 +55,11 @@ class StateDictSavedFromCompileWrapper(Rule):
         Rewrites `model = torch.compile(model, ...)` to `model.compile(...)` when the script
         reads `model.state_dict()` (to save a checkpoint, or to copy weights), directly or
         through a name bound to it afterwards (nanoGPT's `raw_model = model.module if ddp
-        else model`), and
-        `model = torch.compile(Net(...), ...)` to `model = Net(...)` followed by
-        `model.compile(...)`. The other arguments of `torch.compile` (`mode`, `fullgraph`,
-        `dynamic`, `backend`, `options`) carry over unchanged. The compiled object is a
-        module: `torch.compile` returns an `OptimizedModule` (with `state_dict()`) only for an
-        `nn.Module`, and a plain function for anything else.
+        else model`), and `model = torch.compile(Net(...), ...)` to `model = Net(...)`
+        followed by `model.compile(...)`. The other arguments of `torch.compile` (`mode`,
+        `fullgraph`, `dynamic`, `backend`, `options`) carry over unchanged. The compiled
+        object is a module: `torch.compile` returns an `OptimizedModule` (with
+        `state_dict()`) only for an `nn.Module`, and a plain function for anything else.
 
     Why is it slow:
         It is not slower; it breaks checkpoints. `torch.compile(model)` returns an
@@ -86,8 +85,8 @@ class StateDictSavedFromCompileWrapper(Rule):
         ```
 
     Fix safety:
-        `behavior`: training computes the same (`Module.compile` calls `torch.compile` on the
-        module's call with the same arguments), but the saved checkpoints change their key
+        `behavior`: training computes the same (`Module.compile` sets its call to
+        `torch.compile(self._call_impl, *args, **kwargs)`, the arguments passed as-is), but the saved checkpoints change their key
         names, which is the point and is observable: a loader that expects the
         `_orig_mod.` prefix (one that loads into another `torch.compile` wrapper) would need
         the plain names. Checked with torch 2.13.0+cpu
@@ -98,13 +97,13 @@ class StateDictSavedFromCompileWrapper(Rule):
         script calls `load_state_dict` on the compiled model (checkpoints it saved before
         the rewrite carry the prefix), asks the wrapper for names or the module tree
         (`named_parameters()`, `modules()`, hooks) after compiling, tests its type
-        (`isinstance`, `type`), keeps and uses another name for the module bound before
-        the compile (`eager = model`: it would be compiled too), mentions `_orig_mod` or
-        `OptimizedModule`, or binds the
-        wrapper to another name than the model (both objects stay in use; saving
-        `model.state_dict()` instead gives the same tensors under plain names). Not
-        rewritten inside a loop (a model compiled again on every pass), or when the
-        statement holds more than the assignment. Needs `target-torch` 2.2.
+        (`isinstance`, `type`), keeps and uses another name for the module bound before the
+        compile (`eager = model`: it would be compiled too), mentions `_orig_mod` or
+        `OptimizedModule`, or binds the wrapper to another name than the model (both
+        objects stay in use; saving `model.state_dict()` instead gives the same tensors
+        under plain names). Not rewritten inside a loop (a model compiled again on every
+        pass), or when the statement holds more than the assignment. Needs `target-torch`
+        2.2.
 
     Expected gain:
         None in speed: the same graphs are compiled and run. The gain is checkpoints that
