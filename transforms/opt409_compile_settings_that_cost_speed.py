@@ -28,7 +28,7 @@ class CompileSettingsThatCostSpeed(Rule):
         `torch.compile` or `.compile()`; and a CUDA-graph mode (`mode="reduce-overhead"` or
         `"max-autotune"`) where the script shows that shapes change between steps (batches
         padded to their longest sequence, detection models), or that `.item()` runs inside
-        the compiled code (the model's own methods, or the compiled function).
+        the compiled code (the `forward` of the model's classes, or the compiled function).
 
     Why is it slow:
         `suppress_errors = True` turns every frame Dynamo fails to compile into a silent
@@ -60,7 +60,7 @@ class CompileSettingsThatCostSpeed(Rule):
         the script sees. Each message says which setting and what the script does that
         makes it cost speed. A CUDA-graph mode is only reported with evidence in the file
         (padding or packing sequences, a torchvision detection model, `.item()` in the
-        model's methods or the compiled function): a fixed-shape script is left alone.
+        model's `forward` or the compiled function): a fixed-shape script is left alone.
         Gradient accumulation under a CUDA-graph mode, named in the issue that asked for
         this rule, is not reported: we found no published measurement or documented
         mechanism to cite for it. Nor is a `torch.jit.script` function called from a
@@ -184,6 +184,11 @@ class CompileSettingsThatCostSpeed(Rule):
             if compiled is not None:
                 if any(i.site.function is compiled for i in items):
                     found.add(id(call))
-            elif any(i.site.class_name in classes for i in items):
+            elif any(
+                i.site.class_name in classes
+                and i.site.function is not None
+                and i.site.function.name.value == "forward"
+                for i in items
+            ):
                 found.add(id(call))
         return found
