@@ -88,6 +88,15 @@ class Float32MatmulWithoutTF32(Rule):
         AMX-FP16 (`use_mkldnn_tf32_matmul` in aten/src/ATen/native/mkldnn/Matmul.cpp), where
         CPU float32 matmul results may change in the same way.
 
+        The rule writes `set_float32_matmul_precision`, not the per-backend
+        `torch.backends.cuda.matmul.fp32_precision = "tf32"` of torch >= 2.9, and no rule
+        rewrites `allow_tf32 = True` into it: with torch 2.13.0+cpu the old flag emits no
+        warning, while after the new-style write alone `torch.get_float32_matmul_precision()`
+        raises ("mix of the legacy and new APIs"), and torch's own Inductor still reads it
+        for its autotuning cache keys (pytorch/pytorch issue #166387: `torch.compile` failing
+        that way when only the new API is used). Checked in
+        tests/test_issue16_compile_settings.py.
+
     Expected gain:
         GPU only, Ampere or later; none on CPUs without AMX-FP16 (bit-identical results, as
         measured above). NVIDIA lists 156 TFLOPS for TF32 tensor cores against 19.5 TFLOPS for

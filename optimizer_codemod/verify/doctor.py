@@ -123,6 +123,9 @@ PAYOFF: Tuple[Payoff, ...] = (
     Payoff("OPT2", _cuda_and(lambda m: True), "host/device transfers and syncs: accelerator"),
     Payoff("OPT3", _precision, "reduced precision: bf16/TF32 units (CUDA, or AVX512-BF16/AMX)"),
     Payoff("OPT402", _compiles, "torch.compile must work (it is emitted for CUDA only)"),
+    Payoff("OPT408", _no_speed, "checkpoint keys without `_orig_mod.`: the same compiled code"),
+    Payoff("OPT409", _compiles, "reports compile settings that undo compiling's gain"),
+    Payoff("OPT410", _cuda_and(lambda m: True), "a report on the CUDA caching allocator"),
     Payoff("OPT4", _always, "fewer or faster kernels (attention, memory format), on any device"),
     Payoff("OPT5", _always, "optimizer work, on any device"),
     Payoff(
