@@ -147,3 +147,15 @@ def test_the_in_memory_reference_workload_gets_the_rule_and_the_per_item_ones_sa
             "`__getitem__` is not known to return a whole batch" in d.message
             for d in result.diagnostics
         )
+
+
+def test_an_import_line_the_fix_makes_too_long_is_laid_out_as_black_does() -> None:
+    source = SCRIPT.format(call="DataLoader(data, batch_size=8, shuffle=True)").replace(
+        "from torch.utils.data import DataLoader, TensorDataset",
+        "from torch.utils.data import DataLoader, SequentialSampler, TensorDataset, Subset",
+    )
+    result = rewrite(source, select=["OPT104"])
+    assert (
+        "from torch.utils.data import (\n    BatchSampler,\n    RandomSampler,\n"
+        "    DataLoader,\n    SequentialSampler,\n    TensorDataset,\n    Subset,\n)\n"
+    ) in result.source
