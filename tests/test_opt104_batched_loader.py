@@ -159,3 +159,8 @@ def test_an_import_line_the_fix_makes_too_long_is_laid_out_as_black_does() -> No
         "from torch.utils.data import (\n    BatchSampler,\n    RandomSampler,\n"
         "    DataLoader,\n    SequentialSampler,\n    TensorDataset,\n    Subset,\n)\n"
     ) in result.source
+
+
+def test_an_annotated_loader_is_fixed() -> None:
+    source = SCRIPT.format(call=CASES["shuffled"]).replace("loader = ", "loader: DataLoader = ")
+    assert rewrite(source, select=["OPT104"]).changed

@@ -612,6 +612,8 @@ def _use_problem(facts, name, node, parent, grandparent, looping_functions) -> O
         return None
     if isinstance(parent, (cst.AssignTarget, cst.Param, cst.FunctionDef, cst.ClassDef)):
         return None  # where it is bound
+    if isinstance(parent, cst.AnnAssign) and parent.target is node:
+        return None
     if isinstance(parent, (cst.ImportAlias, cst.AsName)):
         return None
     if isinstance(parent, cst.Arg):
