@@ -14,7 +14,6 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.loaders import (
     PARAMETERS,
-    collate_places_on_accelerator,
     dataset_classes,
     dataset_mutated,
     is_pure,
@@ -177,8 +176,6 @@ class TensorDatasetFetchedItemByItem(Rule):
             arg = option(call, given)
             if arg is not None and not is_literal(arg.value, None):
                 return f"`{given}` is given: the loader's batches are not the default ones"
-        if collate_places_on_accelerator(self.facts, call) is not False:
-            return "`collate_fn` is given"
         size = option(call, "batch_size")
         if size is None or is_literal(size.value, 1):
             return "batches of one item: there is nothing to fetch at once"
