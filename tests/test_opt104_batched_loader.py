@@ -7,7 +7,6 @@ values), `len(loader)` and the global random state afterwards must be identical.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
