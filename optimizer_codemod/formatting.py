@@ -162,6 +162,7 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
         # LibCST reads a text's BOM as an encoding mark and prints the module without it.
         return _BOM + wrap_long_calls(old[1:], new[1:], line_length)
     limit = line_length or max(DEFAULT_LINE_LIMIT, _written_width(old))
+    new = _explode_long_imports(old, new, limit)
     for _ in range(MAX_ROUNDS):
         lines = split_lines(new)
         changed = {
@@ -179,6 +180,39 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
             return new
         new = relaid
     return new
+
+
+# `from a.b import c, d as e`: one line, no brackets, comments or semicolons.
+_SIMPLE_IMPORT_FROM = re.compile(
+    r"^(?P<indent>[ \t]*)from (?P<module>[\w.]+) import "
+    r"(?P<names>\w+(?: as \w+)?(?:, \w+(?: as \w+)?)*)(?P<end>\r?\n|\r)?$"
+)
+
+
+def _explode_long_imports(old: str, new: str, limit: int) -> str:
+    """`new` with each changed `from m import a, b` line past the limit laid out as black lays
+    out imports: in parentheses, one name per line, with a trailing comma (an added import
+    name can push the line of an existing import past the limit)."""
+    lines = split_lines(new, keepends=True)
+    changed = {n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)}
+    edited = False
+    for number in sorted(changed, reverse=True):
+        line = lines[number - 1]
+        if len(line.rstrip("\r\n")) <= limit:
+            continue
+        match = _SIMPLE_IMPORT_FROM.match(line)
+        if match is None:
+            continue
+        indent, newline = match.group("indent"), match.group("end") or ""
+        inner = indent + "    "
+        names = [name.strip() for name in match.group("names").split(",")]
+        eol = newline or _first_newline(new)
+        body = "".join(f"{inner}{name},{eol}" for name in names)
+        lines[number - 1] = (
+            f"{indent}from {match.group('module')} import ({eol}{body}{indent}){newline}"
+        )
+        edited = True
+    return "".join(lines) if edited else new
 
 
 def _relayout(text: str, too_long: List[int], changed, limit: int) -> Optional[str]:

@@ -507,3 +507,131 @@ def module_name(facts: "ScriptFacts", module: str) -> Optional[str]:
     if bound is not None:
         return bound
     return None if facts.imports.is_bound(module) else module
+
+
+# Batched fetching ----------------------------------------------------------------------
+# The loader attributes that auto-batching sets and `batch_size=None` with a batch sampler
+# does not: code reading them sees a different value after OPT104's rewrite.
+BATCHING_ATTRIBUTES = frozenset(
+    {"batch_size", "batch_sampler", "sampler", "drop_last", "collate_fn", "_auto_collation"}
+)
+
+
+def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Call]:
+    """The `TensorDataset(...)` call the loader's dataset is: the argument itself, or a name
+    (or attribute) assigned exactly once, in the loader's function or at module level."""
+    arg = option(site.node, "dataset")
+    if arg is None or arg.star:
+        return None
+    node: cst.BaseExpression = arg.value
+    params = _parameter_names(site.site.function)
+    for _ in range(MAX_DEPTH):
+        if isinstance(node, cst.Call):
+            return node if facts.qualified_name(node.func) in TENSOR_DATASETS else None
+        name = dotted_name(node)
+        if name is None or name in params:
+            return None
+        assignments = facts.assignments_to(name)
+        if len(assignments) != 1:
+            return None
+        (assignment,) = assignments
+        where = assignment.site.function
+        if assignment.unpacked or assignment.augmented:
+            return None
+        if "." not in name and where is not site.site.function and where is not None:
+            return None
+        node = assignment.value
+    return None
+
+
+def _parameter_names(function: Optional[cst.CSTNode]) -> Set[str]:
+    if not isinstance(function, cst.FunctionDef):
+        return set()
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            every.append(star)
+    return {p.name.value for p in every}
+
+
+def _name_uses(facts: "ScriptFacts") -> dict:
+    """Every Name or attribute chain read in the file, by its dotted text, with its parent
+    and grandparent: built once per pass, only for files that ask."""
+    memo = facts.memo("name_uses")
+    if "table" not in memo:
+        from optimizer_codemod.analysis.escapes import parents
+
+        table: dict = {}
+        up = parents(facts.module)
+        for node, parent in up.items():
+            if not isinstance(node, (cst.Name, cst.Attribute)):
+                continue
+            if isinstance(parent, cst.Attribute) and parent.attr is node:
+                continue  # `loader` in `self.loader` is not the name `loader`
+            name = dotted_name(node)
+            if name is not None:
+                table.setdefault(name, []).append((node, parent, up.get(parent)))
+        memo["table"] = table
+    return memo["table"]
+
+
+def loader_use_beyond_iteration(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """How the loader is used other than by iterating it, when it is: None when every use of
+    it is a `for` loop over it (directly or through `enumerate`/`iter`/`tqdm`/`zip`),
+    `len(loader)`, `loader.dataset`, or passing it to a function of this file that loops
+    over it. Anything else (reading `loader.batch_size`, handing it to a library) may see the
+    loader's own batching options, which a batch sampler changes.
+    """
+    call = site.node
+    names = set(loader_names(facts, site))
+    loops = loops_over(facts, site)
+    for loop in loops:
+        iterated = facts.iterated_name(loop.iter)
+        if iterated is not None:
+            names.add(iterated)
+    assignment = facts.assignment_of(call)
+    direct = any(loop.iter is call for loop in loops)
+    if assignment is None and not direct:
+        return "the loader is not bound to a name or iterated where it is built"
+    looping_functions = {loop.function.name.value for loop in loops if loop.function is not None}
+    table = _name_uses(facts)
+    for name in sorted(names):
+        for node, parent, grandparent in table.get(name, ()):
+            problem = _use_problem(facts, name, node, parent, grandparent, looping_functions)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _use_problem(facts, name, node, parent, grandparent, looping_functions) -> Optional[str]:
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        attr = parent.attr.value
+        return None if attr == "dataset" else f"`{name}.{attr}` is read"
+    if isinstance(parent, cst.For) and parent.iter is node:
+        return None
+    if isinstance(parent, (cst.AssignTarget, cst.Param, cst.FunctionDef, cst.ClassDef)):
+        return None  # where it is bound
+    if isinstance(parent, cst.AnnAssign) and parent.target is node:
+        return None
+    if isinstance(parent, (cst.ImportAlias, cst.AsName)):
+        return None
+    if isinstance(parent, cst.Arg):
+        if parent.keyword is node:
+            return None  # `f(loader=...)`: the keyword, not the name
+        if isinstance(grandparent, cst.Call) and not parent.star:
+            callee = facts.qualified_name(grandparent.func) or dotted_name(grandparent.func)
+            if callee in ITERATION_FUNCTIONS:
+                return None
+            if callee is not None and callee.rsplit(".", 1)[-1] in looping_functions:
+                return None
+            return f"`{name}` is passed to `{callee or 'a call'}`"
+    if isinstance(parent, cst.Assign) and parent.value is node:
+        return f"`{name}` is assigned to another name"
+    return f"`{name}` is used as a value"
+
+
+# Calls that only iterate (or count) the loader they are given.
+ITERATION_FUNCTIONS = frozenset(
+    {"enumerate", "iter", "len", "zip", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm"}
+)

@@ -114,6 +114,7 @@ PAYOFF: Tuple[Payoff, ...] = (
     Payoff("OPT101", _cuda_and(lambda m: m.pinned_memory), "pinned memory needs a CUDA device"),
     Payoff("OPT102", _workers, "workers prepare batches on other cores: needs 2 or more"),
     Payoff("OPT103", _workers, "persistent workers save their start-up each epoch"),
+    Payoff("OPT104", _always, "one fetch per batch instead of one per item, on any device"),
     Payoff("OPT201", _cuda_and(lambda m: m.pinned_memory), "asynchronous copies need CUDA"),
     Payoff("OPT301", _cuda_and(lambda m: m.tf32), "TF32 tensor cores: CUDA capability 8.0+"),
     Payoff("OPT401", _cuda_and(lambda m: m.cudnn_version is not None), "cuDNN autotuner: CUDA"),

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, RandomSampler, DataLoader, TensorDataset
 
 torch.set_float32_matmul_precision("high")
 
@@ -181,7 +181,11 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     grids = generate_grids(size["grids"]).to(device)
     loader = DataLoader(
-        TensorDataset(grids), batch_size=size["batch_size"], shuffle=True, drop_last=True
+        TensorDataset(grids),
+        batch_size=None,
+        sampler=BatchSampler(
+            RandomSampler(TensorDataset(grids)), size["batch_size"], drop_last=True
+        ),
     )
     model = Denoiser(size["width"], size["layers"], size["heads"]).to(device)
     if device.type == "cuda":
