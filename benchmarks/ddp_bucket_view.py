@@ -50,7 +50,9 @@ def main() -> int:
             gradient_as_bucket_view=view,
         )
         model.module.load_state_dict(base.state_dict())
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=1e-4
+        )  # noqa: OPT501 (as written in both arms)
 
         def step():
             optimizer.zero_grad()

@@ -121,11 +121,14 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
                 whitespace_after=_strip_comment(trailing),
             )
         )
-    elif _indent_before(call, len(args) - 1) is not None and isinstance(
-        last.whitespace_after_arg, cst.ParenthesizedWhitespace
+    elif (
+        len(args) > 1
+        and _indent_before(call, len(args) - 1) is not None
+        and isinstance(last.whitespace_after_arg, cst.ParenthesizedWhitespace)
     ):
         # One argument per line, without a trailing comma: the new one gets its own line, and
-        # a comment ending the last argument's line stays on that line.
+        # a comment ending the last argument's line stays on that line. (A lone argument on
+        # its own line is black's hugging layout, handled below.)
         closing = last.whitespace_after_arg
         args[-1] = last.with_changes(
             comma=cst.Comma(
