@@ -38,7 +38,12 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.loaders import DEFAULT_COLLATES, loops_over, option
+from optimizer_codemod.analysis.loaders import (
+    DEFAULT_COLLATES,
+    loops_over,
+    option_value,
+    options_unknown,
+)
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,10 +133,12 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
 
 
 def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
-    arg = option(loader.node, "collate_fn")
-    if arg is None or is_name(arg.value, "None"):
+    value = option_value(facts, loader.node, "collate_fn")
+    if value is None:
+        return options_unknown(facts, loader.node)  # `**kwargs` may carry one
+    if is_name(value, "None"):
         return False
-    return facts.qualified_name(arg.value) not in DEFAULT_COLLATES
+    return facts.qualified_name(value) not in DEFAULT_COLLATES
 
 
 def _batch_copy(

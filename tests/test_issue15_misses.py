@@ -1,0 +1,102 @@
+"""Issue 15, item 4 and 5: misses that each owning rule now handles, or declines with a
+reason (`--why-not`) instead of leaving silently."""
+
+from __future__ import annotations
+
+import pytest
+
+from optimizer_codemod import rewrite
+from optimizer_codemod.diagnostics import Status
+
+
+def run(source: str, select: str, **options):
+    result = rewrite(source, path="train.py", select=[select], unsafe_fixes=True, **options)
+    declined = {
+        (d.code, d.line): d.message for d in result.diagnostics if d.status is Status.DECLINED
+    }
+    return result, declined
+
+
+# 1. DataLoader options built in a dict -------------------------------------------------------
+DICT_LOADER = """import torchvision
+from torch.utils.data import DataLoader
+
+B = 64
+loader_args = dict(batch_size=B, num_workers=4, pin_memory=True)
+
+
+def main():
+    train_set = torchvision.datasets.FakeData(transform=torchvision.transforms.ToTensor())
+    loader = DataLoader(train_set, shuffle=True, **loader_args)
+    for epoch in range(3):
+        for images, labels in loader:
+            print(images.shape)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_persistent_workers_go_into_the_options_dict() -> None:
+    result, _ = run(DICT_LOADER, "OPT103")
+    assert (
+        "loader_args = dict(batch_size=B, num_workers=4, pin_memory=True, "
+        "persistent_workers=True)" in result.source
+    )
+    assert "**loader_args)" in result.source  # the call itself is unchanged
+
+
+def test_options_in_a_dict_count_as_chosen() -> None:
+    # `num_workers=4` and `pin_memory=True` in the dict: neither OPT102 nor OPT101 adds them.
+    for code in ("OPT101", "OPT102"):
+        result, _ = run(
+            DICT_LOADER.replace("print(images.shape)", "images.cuda().sum().backward()"), code
+        )
+        assert not result.changed, code
+        assert not [d for d in result.diagnostics if d.code == code], code
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        'loader_args["persistent_workers"] = False\n',
+        "loader_args.update(extra)\n",
+        "del loader_args['batch_size']\n",
+    ],
+)
+def test_a_changed_dict_is_not_trusted_and_the_reason_is_given(change: str) -> None:
+    source = DICT_LOADER.replace("\n\ndef main", change + "\n\ndef main")
+    result, declined = run(source, "OPT103", why_not=True)
+    assert not result.changed
+    reason = declined[("OPT103", 11)]
+    assert "`loader_args` is changed after it is built" in reason
+
+
+def test_a_dict_passed_elsewhere_is_not_trusted() -> None:
+    source = DICT_LOADER.replace("\n\ndef main", "log(loader_args)\n\ndef main")
+    result, declined = run(source, "OPT103", why_not=True)
+    assert not result.changed
+    assert "also used otherwise than as `**loader_args`" in declined[("OPT103", 10)]
+
+
+def test_reads_of_the_dict_do_not_stop_the_fix() -> None:
+    source = DICT_LOADER.replace(
+        "\n\ndef main", '\nsteps = 1000 // loader_args["batch_size"]\n\ndef main'
+    )
+    result, _ = run(source, "OPT103")
+    assert "persistent_workers=True)" in result.source
+
+
+def test_a_dict_shared_with_a_loader_that_gets_no_fix_is_left_and_the_call_gets_it() -> None:
+    source = DICT_LOADER.replace(
+        "    for epoch in range(3):",
+        "    once = DataLoader(train_set, **loader_args)\n"
+        "    for images, labels in once:\n"
+        "        print(images.shape)\n"
+        "    for epoch in range(3):",
+    )
+    result, _ = run(source, "OPT103")
+    assert "loader_args = dict(batch_size=B, num_workers=4, pin_memory=True)\n" in result.source
+    assert "**loader_args, persistent_workers=True)" in result.source
+    assert "once = DataLoader(train_set, **loader_args)\n" in result.source
