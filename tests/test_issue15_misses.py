@@ -100,3 +100,63 @@ def test_a_dict_shared_with_a_loader_that_gets_no_fix_is_left_and_the_call_gets_
     assert "loader_args = dict(batch_size=B, num_workers=4, pin_memory=True)\n" in result.source
     assert "**loader_args, persistent_workers=True)" in result.source
     assert "once = DataLoader(train_set, **loader_args)\n" in result.source
+
+
+# 2. Device moves in comprehensions and tuples (OPT201) -------------------------------------
+MOVES = """import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(train_set, batch_size=64, pin_memory=True)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+for batch in loader:
+    MOVE
+    loss = model(x, y)
+    loss.backward()
+"""
+
+
+@pytest.mark.parametrize(
+    "move, moved",
+    [
+        (
+            "x, y = [t.to(device) for t in batch]",
+            "x, y = [t.to(device, non_blocking=True) for t in batch]",
+        ),
+        (
+            "x, y = tuple(t.to(device) for t in batch)",
+            "x, y = tuple(t.to(device, non_blocking=True) for t in batch)",
+        ),
+        (
+            "x, y = (batch[0].to(device), batch[1].cuda())",
+            "x, y = (batch[0].to(device, non_blocking=True), batch[1].cuda(non_blocking=True))",
+        ),
+    ],
+)
+def test_moves_in_comprehensions_and_tuples_become_non_blocking(move: str, moved: str) -> None:
+    result, _ = run(MOVES.replace("MOVE", move), "OPT201")
+    assert moved in result.source
+
+
+def test_a_comprehension_variable_is_its_own_binding() -> None:
+    # `t` rebound to a device tensor in another statement is another variable.
+    source = MOVES.replace(
+        "MOVE", "x, y = [t.to(device) for t in batch]\n    z = [t.cpu() for t in model(x)]"
+    )
+    result, _ = run(source, "OPT201")
+    assert "[t.to(device, non_blocking=True) for t in batch]" in result.source
+
+
+def test_a_comprehension_over_a_written_batch_is_declined_with_the_reason() -> None:
+    source = MOVES.replace("MOVE", "x, y = [t.to(device) for t in batch]\n    batch[0].zero_()")
+    result, declined = run(source, "OPT201", why_not=True)
+    assert not result.changed
+    assert "is written in the loop" in declined[("OPT201", 7)]
+
+
+def test_copies_from_an_unpinned_loader_say_why() -> None:
+    source = MOVES.replace(", pin_memory=True", "").replace(
+        "MOVE", "x, y = batch[0].to(device), batch[1].to(device)"
+    )
+    result, declined = run(source, "OPT201", why_not=True)
+    assert not result.changed
+    assert "not built with `pin_memory=True`" in declined[("OPT201", 7)]
