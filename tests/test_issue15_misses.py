@@ -160,3 +160,56 @@ def test_copies_from_an_unpinned_loader_say_why() -> None:
     result, declined = run(source, "OPT201", why_not=True)
     assert not result.changed
     assert "not built with `pin_memory=True`" in declined[("OPT201", 7)]
+
+
+# 3. `.clone()` inside chains (OPT702) --------------------------------------------------------
+CLONE_STEP = """import torch
+import torch.nn.functional as F
+
+
+def step(model, optimizer, batch):
+    x = torch.randn(8, 4)
+    STATEMENT
+    loss = F.mse_loss(model(batch), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "statement, fixed",
+    [
+        ("y = x.clone().mul(2)", "y = x.mul(2)"),
+        ("y = x.clone().view(-1).sum()", "y = x.view(-1).sum()"),
+        (
+            "y = batch.clone().float().mean()",
+            "y = batch.float().mean()",
+        ),  # fresh, whatever batch is
+        ("y = x.clone().float().pow(2)", "y = x.float().pow(2)"),
+    ],
+)
+def test_a_clone_read_once_by_an_allocating_link_is_removed(statement: str, fixed: str) -> None:
+    result, _ = run(CLONE_STEP.replace("STATEMENT", statement), "OPT702")
+    assert f"    {fixed}\n" in result.source
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "y = x.clone().add_(1)",  # the in-place link writes the copy
+        "y = x.clone().float()\n    y.mul_(2)",  # the conversion may be the copy itself
+        "y = x.clone().view(-1)\n    x.zero_()",  # the source is written
+        "y = batch.clone().float()",  # may be the copy of a tensor from unknown code
+        "y = x.clone(memory_format=torch.channels_last).mul(2)",
+    ],
+)
+def test_a_clone_whose_copy_may_matter_stays(statement: str) -> None:
+    result, _ = run(CLONE_STEP.replace("STATEMENT", statement), "OPT702")
+    assert not result.changed
+
+
+def test_a_conversion_of_a_copy_nobody_writes_loses_the_copy() -> None:
+    source = CLONE_STEP.replace("STATEMENT", "y = x.clone().float()")
+    result, _ = run(source, "OPT702")
+    assert "    y = x.float()\n" in result.source
