@@ -213,3 +213,93 @@ def test_a_conversion_of_a_copy_nobody_writes_loses_the_copy() -> None:
     source = CLONE_STEP.replace("STATEMENT", "y = x.clone().float()")
     result, _ = run(source, "OPT702")
     assert "    y = x.float()\n" in result.source
+
+
+# 4. Evaluation without `no_grad` (OPT403) ----------------------------------------------------
+EVALUATION = """import torch
+import torch.nn as nn
+
+model = nn.Linear(20, 3)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    model.train()
+    for x, y in train_loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    correct = 0
+    for x, y in val_loader:
+        BODY
+    print(correct)
+"""
+COUNT = "correct += (model(x).argmax(1) == y).sum().item()"
+
+
+def test_an_evaluation_loop_without_no_grad_runs_under_inference_mode() -> None:
+    result, _ = run(EVALUATION.replace("BODY", COUNT), "OPT403")
+    assert (
+        "    with torch.inference_mode():\n"
+        "        for x, y in val_loader:\n"
+        f"            {COUNT}\n" in result.source
+    )
+    assert [d.safety.label for d in result.diagnostics] == [
+        "behavior"
+    ]  # the model's forward is unseen
+
+
+def test_the_wrap_is_a_behaviour_change_left_out_without_unsafe_fixes() -> None:
+    result = rewrite(EVALUATION.replace("BODY", COUNT), path="train.py", select=["OPT403"])
+    assert not result.changed
+
+
+@pytest.mark.parametrize(
+    "source, reason",
+    [
+        (
+            EVALUATION.replace("BODY", COUNT).replace(
+                "    print(correct)", "    print(model(x).sum().item())"
+            ),
+            "`x` is used after the block",
+        ),
+        (EVALUATION.replace("BODY", "outputs.append(model(x))"), "may change state"),
+    ],
+)
+def test_an_evaluation_loop_that_cannot_be_wrapped_says_why(source: str, reason: str) -> None:
+    result, declined = run(source, "OPT403", why_not=True)
+    assert not result.changed
+    assert reason in declined[("OPT403", 15)]
+    assert "cannot run under `torch.inference_mode()`" in declined[("OPT403", 15)]
+
+
+@pytest.mark.parametrize(
+    "change, wraps",
+    [
+        (("    model.eval()\n", ""), 0),  # no `.eval()`: not known to be evaluation
+        (("    correct = 0\n", "    correct = 0\n    model.train()\n"), 0),  # training again
+        # Under `no_grad` already: only that block is converted, no second one added.
+        (
+            (
+                "    for x, y in val_loader:\n",
+                "    with torch.no_grad():\n      for x, y in val_loader:\n",
+            ),
+            1,
+        ),
+    ],
+)
+def test_only_loops_after_eval_without_no_grad_are_wrapped(change, wraps: int) -> None:
+    source = EVALUATION.replace("BODY", COUNT).replace(*change)
+    result, _ = run(source, "OPT403")
+    assert result.source.count("inference_mode()") == wraps
+    assert result.source.count("with ") == source.count("with ")
+
+
+def test_a_no_grad_block_left_alone_says_why() -> None:
+    source = EVALUATION.replace("BODY", COUNT).replace(
+        "    for x, y in val_loader:\n        " + COUNT,
+        "    with torch.no_grad():\n        kept = model(x)\n    print(kept)",
+    )
+    result, declined = run(source, "OPT403", why_not=True)
+    assert not result.changed
+    assert "`kept` is used after the block" in declined[("OPT403", 15)]
