@@ -303,3 +303,30 @@ def test_a_no_grad_block_left_alone_says_why() -> None:
     result, declined = run(source, "OPT403", why_not=True)
     assert not result.changed
     assert "`kept` is used after the block" in declined[("OPT403", 15)]
+
+
+# 4. Attention that returns its probabilities (OPT406) -----------------------------------------
+ATTENTION = """import math
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SelfAttention(nn.Module):
+    def forward(self, q, k, v):
+        att = F.softmax(q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1))), dim=-1)
+        out = att @ v
+        return RESULT
+"""
+
+
+def test_attention_returning_its_probabilities_says_why() -> None:
+    result, declined = run(ATTENTION.replace("RESULT", "out, att"), "OPT406", why_not=True)
+    assert not result.changed
+    reason = declined[("OPT406", 9)]
+    assert "`att`" in reason and "SDPA does not compute it" in reason
+
+
+def test_attention_whose_probabilities_stay_inside_is_still_replaced() -> None:
+    result, declined = run(ATTENTION.replace("RESULT", "out"), "OPT406", why_not=True)
+    assert "F.scaled_dot_product_attention(q, k, v" in result.source
+    assert not declined

@@ -150,7 +150,11 @@ class HandWrittenAttention(Rule):
             return
         if self.context.target_device == "cpu" and self._reduced_precision():
             return
-        for match in find_attentions(self.facts):
+        declined: list = []
+        matches = find_attentions(self.facts, declined if self.context.options.why_not else None)
+        for node, reason in declined:
+            self.decline(node, reason)
+        for match in matches:
             if match.additive is not None:
                 self.report(
                     match.statement,
@@ -170,6 +174,9 @@ class HandWrittenAttention(Rule):
                 continue
             binding = self._functional()
             if binding is None:
+                self.decline(
+                    match.statement, "`torch.nn.functional` cannot be named here (`F` is taken)"
+                )
                 continue
             module, imports = binding
             fix = Fix(self._edits(match, module), imports)

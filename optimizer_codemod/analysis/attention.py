@@ -11,7 +11,7 @@ leave the pattern alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Set
+from typing import TYPE_CHECKING, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -77,8 +77,13 @@ class _Chain:
         return self.resolve(value)
 
 
-def find_attentions(facts: "ScriptFacts") -> List[Attention]:
+def find_attentions(
+    facts: "ScriptFacts", declined: Optional[List[Tuple[cst.CSTNode, str]]] = None
+) -> List[Attention]:
+    """Hand-written attentions SDPA can replace; with `declined`, each attention recognised
+    but left is added to it with the reason, in words."""
     found: List[Attention] = []
+    reasons: List[Tuple[cst.CSTNode, str]] = [] if declined is None else declined
     if not any(
         call.qualname in SOFTMAX or (call.method == "softmax" and call.qualname is None)
         for call in facts.records.calls
@@ -92,6 +97,9 @@ def find_attentions(facts: "ScriptFacts") -> List[Attention]:
                     continue
                 for product in _products(facts, line):
                     match = _match(facts, klass, function, body, index, line, product)
+                    if isinstance(match, str):
+                        reasons.append((line, match))
+                        break
                     if match is not None:
                         found.append(match)
                         break
@@ -160,7 +168,9 @@ def _operands(facts, node):
     return None
 
 
-def _match(facts, klass, function, body, index, line, product) -> Optional[Attention]:
+def _match(facts, klass, function, body, index, line, product) -> Union[Attention, str, None]:
+    """The attention whose final product is `product`; a reason when it is one but cannot be
+    replaced; None when it is no attention."""
     chain = _Chain(body, index)
     weights, v = _operands(facts, product)
     weights = chain.resolve(weights)
@@ -185,14 +195,22 @@ def _match(facts, klass, function, body, index, line, product) -> Optional[Atten
     match.chain = chain.folded
     for node in (match.q, match.k, match.v):
         if dotted_name(node) is None:
-            return None
+            return (
+                f"`{code_of(node).strip()}` is computed in place of a query, key or value "
+                "name, and the rewrite takes names only"
+            )
     inputs = [match.q, match.k, match.v, *match.reads]
     if match.additive is not None:
         inputs.append(match.additive)
     if any(n.value in chain.names for i in inputs for n in find_all(i, cst.Name)):
         return None
-    if not _only_chain_uses(function, chain, line, product):
-        return None
+    kept = _used_elsewhere(function, chain, line, product)
+    if kept is not None:
+        return (
+            f"the attention's intermediate `{kept}` is used outside the computation (returned "
+            "or stored: the attention probabilities, for instance), and SDPA does not compute "
+            "it"
+        )
     return match
 
 
@@ -453,16 +471,16 @@ def _transposed(node) -> Optional[cst.BaseExpression]:
     return None
 
 
-def _only_chain_uses(function, chain: _Chain, line, product) -> bool:
-    """Every use of a name the chain binds is inside the chain (or the final operand)."""
+def _used_elsewhere(function, chain: _Chain, line, product) -> Optional[str]:
+    """A name the chain binds that is used outside the chain (and the final operand)."""
     inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
     left = _operands_node_left(product)
     inside |= {id(n) for n in find_all(left, cst.Name)}
-    for name in chain.names:
+    for name in sorted(chain.names):
         for use in name_uses(function, name):
             if use.nested or id(use.node) not in inside:
-                return False
-    return True
+                return name
+    return None
 
 
 def _operands_node_left(product):
