@@ -3,6 +3,8 @@ reason (`--why-not`) instead of leaving silently."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from optimizer_codemod import rewrite
@@ -330,3 +332,21 @@ def test_attention_whose_probabilities_stay_inside_is_still_replaced() -> None:
     result, declined = run(ATTENTION.replace("RESULT", "out"), "OPT406", why_not=True)
     assert "F.scaled_dot_product_attention(q, k, v" in result.source
     assert not declined
+
+
+# 4. channels_last left alone (OPT407) ----------------------------------------------------------
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+@pytest.mark.parametrize(
+    "fixture, line, reason",
+    [
+        ("keep_already_channels_last.py", 7, "already names a memory format"),
+        ("keep_conv3d_in_model.py", 22, "also has 3-D convolutions"),
+    ],
+)
+def test_a_convnet_left_in_nchw_says_why(fixture: str, line: int, reason: str) -> None:
+    source = (FIXTURES / "OPT407" / fixture).read_text()
+    result, declined = run(source, "OPT407", why_not=True)
+    assert not result.changed
+    assert reason in declined[("OPT407", line)]
