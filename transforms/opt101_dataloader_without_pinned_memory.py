@@ -49,18 +49,18 @@ class DataloaderWithoutPinnedMemory(Rule):
     Fix safety:
         `safe`: pinning changes where a batch is stored, not its values. The value is
         `torch.cuda.is_available()` rather than `True` because torch warns ("no accelerator is
-        found, then device pinned memory won't be used") when pinning is asked for on a
-        machine without one, and the rewritten script must run quietly on CPU too. Never
-        applied when the batches are never copied to an accelerator (a CPU-only script), when
-        the dataset may already live on the device (its tensors are created on or moved to
-        it, or its class places items there: pinning a CUDA tensor raises), when `collate_fn`
-        moves batches to the device, or when `pin_memory` is already chosen. Options built in a dict (`loader_args = dict(...)` or `{...}`, assigned once
-        and passed as `**loader_args`) are read like keywords; the fix goes into the dict
-        when every loader built from it gets it, else onto the call. Reported, not
-        fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
-        (they may carry `pin_memory`; a dict changed after it is built, or passed elsewhere
-        too) and when the dataset or collate function is defined in another module, where the
-        analysis cannot see whether its items are on the host.
+        found, then device pinned memory won't be used") when pinning is asked for on a machine
+        without one, and the rewritten script must run quietly on CPU too. Never applied when
+        the batches are never copied to an accelerator (a CPU-only script), when the dataset may
+        already live on the device (its tensors are created on or moved to it, or its class
+        places items there: pinning a CUDA tensor raises), when `collate_fn` moves batches to
+        the device, or when `pin_memory` is already chosen. Options built in a dict
+        (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
+        read like keywords; the fix goes into the dict when every loader built from it gets it,
+        else onto the call. Reported, not fixed, when options arrive through `*args`/`**kwargs`
+        the file does not show in full (they may carry `pin_memory`; a dict changed after it is
+        built, or passed elsewhere too) and when the dataset or collate function is defined in
+        another module, where the analysis cannot see whether its items are on the host.
 
     Expected gain:
         The host-to-device copy time of each batch. PyTorch's CUDA notes ("Use pinned memory

@@ -73,25 +73,25 @@ class DataloaderInMainProcess(Rule):
         ```
 
     Fix safety:
-        `behavior`: workers draw random numbers from their own generators (seeded per
-        worker), so random augmentations differ from a run without workers, and side effects
-        of `__getitem__` (caching into the dataset, logging) happen in other processes.
-        Applied only in a file with an `if __name__ == "__main__":` guard that keeps the
-        loader or every loop over it from running on import (workers started with `spawn` or
-        `forkserver`, the default on macOS, Windows and since Python 3.14 Linux, import the
-        main module again), and never in a notebook, whose classes spawned workers cannot
-        unpickle. Never for a `TensorDataset` or a dataset of device tensors (workers add only
-        overhead, or would touch CUDA from a forked process), an `IterableDataset` (each
-        worker would yield the whole stream unless it shards by worker), a `collate_fn` that
-        moves batches to the device, a dataset changed from outside after it is built
-        (`dataset.set_epoch(...)`: persistent workers keep their own copy), or one whose
-        `__init__` keeps an open file, HDF5, LMDB or database handle (forked workers would
-        share its state and read garbage; open it lazily in `__getitem__`). Options built in a dict (`loader_args = dict(...)` or `{...}`, assigned once
-        and passed as `**loader_args`) are read like keywords; the fix goes into the dict
-        when every loader built from it gets it, else onto the call. Reported, not
-        fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
-        (a dict changed after it is built, or passed elsewhere too), or when the dataset or
-        collate function is defined in another module.
+        `behavior`: workers draw random numbers from their own generators (seeded per worker),
+        so random augmentations differ from a run without workers, and side effects of
+        `__getitem__` (caching into the dataset, logging) happen in other processes. Applied
+        only in a file with an `if __name__ == "__main__":` guard that keeps the loader or every
+        loop over it from running on import (workers started with `spawn` or `forkserver`, the
+        default on macOS, Windows and since Python 3.14 Linux, import the main module again),
+        and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
+        `TensorDataset` or a dataset of device tensors (workers add only overhead, or would
+        touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
+        whole stream unless it shards by worker), a `collate_fn` that moves batches to the
+        device, a dataset changed from outside after it is built (`dataset.set_epoch(...)`:
+        persistent workers keep their own copy), or one whose `__init__` keeps an open file,
+        HDF5, LMDB or database handle (forked workers would share its state and read garbage;
+        open it lazily in `__getitem__`). Options built in a dict (`loader_args = dict(...)` or
+        `{...}`, assigned once and passed as `**loader_args`) are read like keywords; the fix
+        goes into the dict when every loader built from it gets it, else onto the call.
+        Reported, not fixed, when options arrive through `*args`/`**kwargs` the file does not
+        show in full (a dict changed after it is built, or passed elsewhere too), or when the
+        dataset or collate function is defined in another module.
 
     Expected gain:
         The data-loading time that workers move off the training loop, up to the number of

@@ -62,20 +62,20 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         ```
 
     Fix safety:
-        `behavior`: workers keep their random generators across epochs instead of being
-        reseeded at the start of each, so random augmentations differ from the original
-        run, and `worker_init_fn` runs once instead of once per epoch. Never applied when the
-        loader is built again for each epoch, when the dataset is changed from outside after
-        it is built (`dataset.set_epoch(...)`, assigning its attributes: persistent workers
-        would keep a stale copy), or when `persistent_workers` is already chosen. Options
-        built in a dict (`loader_args = dict(...)` or `{...}`, assigned once and passed as
-        `**loader_args`) are read like keywords; the fix goes into the dict when every loader
-        built from it gets it, else onto the call (`persistent_workers=loader_args["num_workers"]
-        > 0`). Reported, not fixed, when options arrive through `*args`/`**kwargs` the file
-        does not show in full (they may carry `persistent_workers`) or when `num_workers` is computed by a call that might not
-        return the same value twice. A loader in the fallback branch of a feature check
-        (the `else` of a version comparison for `persistent_workers`, an `except TypeError`
-        handler) is left alone (analysis/guards.py).
+        `behavior`: workers keep their random generators across epochs instead of being reseeded
+        at the start of each, so random augmentations differ from the original run, and
+        `worker_init_fn` runs once instead of once per epoch. Never applied when the loader is
+        built again for each epoch, when the dataset is changed from outside after it is built
+        (`dataset.set_epoch(...)`, assigning its attributes: persistent workers would keep a
+        stale copy), or when `persistent_workers` is already chosen. Options built in a dict
+        (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
+        read like keywords; the fix goes into the dict when every loader built from it gets it,
+        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). Reported, not
+        fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
+        (they may carry `persistent_workers`) or when `num_workers` is computed by a call that
+        might not return the same value twice. A loader in the fallback branch of a feature
+        check (the `else` of a version comparison for `persistent_workers`, an `except
+        TypeError` handler) is left alone (analysis/guards.py).
 
     Expected gain:
         The start-up time of the workers, once per epoch after the first. Measured on CPU

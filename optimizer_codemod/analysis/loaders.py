@@ -579,8 +579,9 @@ class OptionsDict:
 def options_dict(facts: "ScriptFacts", call: cst.Call) -> Optional[OptionsDict]:
     """The dict a loader's `**name` options come from, when the file shows all of it: one
     `**name` and no `*args`, `name` assigned once, at module level or before the call in
-    its function, to `dict(key=value, ...)` or a `{"key": value}` literal. Its `problem` says when the dict
-    is changed or used otherwise than as `**name` of DataLoaders and `name["key"]` reads."""
+    its function, to `dict(key=value, ...)` or a `{"key": value}` literal. Its `problem`
+    says when the dict is changed or used otherwise than as `**name` of DataLoaders and
+    `name["key"]` reads (then its options are as unknown as those of any `**kwargs`)."""
     stars = [a for a in call.args if a.star == "**"]
     if has_star_args(call) or len(stars) != 1 or not isinstance(stars[0].value, cst.Name):
         return None
