@@ -350,3 +350,44 @@ def test_a_convnet_left_in_nchw_says_why(fixture: str, line: int, reason: str) -
     result, declined = run(source, "OPT407", why_not=True)
     assert not result.changed
     assert reason in declined[("OPT407", line)]
+
+
+def test_attention_whose_probabilities_a_flag_asks_for_runs_sdpa_otherwise() -> None:
+    source = ATTENTION.replace(
+        "def forward(self, q, k, v)", "def forward(self, q, k, v, output_attentions=False)"
+    ).replace(
+        "        return RESULT\n",
+        "        if output_attentions:\n            return out, att\n        return out, None\n",
+    )
+    result, declined = run(source, "OPT406", why_not=True)
+    assert "        if output_attentions:\n            att = F.softmax(" in result.source
+    assert "        else:\n            out = F.scaled_dot_product_attention(" in result.source
+    assert not declined  # the kept branch is the rewrite's own, not a miss
+    namespace: dict = {}
+    exec(compile(result.source, "attention.py", "exec"), namespace)  # it still runs
+    import torch
+
+    layer = namespace["SelfAttention"]()
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    fused, none = layer(q, k, v)
+    written, att = layer(q, k, v, output_attentions=True)
+    assert none is None and att.shape == (2, 3, 5, 5)
+    assert torch.allclose(fused, written, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        "        output_attentions = True\n        if output_attentions:\n",  # rebound
+        "        if output_attentions and att.isfinite().all():\n",  # not the bare flag
+        "        if verbose:\n",  # not a parameter
+    ],
+)
+def test_a_flag_that_may_change_or_is_not_a_parameter_keeps_the_attention(guard: str) -> None:
+    source = ATTENTION.replace(
+        "def forward(self, q, k, v)", "def forward(self, q, k, v, output_attentions=False)"
+    ).replace(
+        "        return RESULT\n", guard + "            return out, att\n        return out, None\n"
+    )
+    result, _ = run(source, "OPT406")
+    assert not result.changed

@@ -52,6 +52,9 @@ class Attention:
     additive: Optional[cst.BaseExpression] = None  # `scores + mask`: content unknown
     dropout_p: Optional[str] = None
     reads: List[cst.BaseExpression] = field(default_factory=list)  # inputs evaluated later
+    # A parameter (`output_attentions`) under whose `if` alone the probabilities are read
+    # later: the hand-written attention stays for that case, SDPA runs for the other.
+    flag: Optional[str] = None
 
 
 class _Chain:
@@ -98,7 +101,8 @@ def find_attentions(
                 for product in _products(facts, line):
                     match = _match(facts, klass, function, body, index, line, product)
                     if isinstance(match, str):
-                        reasons.append((line, match))
+                        if not _flagged_branch(function, block):
+                            reasons.append((line, match))
                         break
                     if match is not None:
                         found.append(match)
@@ -206,6 +210,9 @@ def _match(facts, klass, function, body, index, line, product) -> Union[Attentio
         return None
     kept = _used_elsewhere(function, chain, line, product)
     if kept is not None:
+        match.flag = _flag_guarding(function, chain, line, product, body, index)
+        if match.flag is not None:
+            return match
         return (
             f"the attention's intermediate `{kept}` is used outside the computation (returned "
             "or stored: the attention probabilities, for instance), and SDPA does not compute "
@@ -481,6 +488,54 @@ def _used_elsewhere(function, chain: _Chain, line, product) -> Optional[str]:
             if use.nested or id(use.node) not in inside:
                 return name
     return None
+
+
+def _flag_guarding(function, chain: _Chain, line, product, body, index) -> Optional[str]:
+    """The parameter `flag` when every use of the chain's names outside it is inside an
+    `if flag:` (without `else`) that follows the attention in its block, and the function
+    never rebinds `flag`: `if output_attentions: return out, att`."""
+    inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
+    inside |= {id(n) for n in find_all(_operands_node_left(product), cst.Name)}
+    params = function.params
+    parameters = {p.name.value for p in (*params.posonly_params, *params.params)}
+    parameters |= {p.name.value for p in params.kwonly_params}
+    guarded: dict = {}
+    for statement in body[index + 1 :]:
+        if (
+            isinstance(statement, cst.If)
+            and isinstance(statement.test, cst.Name)
+            and statement.orelse is None
+            and statement.test.value in parameters
+        ):
+            flag = statement.test.value
+            guarded.update((id(n), flag) for n in find_all(statement.body, cst.Name))
+    flags = set()
+    for name in chain.names:
+        for use in name_uses(function, name):
+            if id(use.node) in inside:
+                continue
+            if use.nested or use.store or id(use.node) not in guarded:
+                return None
+            flags.add(guarded[id(use.node)])
+    if len(flags) != 1:
+        return None
+    flag = flags.pop()
+    declared = {id(p.name) for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    if flag in chain.names or any(
+        use.store and id(use.node) not in declared for use in name_uses(function, flag)
+    ):
+        return None
+    return flag
+
+
+def _flagged_branch(function, block) -> bool:
+    """`block` is the `if output_attentions:` branch of an attention rewritten before: its
+    `else` runs SDPA (OPT406 keeps the hand-written attention there on purpose)."""
+    for node in find_all(function, cst.If):
+        if node.body is block and isinstance(node.orelse, cst.Else):
+            if "scaled_dot_product_attention" in code_of(node.orelse.body):
+                return True
+    return False
 
 
 def _operands_node_left(product):
