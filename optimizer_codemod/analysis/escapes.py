@@ -313,12 +313,13 @@ def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
     `.train()` between) on a model the training loop calls, holding no training loop and
     inside none."""
     trained = _training_callees(facts)
-    switches = [
-        call
-        for method in ("eval", "train")
-        for call in facts.method_calls(method)
-        if call.receiver in trained and not call.node.args
-    ]
+    # `.eval()`/`.train()` calls by the block they sit in (function and innermost loop).
+    switches: Dict[tuple, list] = {}
+    for method in ("eval", "train"):
+        for call in facts.method_calls(method):
+            if call.receiver in trained and not call.node.args:
+                key = (id(call.site.function), id(call.site.loop))
+                switches.setdefault(key, []).append(call)
     found = []
     for loop in facts.records.loops:
         if not isinstance(loop.node, cst.For) or any(
@@ -330,10 +331,8 @@ def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
         last = max(
             (
                 call
-                for call in switches
-                if call.site.function is loop.function
-                and call.site.loop is loop.parent
-                and call.site.order < loop.start
+                for call in switches.get((id(loop.function), id(loop.parent)), ())
+                if call.site.order < loop.start
             ),
             key=lambda call: call.site.order,
             default=None,
