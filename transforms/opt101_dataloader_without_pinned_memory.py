@@ -7,12 +7,15 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import keyword, with_keyword
 from optimizer_codemod.analysis.loaders import (
     DatasetKind,
+    by_options_dict,
     collate_places_on_accelerator,
     copies_batches_to_accelerator,
     dataset_kind,
+    fixes_every_loader,
+    hidden_options_reason,
     module_name,
-    option,
-    options_hidden,
+    option_value,
+    options_unknown,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
@@ -46,15 +49,18 @@ class DataloaderWithoutPinnedMemory(Rule):
     Fix safety:
         `safe`: pinning changes where a batch is stored, not its values. The value is
         `torch.cuda.is_available()` rather than `True` because torch warns ("no accelerator is
-        found, then device pinned memory won't be used") when pinning is asked for on a
-        machine without one, and the rewritten script must run quietly on CPU too. Never
-        applied when the batches are never copied to an accelerator (a CPU-only script), when
-        the dataset may already live on the device (its tensors are created on or moved to
-        it, or its class places items there: pinning a CUDA tensor raises), when `collate_fn`
-        moves batches to the device, or when `pin_memory` is already chosen. Reported, not
-        fixed, when options arrive through `*args`/`**kwargs` (they may carry `pin_memory`)
-        and when the dataset or collate function is defined in another module, where the
-        analysis cannot see whether its items are on the host.
+        found, then device pinned memory won't be used") when pinning is asked for on a machine
+        without one, and the rewritten script must run quietly on CPU too. Never applied when
+        the batches are never copied to an accelerator (a CPU-only script), when the dataset may
+        already live on the device (its tensors are created on or moved to it, or its class
+        places items there: pinning a CUDA tensor raises), when `collate_fn` moves batches to
+        the device, or when `pin_memory` is already chosen. Options built in a dict
+        (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
+        read like keywords; the fix goes into the dict when every loader built from it gets it,
+        else onto the call. Reported, not fixed, when options arrive through `*args`/`**kwargs`
+        the file does not show in full (they may carry `pin_memory`; a dict changed after it is
+        built, or passed elsewhere too) and when the dataset or collate function is defined in
+        another module, where the analysis cannot see whether its items are on the host.
 
     Expected gain:
         The host-to-device copy time of each batch. PyTorch's CUDA notes ("Use pinned memory
@@ -109,9 +115,12 @@ class DataloaderWithoutPinnedMemory(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self.facts.trains:
             return
+        fixable = []
         for site in self.facts.dataloader_constructions():
             call = site.node
-            if option(call, "pin_memory") is not None or keyword(call, "pin_memory_device"):
+            if option_value(self.facts, call, "pin_memory") is not None or keyword(
+                call, "pin_memory_device"
+            ):
                 continue
             if not copies_batches_to_accelerator(self.facts, site):
                 self.decline(
@@ -130,12 +139,12 @@ class DataloaderWithoutPinnedMemory(Rule):
                 )
                 self.decline(call, f"{where}, and pinning a device tensor raises")
                 continue
-            if options_hidden(call):
+            if options_unknown(self.facts, call):
                 self.report(
                     call,
                     message="DataLoader options arrive through */** arguments, which may already "
                     "set `pin_memory`; add `pin_memory=torch.cuda.is_available()` where they "
-                    "are built",
+                    f"are built; {hidden_options_reason(self.facts, call)}",
                 )
                 continue
             if kind is DatasetKind.UNKNOWN or collate is None:
@@ -147,12 +156,31 @@ class DataloaderWithoutPinnedMemory(Rule):
                     "`pin_memory=torch.cuda.is_available()`",
                 )
                 continue
-            torch_name = module_name(self.facts, "torch")
-            if torch_name is None:
+            fixable.append(call)
+        torch_name = module_name(self.facts, "torch")
+        if torch_name is None:
+            for call in fixable:
                 self.decline(call, "`torch` is not imported under a name the fix could use")
-                continue
-            value = cst.parse_expression(f"{torch_name}.cuda.is_available()")
-            imports = () if self.facts.imports.name_for_module("torch") else (ImportSpec("torch"),)
+            return
+        value = cst.parse_expression(f"{torch_name}.cuda.is_available()")
+        imports = () if self.facts.imports.name_for_module("torch") else (ImportSpec("torch"),)
+        plain, groups = by_options_dict(self.facts, fixable)
+        for call in plain:
             self.report(
                 call, Fix((Replace(call, with_keyword(call, "pin_memory", value)),), imports)
             )
+        for found, calls in groups:
+            if fixes_every_loader(found, calls):
+                fixed = found.with_entry("pin_memory", value)
+                self.report(
+                    calls[0],
+                    Fix((Replace(found.node, fixed),), imports),
+                    message=f"DataLoader feeds an accelerator from pageable memory: its options "
+                    f"come from `{found.name}`",
+                    fix_title=f"Add `pin_memory=torch.cuda.is_available()` to `{found.name}`",
+                )
+                continue
+            for call in calls:  # `found` builds other loaders too: set the option here
+                self.report(
+                    call, Fix((Replace(call, with_keyword(call, "pin_memory", value)),), imports)
+                )

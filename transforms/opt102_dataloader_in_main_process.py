@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import is_literal, with_keyword
@@ -13,8 +15,12 @@ from optimizer_codemod.analysis.loaders import (
     dataset_mutated,
     module_name,
     opens_handles_when_built,
+    by_options_dict,
+    fixes_every_loader,
+    hidden_options_reason,
     option,
-    options_hidden,
+    option_value,
+    options_unknown,
     runs_only_under_main_guard,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
@@ -67,22 +73,25 @@ class DataloaderInMainProcess(Rule):
         ```
 
     Fix safety:
-        `behavior`: workers draw random numbers from their own generators (seeded per
-        worker), so random augmentations differ from a run without workers, and side effects
-        of `__getitem__` (caching into the dataset, logging) happen in other processes.
-        Applied only in a file with an `if __name__ == "__main__":` guard that keeps the
-        loader or every loop over it from running on import (workers started with `spawn` or
-        `forkserver`, the default on macOS, Windows and since Python 3.14 Linux, import the
-        main module again), and never in a notebook, whose classes spawned workers cannot
-        unpickle. Never for a `TensorDataset` or a dataset of device tensors (workers add only
-        overhead, or would touch CUDA from a forked process), an `IterableDataset` (each
-        worker would yield the whole stream unless it shards by worker), a `collate_fn` that
-        moves batches to the device, a dataset changed from outside after it is built
-        (`dataset.set_epoch(...)`: persistent workers keep their own copy), or one whose
-        `__init__` keeps an open file, HDF5, LMDB or database handle (forked workers would
-        share its state and read garbage; open it lazily in `__getitem__`). Reported, not
-        fixed, when options arrive through `*args`/`**kwargs`, or when the dataset or
-        collate function is defined in another module.
+        `behavior`: workers draw random numbers from their own generators (seeded per worker),
+        so random augmentations differ from a run without workers, and side effects of
+        `__getitem__` (caching into the dataset, logging) happen in other processes. Applied
+        only in a file with an `if __name__ == "__main__":` guard that keeps the loader or every
+        loop over it from running on import (workers started with `spawn` or `forkserver`, the
+        default on macOS, Windows and since Python 3.14 Linux, import the main module again),
+        and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
+        `TensorDataset` or a dataset of device tensors (workers add only overhead, or would
+        touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
+        whole stream unless it shards by worker), a `collate_fn` that moves batches to the
+        device, a dataset changed from outside after it is built (`dataset.set_epoch(...)`:
+        persistent workers keep their own copy), or one whose `__init__` keeps an open file,
+        HDF5, LMDB or database handle (forked workers would share its state and read garbage;
+        open it lazily in `__getitem__`). Options built in a dict (`loader_args = dict(...)` or
+        `{...}`, assigned once and passed as `**loader_args`) are read like keywords; the fix
+        goes into the dict when every loader built from it gets it, else onto the call.
+        Reported, not fixed, when options arrive through `*args`/`**kwargs` the file does not
+        show in full (a dict changed after it is built, or passed elsewhere too), or when the
+        dataset or collate function is defined in another module.
 
     Expected gain:
         The data-loading time that workers move off the training loop, up to the number of
@@ -142,46 +151,45 @@ class DataloaderInMainProcess(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if self.context.path.endswith(NOTEBOOK_SUFFIX):
             return
-        for site in self.facts.dataloader_constructions():
+        facts = self.facts
+        fixable = []
+        for site in facts.dataloader_constructions():
             call = site.node
-            workers = option(call, "num_workers")
-            if workers is not None and not is_literal(workers.value, 0):
+            workers = option_value(facts, call, "num_workers")
+            if workers is not None and not is_literal(workers, 0):
                 continue
-            kind = dataset_kind(self.facts, site)
-            collate = collate_places_on_accelerator(self.facts, call)
+            kind = dataset_kind(facts, site)
+            collate = collate_places_on_accelerator(facts, call)
             if kind not in (DatasetKind.PER_ITEM, DatasetKind.UNKNOWN) or collate is True:
                 self.decline(call, _NO_WORK_FOR_WORKERS.get(kind, _NO_WORK_FOR_WORKERS[None]))
                 continue
-            if not runs_only_under_main_guard(self.facts, site):
+            if not runs_only_under_main_guard(facts, site):
                 self.decline(
                     call,
                     'no `if __name__ == "__main__":` guard around the loop over this loader: '
                     "worker processes started with spawn would re-run the script",
                 )
                 continue
-            if dataset_mutated(self.facts, site):
+            if dataset_mutated(facts, site):
                 self.decline(
                     call,
                     "the dataset is changed after it is built, and each worker would keep "
                     "its own unchanged copy",
                 )
                 continue
-            if any(
-                opens_handles_when_built(self.facts, name)
-                for name in dataset_classes(self.facts, site)
-            ):
+            if any(opens_handles_when_built(facts, name) for name in dataset_classes(facts, site)):
                 self.decline(
                     call,
                     "the dataset opens a file handle in `__init__`, which forked workers "
                     "would share: open it lazily in `__getitem__` first",
                 )
                 continue
-            if options_hidden(call):
+            if options_unknown(facts, call):
                 self.report(
                     call,
                     message="DataLoader options arrive through */** arguments, which may already "
                     "set `num_workers`; set `num_workers` and `persistent_workers` where they "
-                    "are built",
+                    f"are built; {hidden_options_reason(facts, call)}",
                 )
                 continue
             if kind is DatasetKind.UNKNOWN or collate is None:
@@ -193,18 +201,61 @@ class DataloaderInMainProcess(Rule):
                     "`num_workers` and `persistent_workers=True`",
                 )
                 continue
-            os_name = module_name(self.facts, "os")
-            if os_name is None or self.facts.imports.is_bound("min"):
+            fixable.append(call)
+        os_name = module_name(facts, "os")
+        if os_name is None or facts.imports.is_bound("min"):
+            for call in fixable:
                 self.decline(call, "`os` or `min` is shadowed here, so the fix cannot name them")
-                continue
-            count = cst.parse_expression(f"min(4, {os_name}.cpu_count() or 1)")
-            if workers is None:
-                fixed = with_keyword(call, "num_workers", count)
-            else:
-                fixed = call.with_changes(
-                    args=[a.with_changes(value=count) if a is workers else a for a in call.args]
+            return
+        count = cst.parse_expression(f"min(4, {os_name}.cpu_count() or 1)")
+        imports = () if facts.imports.name_for_module("os") else (ImportSpec("os"),)
+        plain, groups = by_options_dict(facts, fixable)
+        for call in plain:
+            self.report(call, Fix((Replace(call, _with_workers(call, count)),), imports))
+        for found, calls in groups:
+            if fixes_every_loader(found, calls) and not any(
+                option(call, name) for call in calls for name in OPTIONS_SET
+            ):
+                fixed = replace(found, node=found.with_entry("num_workers", count))
+                if "persistent_workers" not in found.entries:
+                    fixed = replace(
+                        fixed, node=fixed.with_entry("persistent_workers", cst.Name("True"))
+                    )
+                self.report(
+                    calls[0],
+                    Fix((Replace(found.node, fixed.node),), imports),
+                    message="DataLoader prepares items in the training process: its options "
+                    f"come from `{found.name}`",
+                    fix_title=f"Add `num_workers` and `persistent_workers=True` to `{found.name}`",
                 )
-            if option(call, "persistent_workers") is None:
-                fixed = with_keyword(fixed, "persistent_workers", cst.Name("True"))
-            imports = () if self.facts.imports.name_for_module("os") else (ImportSpec("os"),)
-            self.report(call, Fix((Replace(call, fixed),), imports))
+                continue
+            for call in calls:  # `found` builds other loaders too: set the options here
+                if "num_workers" in found.entries:
+                    self.decline(
+                        call,
+                        f"`{found.name}` sets `num_workers` for other loaders too, which must "
+                        "keep it: set it on this loader alone",
+                    )
+                    continue
+                fixed = _with_workers(call, count)
+                if "persistent_workers" in found.entries:
+                    fixed = with_keyword(call, "num_workers", count)
+                self.report(call, Fix((Replace(call, fixed),), imports))
+
+
+# The options OPT102 sets.
+OPTIONS_SET = ("num_workers", "persistent_workers")
+
+
+def _with_workers(call: cst.Call, count: cst.BaseExpression) -> cst.Call:
+    """`call` with `num_workers=count` (replacing a 0) and `persistent_workers=True`."""
+    workers = option(call, "num_workers")
+    if workers is None:
+        fixed = with_keyword(call, "num_workers", count)
+    else:
+        fixed = call.with_changes(
+            args=[a.with_changes(value=count) if a is workers else a for a in call.args]
+        )
+    if option(call, "persistent_workers") is None:
+        fixed = with_keyword(fixed, "persistent_workers", cst.Name("True"))
+    return fixed

@@ -6,11 +6,15 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import literal, with_keyword
 from optimizer_codemod.analysis.loaders import (
+    by_options_dict,
     dataset_mutated,
+    fixes_every_loader,
+    hidden_options_reason,
     is_pure,
     iterated_repeatedly,
     option,
-    options_hidden,
+    option_value,
+    options_unknown,
 )
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -58,17 +62,20 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         ```
 
     Fix safety:
-        `behavior`: workers keep their random generators across epochs instead of being
-        reseeded at the start of each, so random augmentations differ from the original
-        run, and `worker_init_fn` runs once instead of once per epoch. Never applied when the
-        loader is built again for each epoch, when the dataset is changed from outside after
-        it is built (`dataset.set_epoch(...)`, assigning its attributes: persistent workers
-        would keep a stale copy), or when `persistent_workers` is already chosen. Reported,
-        not fixed, when options arrive through `*args`/`**kwargs` (they may carry
-        `persistent_workers`) or when `num_workers` is computed by a call that might not
-        return the same value twice. A loader in the fallback branch of a feature check
-        (the `else` of a version comparison for `persistent_workers`, an `except TypeError`
-        handler) is left alone (analysis/guards.py).
+        `behavior`: workers keep their random generators across epochs instead of being reseeded
+        at the start of each, so random augmentations differ from the original run, and
+        `worker_init_fn` runs once instead of once per epoch. Never applied when the loader is
+        built again for each epoch, when the dataset is changed from outside after it is built
+        (`dataset.set_epoch(...)`, assigning its attributes: persistent workers would keep a
+        stale copy), or when `persistent_workers` is already chosen. Options built in a dict
+        (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
+        read like keywords; the fix goes into the dict when every loader built from it gets it,
+        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). Reported, not
+        fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
+        (they may carry `persistent_workers`) or when `num_workers` is computed by a call that
+        might not return the same value twice. A loader in the fallback branch of a feature
+        check (the `else` of a version comparison for `persistent_workers`, an `except
+        TypeError` handler) is left alone (analysis/guards.py).
 
     Expected gain:
         The start-up time of the workers, once per epoch after the first. Measured on CPU
@@ -124,50 +131,47 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        for site in self.facts.dataloader_constructions():
+        facts = self.facts
+        fixable = []
+        for site in facts.dataloader_constructions():
             call = site.node
-            workers = option(call, "num_workers")
-            if workers is None or option(call, "persistent_workers") is not None:
+            workers = option_value(facts, call, "num_workers")
+            if option_value(facts, call, "persistent_workers") is not None:
                 continue
-            count = literal(workers.value, NOT_LITERAL)
+            if workers is None:
+                if options_unknown(facts, call) and iterated_repeatedly(facts, site):
+                    self.decline(
+                        call,
+                        "whether this loader has worker processes is unknown: "
+                        + hidden_options_reason(facts, call),
+                    )
+                continue
+            count = literal(workers, NOT_LITERAL)
             if count is not NOT_LITERAL and not (type(count) is int and count > 0):
                 continue  # 0 (no workers), or a literal DataLoader would reject anyway
-            if not iterated_repeatedly(self.facts, site):
+            if not iterated_repeatedly(facts, site):
                 self.decline(
                     call,
                     "the loader is not iterated again and again (once per epoch), so its "
                     "workers start only once",
                 )
                 continue
-            if dataset_mutated(self.facts, site):
+            if dataset_mutated(facts, site):
                 self.decline(
                     call,
                     "the dataset is changed after it is built; persistent workers would "
                     "never see the change",
                 )
                 continue
-            if options_hidden(call):
+            if options_unknown(facts, call):
                 self.report(
                     call,
                     message="DataLoader options arrive through */** arguments, which may already "
-                    "set `persistent_workers`; add it where they are built",
+                    "set `persistent_workers`; add it where they are built; "
+                    f"{hidden_options_reason(facts, call)}",
                 )
                 continue
-            if count is not NOT_LITERAL:
-                value: cst.BaseExpression = cst.Name("True")
-            elif is_pure(self.facts, workers.value):
-                left = workers.value.deep_clone()
-                if isinstance(left, LOOSER_THAN_COMPARISON) and not left.lpar:
-                    left = left.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-                value = cst.Comparison(
-                    left=left,
-                    comparisons=[
-                        cst.ComparisonTarget(
-                            operator=cst.GreaterThan(), comparator=cst.Integer("0")
-                        )
-                    ],
-                )
-            else:
+            if count is NOT_LITERAL and not is_pure(facts, workers):
                 self.report(
                     call,
                     message="DataLoader workers are started again for every epoch; "
@@ -175,8 +179,48 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
                     "`persistent_workers=<variable> > 0`",
                 )
                 continue
-            fixed = with_keyword(call, "persistent_workers", value)
-            title = (
-                None if count is not NOT_LITERAL else "Add `persistent_workers=<num_workers> > 0`"
-            )
-            self.report(call, Fix((Replace(call, fixed),)), fix_title=title)
+            fixable.append(call)
+        plain, groups = by_options_dict(facts, fixable)
+        for call in plain:
+            self._fix_call(call, option(call, "num_workers").value)
+        for found, calls in groups:
+            if fixes_every_loader(found, calls) and all(
+                option(call, "num_workers") is None for call in calls
+            ):
+                value = _persistent(found.entries["num_workers"])
+                self.report(
+                    calls[0],
+                    Fix((Replace(found.node, found.with_entry("persistent_workers", value)),)),
+                    message="DataLoader workers are started again for every epoch: its options "
+                    f"come from `{found.name}`",
+                    fix_title=f"Add `persistent_workers` to `{found.name}`",
+                )
+                continue
+            for call in calls:  # `found` builds other loaders too: set the option here
+                own = option(call, "num_workers")
+                if own is not None:
+                    self._fix_call(call, own.value)
+                elif literal(found.entries["num_workers"], NOT_LITERAL) is not NOT_LITERAL:
+                    self._fix_call(call, found.entries["num_workers"])
+                else:
+                    read = cst.parse_expression(f'{found.name}["num_workers"]')
+                    self._fix_call(call, read)
+
+    def _fix_call(self, call: cst.Call, workers: cst.BaseExpression) -> None:
+        literal_count = literal(workers, NOT_LITERAL) is not NOT_LITERAL
+        fixed = with_keyword(call, "persistent_workers", _persistent(workers))
+        title = None if literal_count else "Add `persistent_workers=<num_workers> > 0`"
+        self.report(call, Fix((Replace(call, fixed),)), fix_title=title)
+
+
+def _persistent(workers: cst.BaseExpression) -> cst.BaseExpression:
+    """`True` for a literal worker count (above 0), else `<workers> > 0`."""
+    if literal(workers, NOT_LITERAL) is not NOT_LITERAL:
+        return cst.Name("True")
+    left = workers.deep_clone()
+    if isinstance(left, LOOSER_THAN_COMPARISON) and not left.lpar:
+        left = left.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.Comparison(
+        left=left,
+        comparisons=[cst.ComparisonTarget(operator=cst.GreaterThan(), comparator=cst.Integer("0"))],
+    )

@@ -50,7 +50,8 @@ class BlockingHostToDeviceCopy(Rule):
         `safe`: the same values arrive; only the host stops waiting. A host-to-CUDA copy is
         ordered before every later kernel on the stream, and a copy to the CPU returns the
         tensor itself. Only copies of tensors taken from the batch (by unpacking, indexing,
-        `.items()`/`.values()`, including `{k: v.to(device) for k, v in batch.items()}`) are
+        `.items()`/`.values()`, including `{k: v.to(device) for k, v in batch.items()}`,
+        `[t.to(device) for t in batch]` and `tuple(t.to(device) for t in batch)`) are
         changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
         a name that may already hold a device tensor, since the host could read it before it
         lands), targets that may be MPS or another non-CUDA device (asynchronous copies there
@@ -110,7 +111,13 @@ class BlockingHostToDeviceCopy(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        for copy in blocking_batch_copies(self.facts):
+        declined: list = []
+        copies = blocking_batch_copies(
+            self.facts, declined if self.context.options.why_not else None
+        )
+        for node, reason in declined:
+            self.decline(node, reason)
+        for copy in copies:
             call = copy.call.node
             source = code_of(call.func.value).strip()
             if copy.async_is_sound:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from optimizer_codemod.analysis.escapes import block_escape
+from typing import Set
+
+from optimizer_codemod.analysis.escapes import block_escape, evaluation_loops
+from optimizer_codemod.analysis.loaders import module_name
+from optimizer_codemod.analysis.nodes import find_all, under_with
+from optimizer_codemod.analysis.training import no_grad_regions
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -26,6 +31,9 @@ class EvaluationUnderNoGrad(Rule):
         Replaces `with torch.no_grad():` by `with torch.inference_mode():` around evaluation
         code, outside the training loop: a block that runs the model the script trains and
         whose results leave it only as plain Python values (`.item()`, counts, `len(...)`).
+        An evaluation loop with no `no_grad` at all (a `for` loop right after `model.eval()`
+        on the model the training loop calls, with no `.train()` between) is put under
+        `with torch.inference_mode():` on the same conditions.
 
     Why is it slow:
         Under `no_grad`, every tensor still carries autograd bookkeeping: a version counter
@@ -73,6 +81,10 @@ class EvaluationUnderNoGrad(Rule):
         `param.materialize(...)` (new parameters made there would be inference tensors).
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
         to the graph. The model's own `forward` is assumed not to keep its inputs.
+        Wrapping a loop that had autograd on is `behavior`, applied only with
+        `--unsafe-fixes`: the analysis sees the loop, not the model's `forward`, which might
+        want gradients itself (`torch.autograd.grad` on its inputs); the loop's own target
+        and iterable are covered, since the loader's batches become inference tensors too.
         `@torch.no_grad()` decorators are left alone: their function's callers are not
         analysed. A `no_grad` block in the fallback branch of a feature check (the `else` of
         `if hasattr(torch, "inference_mode")`, an old-torch version branch) stays: it runs
@@ -94,7 +106,8 @@ class EvaluationUnderNoGrad(Rule):
     fix_title = "Use `torch.inference_mode()`"
     safety = Safety.SAFE
     min_torch = TorchVersion(1, 9)
-    triggers = (r"\bno_grad\b",)
+    # `no_grad` blocks, and loops after `model.eval()` that run without one.
+    triggers = (r"\bno_grad\b", r"\.eval\s*\(\s*\)")
     # The block must call a model the training loop also calls: the file trains.
     requires = (BACKWARD_CALL,)
     examples = (
@@ -120,6 +133,7 @@ class EvaluationUnderNoGrad(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         training = set(map(id, self.facts.training_loops))
+        self._evaluation_without_no_grad(training)
         for item, site in self.facts.records.with_items:
             call = item.item
             if (
@@ -127,11 +141,23 @@ class EvaluationUnderNoGrad(Rule):
                 or call.args
                 or self.facts.qualified_name(call.func) not in NO_GRAD
                 or not isinstance(site.statement, cst.With)
-                or any(id(loop) in training for loop in site.loops)
             ):
                 continue
+            if any(id(loop) in training for loop in site.loops):
+                self.decline(
+                    call,
+                    "the block is inside the training loop, where tensors it makes may meet "
+                    "the graph (inference tensors cannot be saved for backward)",
+                )
+                continue
             scope = site.function if site.function is not None else self.facts.module
-            if block_escape(self.facts, site.statement, scope) is not None:
+            reason = block_escape(self.facts, site.statement, scope)
+            if reason is not None:
+                self.decline(
+                    call,
+                    f"{reason}, and tensors made under `inference_mode` must not reach later "
+                    "code",
+                )
                 continue
             if isinstance(call.func, cst.Attribute):
                 fixed = call.with_changes(
@@ -142,3 +168,37 @@ class EvaluationUnderNoGrad(Rule):
                 fixed = call.with_changes(func=cst.Name("inference_mode"))
                 fix = Fix((Replace(call, fixed),), (ImportSpec("torch", "inference_mode"),))
             self.report(call, fix)
+
+    def _evaluation_without_no_grad(self, training: Set[int]) -> None:
+        """A loop right after `model.eval()` that runs the trained model with autograd on:
+        wrapped in `torch.inference_mode()` when nothing it makes reaches later code."""
+        facts = self.facts
+        covered = {
+            id(node) for region in no_grad_regions(facts) for node in find_all(region, cst.For)
+        }
+        for loop in evaluation_loops(facts, training):
+            if id(loop.node) in covered:
+                continue
+            scope = loop.function if loop.function is not None else facts.module
+            reason = block_escape(facts, loop.node, scope)
+            if reason is not None:
+                self.decline(
+                    loop.node,
+                    "this evaluation loop (after `.eval()`) builds autograd graphs, but "
+                    f"cannot run under `torch.inference_mode()`: {reason}",
+                )
+                continue
+            torch_name = module_name(facts, "torch")
+            if torch_name is None:
+                self.decline(loop.node, "`torch` is not imported under a name the fix could use")
+                continue
+            wrapped = under_with([loop.node], f"{torch_name}.inference_mode()")
+            imports = () if facts.imports.name_for_module("torch") else (ImportSpec("torch"),)
+            self.report(
+                loop.node,
+                Fix((Replace(loop.node, wrapped),), imports),
+                message="Evaluation loop after `.eval()` runs without `torch.no_grad()`: "
+                "autograd records a graph for every forward",
+                safety=Safety.BEHAVIOR,
+                fix_title="Run the loop under `torch.inference_mode()`",
+            )

@@ -65,7 +65,10 @@ class HandWrittenAttention(Rule):
         masked gives NaN written out and may give zeros fused. `is_causal=True` assumes the
         slice bound `T` is the query and key length, as in self-attention (the buffer is
         sliced by it). Never rewritten when a name of the chain (the attention weights) is
-        used anywhere else in the function (returned, stored, logged), when softmax is
+        used anywhere else in the function (returned, stored, logged), unless every such use
+        sits under a later `if flag:` on a parameter the function never rebinds
+        (`if output_attentions: return y, att`): then the written-out attention stays under
+        `if flag:` and SDPA runs in its `else`. Never either when softmax is
         over another axis or has a `dtype`, when anything else is applied between the
         steps (a bias after softmax), when q, k or v are not plain names, or for a mask
         filled with another value than -inf. A mask added to the scores (`att + mask`) is
@@ -150,7 +153,11 @@ class HandWrittenAttention(Rule):
             return
         if self.context.target_device == "cpu" and self._reduced_precision():
             return
-        for match in find_attentions(self.facts):
+        declined: list = []
+        matches = find_attentions(self.facts, declined if self.context.options.why_not else None)
+        for node, reason in declined:
+            self.decline(node, reason)
+        for match in matches:
             if match.additive is not None:
                 self.report(
                     match.statement,
@@ -170,11 +177,21 @@ class HandWrittenAttention(Rule):
                 continue
             binding = self._functional()
             if binding is None:
+                self.decline(
+                    match.statement, "`torch.nn.functional` cannot be named here (`F` is taken)"
+                )
                 continue
             module, imports = binding
             fix = Fix(self._edits(match, module), imports)
             if match.dropout_p is None:
-                self.report(match.statement, fix)
+                message = None
+                if match.flag is not None:
+                    message = (
+                        "Attention written out by hand materialises the score matrix; its "
+                        f"probabilities are wanted only when `{match.flag}` is set: SDPA "
+                        "can run otherwise"
+                    )
+                self.report(match.statement, fix, message=message)
                 continue
             self.report(
                 match.statement,
@@ -222,6 +239,19 @@ class HandWrittenAttention(Rule):
         # matrix's shapes): it goes with that code. Comments on lines of their own stay.
         statement = statement.with_changes(trailing_whitespace=without_comment(statement))
         lines = [line for folded in match.chain for line in folded.leading_lines]
-        statement = statement.with_changes(leading_lines=[*lines, *match.statement.leading_lines])
+        if match.flag is not None:
+            # `if output_attentions:` keeps the hand-written attention, whose probabilities
+            # are read under that flag alone; SDPA runs otherwise.
+            kept = [s.with_changes(leading_lines=()) for s in (*match.chain, match.statement)]
+            statement = cst.If(
+                test=cst.Name(match.flag),
+                body=cst.IndentedBlock(body=kept),
+                orelse=cst.Else(body=cst.IndentedBlock(body=[statement])),
+                leading_lines=[*lines, *match.statement.leading_lines],
+            )
+        else:
+            statement = statement.with_changes(
+                leading_lines=[*lines, *match.statement.leading_lines]
+            )
         edits = [Replace(folded, cst.RemovalSentinel.REMOVE) for folded in match.chain]
         return (*edits, Replace(match.statement, statement))

@@ -185,9 +185,22 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         qualnames = [call.qualname or "" for call in model_layer_calls(facts, model)]
         if not any(_planar_convolution(q) for q in qualnames):
             return
+        anchor = model_built(facts, model)
         if any(_other_convolution(q) for q in qualnames):
+            if anchor is not None:
+                self.decline(
+                    anchor,
+                    f"`{model.name}` also has 3-D convolutions or is a torchvision model that "
+                    "may not be a plain 2-D convnet: channels_last fits 4-D tensors only",
+                )
             return
         if _chooses_memory_format(original_node):
+            if anchor is not None:
+                self.decline(
+                    anchor,
+                    "the script already names a memory format (`channels_last`, "
+                    "`contiguous_format`...): its choice is left as it is",
+                )
             return
         views = self._views(model)
         if views:
@@ -200,9 +213,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 "`.to(memory_format=torch.channels_last)`",
             )
             return
-        anchor = model_built(facts, model)
         torch = facts.imports.name_for_module("torch")
-        if anchor is None or (torch is None and facts.imports.is_bound("torch")):
+        if anchor is None:
+            return
+        if torch is None and facts.imports.is_bound("torch"):
+            self.decline(anchor, "`torch` is not imported under a name the fix could use")
             return
         statement = cst.parse_statement(
             f"{model.name} = {model.name}.to(memory_format={torch or 'torch'}.channels_last)\n"

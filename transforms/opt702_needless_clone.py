@@ -7,7 +7,14 @@ from typing import Optional, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, method_name, positional
-from optimizer_codemod.analysis.mutation import CALL, FRESH, SAFE, copy_verdict
+from optimizer_codemod.analysis.mutation import (
+    CALL,
+    FRESH,
+    FRESH_METHODS,
+    SAFE,
+    VIEW_METHODS,
+    copy_verdict,
+)
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 
@@ -17,7 +24,10 @@ class NeedlessClone(Rule):
     What it does:
         Removes the copy in `name = x.clone()` (and `torch.clone(x)`), or reduces
         `x.detach().clone()` / `x.clone().detach()` to `x.detach()`, when neither the copy nor
-        the tensor it was taken from is ever written in place and neither escapes.
+        the tensor it was taken from is ever written in place and neither escapes. Inside a
+        chain, `x.clone().div(255)` becomes `x.div(255)` (an operation that allocates its
+        result reads the copy once and keeps nothing of it), and `name = x.clone().float()`
+        becomes `name = x.float()` under the same conditions as `name = x.clone()`.
 
     Why is it slow:
         `clone()` allocates a tensor as large as its source and copies every element: one
@@ -51,7 +61,11 @@ class NeedlessClone(Rule):
         output, a function's parameter) is reported without a fix. A copy of a parameter,
         a `.grad`, a `state_dict()` entry or anything else the analysis cannot trace is
         left alone: optimizers and backward write those in place. `clone(memory_format=...)`
-        changes the layout and is never touched. Only files that run a backward pass are
+        changes the layout and is never touched. In a chain, every link between the copy and
+        the operation that allocates must be a view or conversion (`.view()`, `.float()`,
+        `.to()`); an in-place link (`x.clone().add_(1)`) writes the copy and is left alone,
+        and a chain of only views and conversions, whose result may be the copy itself, is
+        treated as the copy. Only files that run a backward pass are
         examined (training scripts and the helpers they define), so that library modules,
         whose copies are usually deliberate, cost no parse.
 
@@ -106,6 +120,10 @@ class NeedlessClone(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         for site in facts.records.calls:
+            chained = _clone_in_chain(site.node)
+            if chained is not None:
+                self._chain(site, *chained)
+                continue
             found = _copy_of(facts, site.node)
             if found is None:
                 continue
@@ -133,6 +151,78 @@ class NeedlessClone(Rule):
                     "which comes from code the analysis cannot see; neither is written in "
                     "place here, so the copy is likely needless",
                 )
+
+    def _chain(self, site, clone: cst.Call, fresh: bool) -> None:
+        """`x.clone()` inside a chain: `x.clone().float()`, `x.clone().view(-1).mul(2)`."""
+        facts = self.facts
+        source = clone.func.value
+        text = code_of(source).strip()
+        fix = Fix((Replace(clone, source),))
+        if fresh:
+            # A link that allocates its result (`.mul(2)`, `.sum()`) reads the copy once and
+            # keeps nothing of it: the copy is never seen again, whatever `x` is.
+            self.report(
+                clone,
+                fix,
+                message=f"`{text}` is copied and the copy only read once by an operation that "
+                "allocates its own result",
+            )
+            return
+        # Views and conversions (`.float()`, `.view(-1)`) may return the copy itself: the
+        # chain's result would share `x`'s storage, as `name = x` would.
+        assignment = facts.assignment_of(site.node)
+        if assignment is None or not _binds_one_name(assignment.statement_node):
+            return
+        if assignment.site.function is None and assignment.site.class_name is not None:
+            return
+        scope = assignment.site.function or facts.module
+        shared = _without(site.node, clone)
+        verdict = copy_verdict(facts, scope, assignment.target, site.node, shared)
+        if verdict.outcome != SAFE:
+            return
+        if verdict.provenance == FRESH:
+            self.report(
+                clone,
+                fix,
+                message=f"`{assignment.target}` is built from a copy of `{text}`, and neither "
+                "is ever written in place",
+            )
+
+
+def _clone_in_chain(call: cst.Call) -> Optional[Tuple[cst.Call, bool]]:
+    """(the `.clone()`, whether `call` allocates its result) when `call` is the first link
+    after a plain `x.clone()` that allocates (FRESH_METHODS), or the outermost of views and
+    conversions (VIEW_METHODS) over it; every link between is a view or conversion. None
+    for anything else, and for in-place links (`x.clone().add_(1)` writes the copy)."""
+    method = method_name(call)
+    if method == "clone" or method not in FRESH_METHODS | VIEW_METHODS:
+        return None
+    if not isinstance(call.func, cst.Attribute) or any(a.star for a in call.args):
+        return None
+    node = call.func.value
+    if method == "detach" and _is_plain_call(node, "clone"):
+        return None  # `x.clone().detach()`: the plain rule's own case
+    while isinstance(node, cst.Call):
+        inner = method_name(node)
+        if inner == "clone":
+            if node.args or not isinstance(node.func, cst.Attribute):
+                return None
+            if _is_plain_call(node.func.value, "detach"):
+                return None  # `x.detach().clone().view(...)`: left to the plain rule
+            return node, method in FRESH_METHODS
+        if inner not in VIEW_METHODS or not isinstance(node.func, cst.Attribute):
+            return None
+        node = node.func.value
+    return None
+
+
+def _without(chain: cst.BaseExpression, clone: cst.Call) -> cst.BaseExpression:
+    """`chain` with the `.clone()` call replaced by its receiver."""
+    if chain is clone:
+        return clone.func.value
+    assert isinstance(chain, cst.Call) and isinstance(chain.func, cst.Attribute)
+    inner = _without(chain.func.value, clone)
+    return chain.with_changes(func=chain.func.with_changes(value=inner))
 
 
 def _copy_of(facts, call: cst.Call) -> Optional[Tuple[cst.BaseExpression, cst.BaseExpression]]:

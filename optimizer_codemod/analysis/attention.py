@@ -11,7 +11,7 @@ leave the pattern alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Set
+from typing import TYPE_CHECKING, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -52,6 +52,9 @@ class Attention:
     additive: Optional[cst.BaseExpression] = None  # `scores + mask`: content unknown
     dropout_p: Optional[str] = None
     reads: List[cst.BaseExpression] = field(default_factory=list)  # inputs evaluated later
+    # A parameter (`output_attentions`) under whose `if` alone the probabilities are read
+    # later: the hand-written attention stays for that case, SDPA runs for the other.
+    flag: Optional[str] = None
 
 
 class _Chain:
@@ -77,8 +80,13 @@ class _Chain:
         return self.resolve(value)
 
 
-def find_attentions(facts: "ScriptFacts") -> List[Attention]:
+def find_attentions(
+    facts: "ScriptFacts", declined: Optional[List[Tuple[cst.CSTNode, str]]] = None
+) -> List[Attention]:
+    """Hand-written attentions SDPA can replace; with `declined`, each attention recognised
+    but left is added to it with the reason, in words."""
     found: List[Attention] = []
+    reasons: List[Tuple[cst.CSTNode, str]] = [] if declined is None else declined
     if not any(
         call.qualname in SOFTMAX or (call.method == "softmax" and call.qualname is None)
         for call in facts.records.calls
@@ -92,6 +100,10 @@ def find_attentions(facts: "ScriptFacts") -> List[Attention]:
                     continue
                 for product in _products(facts, line):
                     match = _match(facts, klass, function, body, index, line, product)
+                    if isinstance(match, str):
+                        if not _flagged_branch(function, block):
+                            reasons.append((line, match))
+                        break
                     if match is not None:
                         found.append(match)
                         break
@@ -160,7 +172,9 @@ def _operands(facts, node):
     return None
 
 
-def _match(facts, klass, function, body, index, line, product) -> Optional[Attention]:
+def _match(facts, klass, function, body, index, line, product) -> Union[Attention, str, None]:
+    """The attention whose final product is `product`; a reason when it is one but cannot be
+    replaced; None when it is no attention."""
     chain = _Chain(body, index)
     weights, v = _operands(facts, product)
     weights = chain.resolve(weights)
@@ -185,14 +199,25 @@ def _match(facts, klass, function, body, index, line, product) -> Optional[Atten
     match.chain = chain.folded
     for node in (match.q, match.k, match.v):
         if dotted_name(node) is None:
-            return None
+            return (
+                f"`{code_of(node).strip()}` is computed in place of a query, key or value "
+                "name, and the rewrite takes names only"
+            )
     inputs = [match.q, match.k, match.v, *match.reads]
     if match.additive is not None:
         inputs.append(match.additive)
     if any(n.value in chain.names for i in inputs for n in find_all(i, cst.Name)):
         return None
-    if not _only_chain_uses(function, chain, line, product):
-        return None
+    kept = _used_elsewhere(function, chain, line, product)
+    if kept is not None:
+        match.flag = _flag_guarding(function, chain, line, product, body, index)
+        if match.flag is not None:
+            return match
+        return (
+            f"the attention's intermediate `{kept}` is used outside the computation (returned "
+            "or stored: the attention probabilities, for instance), and SDPA does not compute "
+            "it"
+        )
     return match
 
 
@@ -453,16 +478,64 @@ def _transposed(node) -> Optional[cst.BaseExpression]:
     return None
 
 
-def _only_chain_uses(function, chain: _Chain, line, product) -> bool:
-    """Every use of a name the chain binds is inside the chain (or the final operand)."""
+def _used_elsewhere(function, chain: _Chain, line, product) -> Optional[str]:
+    """A name the chain binds that is used outside the chain (and the final operand)."""
     inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
     left = _operands_node_left(product)
     inside |= {id(n) for n in find_all(left, cst.Name)}
-    for name in chain.names:
+    for name in sorted(chain.names):
         for use in name_uses(function, name):
             if use.nested or id(use.node) not in inside:
-                return False
-    return True
+                return name
+    return None
+
+
+def _flag_guarding(function, chain: _Chain, line, product, body, index) -> Optional[str]:
+    """The parameter `flag` when every use of the chain's names outside it is inside an
+    `if flag:` (without `else`) that follows the attention in its block, and the function
+    never rebinds `flag`: `if output_attentions: return out, att`."""
+    inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
+    inside |= {id(n) for n in find_all(_operands_node_left(product), cst.Name)}
+    params = function.params
+    parameters = {p.name.value for p in (*params.posonly_params, *params.params)}
+    parameters |= {p.name.value for p in params.kwonly_params}
+    guarded: dict = {}
+    for statement in body[index + 1 :]:
+        if (
+            isinstance(statement, cst.If)
+            and isinstance(statement.test, cst.Name)
+            and statement.orelse is None
+            and statement.test.value in parameters
+        ):
+            flag = statement.test.value
+            guarded.update((id(n), flag) for n in find_all(statement.body, cst.Name))
+    flags = set()
+    for name in chain.names:
+        for use in name_uses(function, name):
+            if id(use.node) in inside:
+                continue
+            if use.nested or use.store or id(use.node) not in guarded:
+                return None
+            flags.add(guarded[id(use.node)])
+    if len(flags) != 1:
+        return None
+    flag = flags.pop()
+    declared = {id(p.name) for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    if flag in chain.names or any(
+        use.store and id(use.node) not in declared for use in name_uses(function, flag)
+    ):
+        return None
+    return flag
+
+
+def _flagged_branch(function, block) -> bool:
+    """`block` is the `if output_attentions:` branch of an attention rewritten before: its
+    `else` runs SDPA (OPT406 keeps the hand-written attention there on purpose)."""
+    for node in find_all(function, cst.If):
+        if node.body is block and isinstance(node.orelse, cst.Else):
+            if "scaled_dot_product_attention" in code_of(node.orelse.body):
+                return True
+    return False
 
 
 def _operands_node_left(product):

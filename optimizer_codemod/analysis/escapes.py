@@ -30,6 +30,7 @@ from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.collect import Loop
     from optimizer_codemod.analysis.script import ScriptFacts
 
 Scope = Union[cst.Module, cst.FunctionDef]
@@ -175,8 +176,10 @@ def block_escape(
 
     Also refuses blocks that want autograd (backward, `enable_grad`, `requires_grad`) or update
     anything in place (`x.add_(...)`, `p += ...` on a non-host name, `optimizer.step()`).
+    A `for` loop is taken whole (its target and iterable too): the block a fix would put
+    around it.
     """
-    body = block.body
+    body = block if isinstance(block, cst.For) else block.body
     text = code_of(body)
     for word in GRAD_WORDS:
         if word in text:
@@ -303,3 +306,37 @@ def _training_callees(facts: "ScriptFacts") -> Set[str]:
 def _short(node: cst.CSTNode, limit: int = 50) -> str:
     text = code_of(node).strip().splitlines()[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
+    """`for` loops that evaluate: right after `model.eval()` (in the same block, with no
+    `.train()` between) on a model the training loop calls, holding no training loop and
+    inside none."""
+    trained = _training_callees(facts)
+    # `.eval()`/`.train()` calls by the block they sit in (function and innermost loop).
+    switches: Dict[tuple, list] = {}
+    for method in ("eval", "train"):
+        for call in facts.method_calls(method):
+            if call.receiver in trained and not call.node.args:
+                key = (id(call.site.function), id(call.site.loop))
+                switches.setdefault(key, []).append(call)
+    found = []
+    for loop in facts.records.loops:
+        if not isinstance(loop.node, cst.For) or any(
+            id(outer) in training for outer in (loop, *loop.ancestors)
+        ):
+            continue
+        if any(id(inner) in training for inner in facts.loops_inside(loop)):
+            continue
+        last = max(
+            (
+                call
+                for call in switches.get((id(loop.function), id(loop.parent)), ())
+                if call.site.order < loop.start
+            ),
+            key=lambda call: call.site.order,
+            default=None,
+        )
+        if last is not None and last.method == "eval":
+            found.append(loop)
+    return found

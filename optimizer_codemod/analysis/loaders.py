@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import enum
 import weakref
-from typing import TYPE_CHECKING, List, Optional, Set
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
 from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
+    excerpt,
     has_double_star,
     has_star_args,
     keyword,
+    literal,
     positional,
+    with_keyword,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
@@ -261,10 +265,10 @@ def opens_handles_when_built(facts: "ScriptFacts", class_name: str) -> bool:
 
 def collate_places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> Optional[bool]:
     """Whether `collate_fn` may return tensors on an accelerator; None when it is unknown."""
-    arg = option(call, "collate_fn")
-    if arg is None or is_name(arg.value, "None"):
+    value = option_value(facts, call, "collate_fn")
+    if value is None or is_name(value, "None"):
         return False
-    return _callable_places(facts, arg.value, 0)
+    return _callable_places(facts, value, 0)
 
 
 def _callable_places(facts: "ScriptFacts", node: cst.BaseExpression, depth: int):
@@ -635,3 +639,202 @@ def _use_problem(facts, name, node, parent, grandparent, looping_functions) -> O
 ITERATION_FUNCTIONS = frozenset(
     {"enumerate", "iter", "len", "zip", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm"}
 )
+
+
+# Options from a dict -------------------------------------------------------------------
+# Methods that change a dict in place.
+DICT_MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
+
+
+@dataclass
+class OptionsDict:
+    """`loader_args = dict(batch_size=64, num_workers=4)` (or `{...}`) assigned once and
+    passed as `DataLoader(ds, **loader_args)`: options a rule can read, and maybe edit."""
+
+    name: str
+    node: cst.BaseExpression  # the `dict(...)` call or the `{...}` literal
+    entries: Dict[str, cst.BaseExpression]
+    loaders: Tuple[cst.Call, ...]  # every DataLoader call that receives `**name`
+    # Why the dict's options cannot be trusted (it is changed or passed on), or None.
+    problem: Optional[str]
+
+    def with_entry(self, key: str, value: cst.BaseExpression) -> cst.BaseExpression:
+        """The dict with `key` set to `value` (its value replaced when it is there)."""
+        node = self.node
+        if isinstance(node, cst.Call):
+            found = keyword(node, key)
+            if found is not None:
+                return node.with_changes(
+                    args=[a.with_changes(value=value) if a is found else a for a in node.args]
+                )
+            return with_keyword(node, key, value)
+        assert isinstance(node, cst.Dict)
+        elements = list(node.elements)
+        for index, element in enumerate(elements):
+            if isinstance(element, cst.DictElement) and literal(element.key, None) == key:
+                elements[index] = element.with_changes(value=value)
+                return node.with_changes(elements=elements)
+        first = elements[0].key if elements else None
+        quote = first.quote if isinstance(first, cst.SimpleString) else '"'
+        new = cst.DictElement(cst.SimpleString(f"{quote}{key}{quote}"), value)
+        if not elements:
+            return node.with_changes(elements=[new])
+        last = elements[-1]
+        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new entry goes last
+            trailing = last.comma.whitespace_after
+            between = (
+                elements[-2].comma.whitespace_after
+                if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma)
+                else node.lbrace.whitespace_after
+            )
+            multiline = isinstance(trailing, cst.ParenthesizedWhitespace) or isinstance(
+                node.rbrace.whitespace_before, cst.ParenthesizedWhitespace
+            )
+            if not multiline or not isinstance(between, cst.ParenthesizedWhitespace):
+                between = cst.SimpleWhitespace(" ")
+            elements[-1] = last.with_changes(
+                comma=last.comma.with_changes(whitespace_after=between)
+            )
+            new = new.with_changes(comma=cst.Comma(whitespace_after=trailing))
+        else:
+            elements[-1] = last.with_changes(
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            )
+        elements.append(new)
+        return node.with_changes(elements=elements)
+
+
+def options_dict(facts: "ScriptFacts", call: cst.Call) -> Optional[OptionsDict]:
+    """The dict a loader's `**name` options come from, when the file shows all of it: one
+    `**name` and no `*args`, `name` assigned once, at module level or before the call in
+    its function, to `dict(key=value, ...)` or a `{"key": value}` literal. Its `problem`
+    says when the dict is changed or used otherwise than as `**name` of DataLoaders and
+    `name["key"]` reads (then its options are as unknown as those of any `**kwargs`)."""
+    stars = [a for a in call.args if a.star == "**"]
+    if has_star_args(call) or len(stars) != 1 or not isinstance(stars[0].value, cst.Name):
+        return None
+    name = stars[0].value.value
+    site = facts.call_site_of.get(call)
+    assignments = facts.assignments_to(name)
+    if site is None or len(assignments) != 1:
+        return None
+    assignment = assignments[0]
+    if (
+        assignment.unpacked
+        or assignment.augmented
+        or assignment.site.function not in (None, site.site.function)
+        or (assignment.site.function is not None and assignment.site.order > site.site.order)
+    ):
+        return None
+    entries = _entries(facts, assignment.value)
+    if entries is None:
+        return None
+    memo = facts.memo("options_dict")
+    if id(assignment.value) not in memo:
+        scope = assignment.site.function or facts.module
+        memo[id(assignment.value)] = _dict_uses(facts, scope, name, assignment)
+    loaders, problem = memo[id(assignment.value)]
+    return OptionsDict(name, assignment.value, entries, loaders, problem)
+
+
+def _entries(
+    facts: "ScriptFacts", node: cst.BaseExpression
+) -> Optional[Dict[str, cst.BaseExpression]]:
+    entries: Dict[str, cst.BaseExpression] = {}
+    if isinstance(node, cst.Call):
+        if not is_name(node.func, "dict") or facts.imports.is_bound("dict"):
+            return None
+        for arg in node.args:
+            if arg.keyword is None or arg.star:
+                return None
+            entries[arg.keyword.value] = arg.value
+        return entries
+    if isinstance(node, cst.Dict):
+        for element in node.elements:
+            if not isinstance(element, cst.DictElement):
+                return None
+            key = literal(element.key, None)
+            if not isinstance(key, str) or key in entries:
+                return None
+            entries[key] = element.value
+        return entries
+    return None
+
+
+def _dict_uses(facts: "ScriptFacts", scope: cst.CSTNode, name: str, assignment):
+    """The DataLoader calls that get `**name`, and why other uses make the dict untrusted."""
+    loaders = []
+    allowed: Set[int] = set()
+    target = assignment.statement_node
+    for small in find_all(target, cst.AssignTarget, cst.AnnAssign):
+        allowed.update(id(n) for n in find_all(small.target, cst.Name) if n.value == name)
+    for loader in facts.dataloader_constructions():
+        for arg in loader.node.args:
+            if arg.star == "**" and is_name(arg.value, name):
+                loaders.append(loader.node)
+                allowed.add(id(arg.value))
+    stored: Set[int] = set()
+    for node in find_all(scope, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del):
+        stored.update(id(n) for n in find_all(node.target, cst.Subscript))
+    problem = None
+    for node in find_all(scope, cst.Subscript, cst.Attribute):
+        if not is_name(node.value, name):
+            continue
+        if isinstance(node, cst.Subscript) and id(node) not in stored:
+            allowed.add(id(node.value))
+        elif isinstance(node, cst.Subscript) or node.attr.value in DICT_MUTATORS:
+            problem = f"`{name}` is changed after it is built, by `{excerpt(node)}`"
+    if problem is None:
+        for node in find_all(scope, cst.Name):
+            if node.value == name and id(node) not in allowed:
+                problem = f"`{name}` is also used otherwise than as `**{name}` of a DataLoader"
+                break
+    return tuple(loaders), problem
+
+
+def option_value(facts: "ScriptFacts", call: cst.Call, name: str) -> Optional[cst.BaseExpression]:
+    """The value of DataLoader option `name`: from the call, or from its `**options` dict."""
+    arg = option(call, name)
+    if arg is not None:
+        return arg.value
+    found = options_dict(facts, call)
+    if found is not None and found.problem is None:
+        return found.entries.get(name)
+    return None
+
+
+def options_unknown(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """Options arrive through `*args`/`**kwargs` the file does not show in full."""
+    if not options_hidden(call):
+        return False
+    found = options_dict(facts, call)
+    return found is None or found.problem is not None
+
+
+def hidden_options_reason(facts: "ScriptFacts", call: cst.Call) -> str:
+    """Why the options a loader gets through `*`/`**` cannot be read, in words."""
+    found = options_dict(facts, call)
+    if found is not None and found.problem is not None:
+        return found.problem
+    return "its options arrive through */** arguments the analysis cannot read"
+
+
+def by_options_dict(
+    facts: "ScriptFacts", calls: List[cst.Call]
+) -> Tuple[List[cst.Call], List[Tuple[OptionsDict, List[cst.Call]]]]:
+    """The loaders a rule fixes, split into those whose options are all in the call and, per
+    `**options` dict, those built from it (the dict is edited when they are all its loaders)."""
+    plain: List[cst.Call] = []
+    groups: Dict[int, Tuple[OptionsDict, List[cst.Call]]] = {}
+    for call in calls:
+        found = options_dict(facts, call) if options_hidden(call) else None
+        if found is None:
+            plain.append(call)
+        else:
+            groups.setdefault(id(found.node), (found, []))[1].append(call)
+    return plain, list(groups.values())
+
+
+def fixes_every_loader(found: OptionsDict, calls: List[cst.Call]) -> bool:
+    """`calls` are all the loaders built from the dict: an option added to it changes only them."""
+    return {id(c) for c in calls} == {id(c) for c in found.loaders}

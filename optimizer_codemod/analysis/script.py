@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal
+from optimizer_codemod.analysis.calls import callee_name, keyword, literal
 from optimizer_codemod.analysis.collect import (
     Assignment,
     CallSite,
@@ -273,8 +273,10 @@ class ScriptFacts:
         The one test of pinning that every rule shares (OPT101 adds exactly the second form,
         OPT201 relies on either). A name is followed when all its assignments qualify.
         """
-        arg = argument(loader.node, "pin_memory", 7)  # DataLoader's eighth parameter
-        return arg is not None and self._pins(arg.value, 0)
+        from optimizer_codemod.analysis.loaders import option_value
+
+        value = option_value(self, loader.node, "pin_memory")  # also from a `**options` dict
+        return value is not None and self._pins(value, 0)
 
     def _pins(self, node: cst.BaseExpression, depth: int) -> bool:
         if literal(node, None) is True:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
 from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
+    code_of,
     has_double_star,
     has_star_args,
     keyword,
@@ -38,7 +39,12 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.loaders import DEFAULT_COLLATES, loops_over, option
+from optimizer_codemod.analysis.loaders import (
+    DEFAULT_COLLATES,
+    loops_over,
+    option_value,
+    options_unknown,
+)
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,28 +74,45 @@ class BatchCopy:
         return self.target_types is not None and self.target_types <= ASYNC_SOUND_TYPES
 
 
-def blocking_batch_copies(facts: "ScriptFacts") -> List[BatchCopy]:
+def blocking_batch_copies(
+    facts: "ScriptFacts", declined: Optional[List[Tuple[cst.Call, str]]] = None
+) -> List[BatchCopy]:
     """Blocking copies of pinned batches to a device that is CUDA or may be, in training loops.
 
     Left out: copies whose target may be a non-CUDA accelerator, whose source may already be
     on the device (a device-to-host copy), whose source is written in the loop, which already
     choose `non_blocking`, whose arguments are hidden in `*args`/`**kwargs`, and, with a custom
     `collate_fn`, copies of a whole batch (it may be an object whose `.to` takes no
-    `non_blocking`).
+    `non_blocking`). With `declined`, each copy of a batch to an accelerator left out is
+    added to it with the reason, in words.
     """
     found: List[BatchCopy] = []
-    for loop, loaders in _pinned_batch_loops(facts):
+    for loop, loaders, pinned in _batch_loops(facts):
+        if not pinned and declined is None:
+            continue
         names = facts.names_derived_in(loop, set(loop.targets))
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders)
         for call in facts.loop_calls(loop):
             copy = _batch_copy(facts, call, loop, names, custom_collate)
-            if copy is not None:
-                found.append(copy)
+            if isinstance(copy, BatchCopy):
+                if pinned:
+                    found.append(copy)
+                elif declined is not None:
+                    declined.append((call.node, NOT_PINNED))
+            elif copy is not None and declined is not None and pinned:
+                declined.append((call.node, copy))
     return found
 
 
-def _pinned_batch_loops(facts: "ScriptFacts") -> List[Tuple[Loop, List[CallSite]]]:
-    """Loops over pinned loaders that train: a training loop or one of its enclosing loops."""
+NOT_PINNED = (
+    "the DataLoader is not built with `pin_memory=True` (OPT101 adds it): a copy from "
+    "pageable memory cannot overlap with the GPU's work"
+)
+
+
+def _batch_loops(facts: "ScriptFacts") -> List[Tuple[Loop, List[CallSite], bool]]:
+    """Loops over loaders that train (a training loop or one of its enclosing loops), and
+    whether every loader they iterate is pinned."""
     training: Set[int] = set()
     for loop in facts.training_loops:
         training.update(id(outer) for outer in (loop, *loop.ancestors))
@@ -99,10 +122,9 @@ def _pinned_batch_loops(facts: "ScriptFacts") -> List[Tuple[Loop, List[CallSite]
             if id(loop) in training:
                 loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
     return [
-        (loop, loaders)
+        (loop, loaders, all(facts.is_pinned(loader) for loader in loaders))
         for loop, loaders in loaders_of.values()
-        if all(facts.is_pinned(loader) for loader in loaders)
-        and (facts.loader_of(loop) is not None or _only_loaders_passed(facts, loop))
+        if facts.loader_of(loop) is not None or _only_loaders_passed(facts, loop)
     ]
 
 
@@ -128,35 +150,56 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
 
 
 def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
-    arg = option(loader.node, "collate_fn")
-    if arg is None or is_name(arg.value, "None"):
+    value = option_value(facts, loader.node, "collate_fn")
+    if value is None:
+        return options_unknown(facts, loader.node)  # `**kwargs` may carry one
+    if is_name(value, "None"):
         return False
-    return facts.qualified_name(arg.value) not in DEFAULT_COLLATES
+    return facts.qualified_name(value) not in DEFAULT_COLLATES
 
 
 def _batch_copy(
     facts: "ScriptFacts", call: CallSite, loop: Loop, names: Set[str], custom_collate: bool
-) -> Optional[BatchCopy]:
+) -> Union[BatchCopy, str, None]:
+    """The copy, or why a copy of the batch to an accelerator is left out (None: not one)."""
     node = call.node
     if call.method not in ("to", "cuda") or not isinstance(node.func, cst.Attribute):
         return None
     source = node.func.value
-    if not facts.derives_from(source, names) or not _plain_arguments(facts, node, call.method):
+    if not facts.derives_from(source, names) or not places_on_accelerator(facts, node):
         return None
-    if not places_on_accelerator(facts, node):
-        return None
+    if not _plain_arguments(facts, node, call.method):
+        if has_star_args(node) or has_double_star(node):
+            return "the copy's arguments arrive through */**, which may set `non_blocking`"
+        return None  # `non_blocking` chosen already, or options the fix does not know
+    text = code_of(source).strip()
     if custom_collate and not _element_of_batch(facts, source, loop, names):
-        return None
-    chain = _host_chain(facts, source, loop, names, call.site.statement)
-    if chain is None or _written(facts, loop, chain, call.site.statement):
-        return None
+        return (
+            f"with a custom `collate_fn`, `{text}` may be an object of the user's class whose "
+            "`.to` takes no `non_blocking`"
+        )
+    chain = _host_chain(facts, source, loop, names, call.site.statement, node)
+    if chain is None:
+        return (
+            f"`{text}` may hold a tensor already on the device (a name it comes from is bound "
+            "in the loop to something other than a part of the batch): an asynchronous copy "
+            "back to the host could be read before it lands"
+        )
+    if _written(facts, loop, chain, call.site.statement):
+        return (
+            f"`{text}` or the batch it comes from is written in the loop, and the write "
+            "could race with an asynchronous copy still reading it"
+        )
     types = (
         frozenset({"cuda"})
         if call.method == "cuda"
         else _target_types(facts, copy_target(facts, node), call)
     )
     if types is not None and not types <= ASYNC_SOUND_TYPES:
-        return None
+        return (
+            "the copy may go to MPS or another accelerator that is not CUDA, where "
+            "asynchronous copies corrupt data (pytorch/pytorch#139550)"
+        )
     return BatchCopy(call, loop, types)
 
 
@@ -183,6 +226,7 @@ def _host_chain(
     loop: Loop,
     names: Set[str],
     statement: Optional[cst.BaseStatement],
+    copy: Optional[cst.Call] = None,
 ) -> Optional[Set[str]]:
     """The batch names `source` comes from, when all of them still hold host tensors.
 
@@ -196,11 +240,20 @@ def _host_chain(
         return None
     chain: Set[str] = set()
     pending = [first]
+    local = _comprehension_iters(statement, copy) if copy is not None else {}
     while pending:
         name = pending.pop()
         if name in chain:
             continue
         chain.add(name)
+        if name in local:
+            # `[t.to(device) for t in batch]`: `t` belongs to the comprehension around the
+            # copy, bound by it alone (bindings elsewhere are other variables).
+            root = derived_root(local[name], names)
+            if root is None:
+                return None
+            pending.append(root)
+            continue
         for assignment in facts.assignments_to(name):
             if loop not in assignment.site.loops or assignment.site.statement is statement:
                 continue
@@ -220,6 +273,29 @@ def _host_chain(
                     return None
                 pending.append(root)
     return chain
+
+
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+
+
+def _comprehension_iters(
+    statement: Optional[cst.BaseStatement], copy: cst.Call
+) -> Dict[str, cst.BaseExpression]:
+    """The names bound by comprehensions whose element holds `copy`, with what each
+    iterates (`{"t": batch}` for `[t.to(device) for t in batch]`)."""
+    if statement is None:
+        return {}
+    found: Dict[str, cst.BaseExpression] = {}
+    for comp in find_all(statement, *COMPREHENSIONS):
+        parts = (comp.key, comp.value) if isinstance(comp, cst.DictComp) else (comp.elt,)
+        if not any(n is copy for part in parts for n in find_all(part, cst.Call)):
+            continue
+        clause = comp.for_in
+        while clause is not None:
+            for name in target_names(clause.target):
+                found[name] = clause.iter
+            clause = clause.inner_for_in
+    return found
 
 
 def _written(
