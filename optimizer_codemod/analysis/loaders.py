@@ -24,7 +24,7 @@ from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
-from optimizer_codemod.analysis.values import value_sources
+from optimizer_codemod.analysis.values import unbound_parameter, value_sources
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -143,6 +143,16 @@ def dataset_kind(facts: "ScriptFacts", site: CallSite) -> DatasetKind:
     if may_live_on_accelerator(facts, node):
         return DatasetKind.ON_DEVICE
     return _kind_of(facts, node, 0, [])
+
+
+def dataset_parameter(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """Why a dataset that is a parameter of the loader's function is not followed to its
+    value: "is `dataset`, a parameter of `Trainer.__init__`, which is called 2 times in this
+    file" (values.unbound_parameter); None when it is no such parameter."""
+    arg = option(site.node, "dataset")
+    name = dotted_name(arg.value) if arg is not None and not arg.star else None
+    why = unbound_parameter(facts, site.site.function, name) if name else None
+    return f"is unknown: {why}" if why else None
 
 
 def dataset_value(

@@ -22,6 +22,7 @@ from optimizer_codemod.analysis.values import (
     alias_in,
     attribute_assignments,
     method_class,
+    standalone_class,
     the_caller,
     value_sources,
 )
@@ -294,6 +295,8 @@ def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
                 found.append(TrainedModel(handed[0], optimizer, None, None, handed[1]))
                 continue
             owning_class = method_class(facts, scope) if model.startswith("self.") else None
+            if owning_class is not None and not standalone_class(facts, owning_class):
+                owning_class = None  # a class hierarchy: `self.X` is looked up file-wide
             found.append(TrainedModel(model, optimizer, wrapper, owning_class))
     return found
 
@@ -345,7 +348,7 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
     if not backward:
         return None
     models = trained_models(facts)
-    names = sorted({m.name for m in models})
+    names = sorted({f"{m.owner}'s {m.name}" if m.owner else m.name for m in models})
     if len({(m.name, m.owner) for m in models}) == 1:
         return None
     if names:
@@ -354,9 +357,11 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
             "how a model is trained act only where one model is trained"
         )
     return backward[0].node, (
-        "the model this step trains is not a module built in this file and handed to a "
-        "`torch.optim` optimizer by name (an attribute such as `self.model`, a function "
-        "parameter, or a hand-written update): the analysis cannot tell which model it is"
+        "the model this step trains is not known to be a module handed to a `torch.optim` "
+        "optimizer: names, `self.` attributes (in their class) and function parameters (through "
+        "the function's one call in this file) are followed to a module built in this file, "
+        "and this model is not (a model from another module, a function called several times, "
+        "or a hand-written update): the analysis cannot tell which model it is"
     )
 
 

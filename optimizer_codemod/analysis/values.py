@@ -70,6 +70,22 @@ def method_class(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> Optio
     return owner
 
 
+def standalone_class(facts: "ScriptFacts", class_name: str) -> bool:
+    """No class of this file derives from `class_name`, nor it from one: its methods' `self`
+    is an instance of this class only, so `self.X` is set by this class's methods only (a
+    subclass's method may set it, or an inherited method read the subclass's)."""
+    memo = facts.memo("class_family")
+    if "related" not in memo:
+        related = set()
+        for name, info in facts.classes.items():
+            bases = {base for base in info.bases if base in facts.classes}
+            if bases:
+                related.add(name)
+                related.update(bases)
+        memo["related"] = related
+    return class_name in facts.classes and class_name not in memo["related"]
+
+
 def attribute_assignments(
     facts: "ScriptFacts", class_name: str, target: str
 ) -> Sequence["Assignment"]:
@@ -207,6 +223,33 @@ def parameter_binding(
     return Source(arg.value, caller.site.function)
 
 
+def unbound_parameter(
+    facts: "ScriptFacts", function: Optional[cst.CSTNode], name: str
+) -> Optional[str]:
+    """Why parameter `name` of `function` is not followed to a value, for a report ("`dataset`
+    is a parameter of `Trainer.__init__`, which is called 2 times in this file"); None when
+    `name` is no parameter of `function` or is followed."""
+    if not isinstance(function, cst.FunctionDef) or name == SELF:
+        return None
+    if name not in parameter_names(function) or locally_assigned(facts, name, function):
+        return None
+    if parameter_binding(facts, function, name) is not None:
+        return None
+    owner = method_class(facts, function)
+    label = f"{owner}.{function.name.value}" if owner else function.name.value
+    called = owner if function.name.value == "__init__" else function.name.value
+    calls = len(_calls_by_name(facts).get(called or "", ())) if called else 0
+    if the_caller(facts, function) is not None:
+        why = "its one call leaves it to its default or passes it through `*args`/`**kwargs`"
+    elif calls == 0:
+        why = "which is not called by name in this file"
+    elif calls > 1:
+        why = f"which is called {calls} times in this file"
+    else:
+        why = "which is also used other than by its one call (passed around or stored)"
+    return f"`{name}` is a parameter of `{label}`, {why}"
+
+
 def locally_assigned(facts: "ScriptFacts", name: str, function: cst.FunctionDef) -> bool:
     memo = facts.memo("locally_assigned")
     names = memo.get(id(function))
@@ -227,7 +270,9 @@ def value_sources(
     """
     if name.startswith(SELF + "."):
         owner = method_class(facts, function)
-        if owner is None or self_attribute_elsewhere(facts, name):
+        if owner is None or not standalone_class(facts, owner):
+            return None
+        if self_attribute_elsewhere(facts, name):
             return None
         return [
             Source(a.value, a.site.function, a) for a in attribute_assignments(facts, owner, name)
@@ -257,6 +302,7 @@ def alias_in(
         owner = method_class(facts, home)
         if owner is not None and owner == method_class(facts, function):
             return name
+        return None
     if depth > 2 or not isinstance(function, cst.FunctionDef):
         return None
     caller = the_caller(facts, function)
