@@ -230,3 +230,20 @@ def test_a_subclass_of_the_trainer_is_not_resolved_by_class() -> None:
     assert value_sources(facts, "self.model", run) is None
     result = rewrite(subclass, select=["OPT302", "OPT402"], unsafe_fixes=True)
     assert not result.changed
+
+
+def test_another_classes_self_model_under_no_grad_is_not_wrapped() -> None:
+    sampler = TRAINER.replace(
+        "def main():",
+        "class Sampler:\n"
+        "    def __init__(self, model):\n"
+        "        self.model = model\n\n"
+        "    @torch.no_grad()\n"
+        "    def sample(self, batches):\n"
+        "        for x in batches:\n"
+        "            out = self.model(x)\n\n\n"
+        "def main():",
+    )
+    result = rewrite(sampler, select=["OPT302"], unsafe_fixes=True)
+    assert result.source.count("torch.autocast(") == 1
+    assert "            with torch.autocast(self.device" in result.source

@@ -130,6 +130,10 @@ class Float32TrainingWithoutAutocast(Rule):
         y).sum()`), `.item()` of the value itself, printing, shapes, an explicit `.float()`,
         and values autocast computes in float32 (`F.cross_entropy`, `nn.CrossEntropyLoss`,
         softmax). A read that sees a later binding of the name is no use of the block's value.
+        A training step in a method reads the model and device as `self.` attributes of its
+        class; one in a function that receives them as parameters (called once in the file)
+        gets the device by the function's own name for it (`torch.autocast(dev, ...)` in
+        `def train(model, loader, dev)`; analysis/values.py).
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT

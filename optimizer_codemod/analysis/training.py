@@ -23,6 +23,7 @@ from optimizer_codemod.analysis.values import (
     attribute_assignments,
     method_class,
     standalone_class,
+    Source,
     the_caller,
     value_sources,
 )
@@ -676,12 +677,25 @@ def evaluation_forwards(facts: "ScriptFacts", model: TrainedModel) -> List[cst.S
             for statement in loop.body.body:
                 if not isinstance(statement, cst.SimpleStatementLine):
                     continue
+                calls = find_all(statement, cst.Call)
                 if (
-                    any(dotted_name(call.func) in names for call in find_all(statement, cst.Call))
+                    any(
+                        dotted_name(call.func) in names and _call_in_owner(facts, model, call)
+                        for call in calls
+                    )
                     and statement not in found
                 ):
                     found.append(statement)
     return found
+
+
+def _call_in_owner(facts: "ScriptFacts", model: TrainedModel, call: cst.Call) -> bool:
+    """A call of `self.X` is this model's only in a method of its class (another class's
+    `self.X` is another object, and its `self.device` may not exist)."""
+    if model.owner is None:
+        return True
+    site = facts.call_site_of.get(call)
+    return site is not None and method_class(facts, site.site.function) == model.owner
 
 
 def visible_at(
@@ -722,22 +736,29 @@ def compiles(facts: "ScriptFacts") -> bool:
 # What the model is made of ------------------------------------------------------------------
 def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.BaseExpression]:
     """The expressions that build `model`, following names they are built from
-    (`net = Net(); model = net.to(device)`), self-rebinding placements left out."""
+    (`net = Net(); model = net.to(device)`), self-rebinding placements left out; `self.`
+    attributes in their class and parameters through their one call (values.value_sources)."""
     found: List[cst.BaseExpression] = []
-    pending, seen = [model.name], set()
+    pending: List[Tuple[str, Optional[cst.FunctionDef]]] = [(model.name, model.scope)]
+    seen: Set[Tuple[str, int]] = set()
     while pending and len(seen) <= MAX_DEPTH:
-        name = pending.pop()
-        if name in seen:
+        name, scope = pending.pop()
+        if (name, id(scope)) in seen:
             continue
-        seen.add(name)
-        for assignment in facts.assignments_to(name):
-            if _rebinds_itself(assignment, name):
+        seen.add((name, id(scope)))
+        sources = value_sources(facts, name, scope)
+        if sources is None:
+            sources = [Source(a.value, a.site.function, a) for a in facts.assignments_to(name)]
+        for source in sources:
+            if source.assignment is not None and _rebinds_itself(source.assignment, name):
                 continue
-            found.append(assignment.value)
-            for node in find_all(assignment.value, cst.Name, cst.Attribute):
+            found.append(source.value)
+            for node in find_all(source.value, cst.Name, cst.Attribute):
                 other = dotted_name(node)
-                if other is not None and other not in seen and facts.assignments_to(other):
-                    pending.append(other)
+                if other is None or (other, id(source.function)) in seen:
+                    continue
+                if facts.assignments_to(other) or value_sources(facts, other, source.function):
+                    pending.append((other, source.function))
     return found
 
 
