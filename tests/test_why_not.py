@@ -88,8 +88,8 @@ def declined(source: str, **options) -> dict:
         (LOADER_SCRIPT, "OPT101", 16, "no loop over this loader copies its batches"),
         (LOADER_SCRIPT, "OPT302", 14, "`model` is not moved to a device"),
         (LOADER_SCRIPT, "OPT402", 14, "`model` is not moved to a device"),
-        (TRAINER_SCRIPT, "OPT302", 14, "an attribute such as `self.model`"),
-        (TRAINER_SCRIPT, "OPT402", 14, "an attribute such as `self.model`"),
+        (TRAINER_SCRIPT, "OPT302", 14, "through the function's one call in this file"),
+        (TRAINER_SCRIPT, "OPT402", 14, "through the function's one call in this file"),
         (TRAINER_SCRIPT, "OPT501", 9, "`foreach` is set, and torch refuses it with `fused`"),
         (
             TENSOR_LOADER_SCRIPT.replace(", num_workers=2", ""),

@@ -11,6 +11,7 @@ from optimizer_codemod.analysis.loaders import (
     collate_places_on_accelerator,
     copies_batches_to_accelerator,
     dataset_kind,
+    dataset_parameter,
     fixes_every_loader,
     hidden_options_reason,
     module_name,
@@ -149,10 +150,13 @@ class DataloaderWithoutPinnedMemory(Rule):
                 continue
             if kind is DatasetKind.UNKNOWN or collate is None:
                 what = "dataset" if kind is DatasetKind.UNKNOWN else "collate_fn"
+                where = "is defined elsewhere"
+                if kind is DatasetKind.UNKNOWN:
+                    where = dataset_parameter(self.facts, site) or where
                 self.report(
                     call,
                     message=f"DataLoader feeds an accelerator from pageable memory; its {what} "
-                    "is defined elsewhere: if it yields CPU tensors, add "
+                    f"{where}: if it yields CPU tensors, add "
                     "`pin_memory=torch.cuda.is_available()`",
                 )
                 continue

@@ -13,12 +13,14 @@ from optimizer_codemod.analysis.training import (
     TrainedModel,
     TrainingStep,
     device_type_code,
+    device_type_code_in,
     evaluation_forwards,
     gradient_clipping,
     is_expression_statement,
     loop_method_calls,
     model_built,
     model_device,
+    model_placement,
     optimizer_name,
     the_trained_model,
     training_steps,
@@ -128,6 +130,10 @@ class Float32TrainingWithoutAutocast(Rule):
         y).sum()`), `.item()` of the value itself, printing, shapes, an explicit `.float()`,
         and values autocast computes in float32 (`F.cross_entropy`, `nn.CrossEntropyLoss`,
         softmax). A read that sees a later binding of the name is no use of the block's value.
+        A training step in a method reads the model and device as `self.` attributes of its
+        class; one in a function that receives them as parameters (called once in the file)
+        gets the device by the function's own name for it (`torch.autocast(dev, ...)` in
+        `def train(model, loader, dev)`; analysis/values.py).
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -201,7 +207,10 @@ class Float32TrainingWithoutAutocast(Rule):
         anchor = steps[0].forward[0]
         if self._reports_hazard(anchor):
             return
-        if not all(visible_at(facts, device, step.forward[0]) for step in steps):
+        placement = model_placement(facts, model)
+        home = placement[1] if placement is not None else None
+        codes = [self._device_code(device, home, step) for step in steps]
+        if any(code is None for code in codes):
             self.report(
                 anchor,
                 message="Float32 training without autocast; the device the model is placed on "
@@ -213,19 +222,18 @@ class Float32TrainingWithoutAutocast(Rule):
         imports = () if torch_name else (ImportSpec("torch"),)
         torch_name = torch_name or "torch"
         dtype = DTYPES[self.context.precision]
-        autocast = (
-            f"{torch_name}.autocast({device_type_code(facts, device)}, dtype={torch_name}.{dtype})"
-        )
+        autocast = "{torch}.autocast({device}, dtype={torch}.{dtype})"
         guards = facts.feature_guards
         regions = [step.forward for step in steps]
-        regions.extend(
-            (statement,)
-            for statement in evaluation_forwards(facts, model)
-            if visible_at(facts, device, statement) and not guards.in_fallback(statement)
-        )
+        contexts = [autocast.format(torch=torch_name, device=code, dtype=dtype) for code in codes]
+        for statement in evaluation_forwards(facts, model):
+            if visible_at(facts, device, statement) and not guards.in_fallback(statement):
+                regions.append((statement,))
+                code = device_type_code(facts, device)
+                contexts.append(autocast.format(torch=torch_name, device=code, dtype=dtype))
         edits: List[Edit] = []
-        for region in regions:
-            edits.extend(wrapped_in(region, autocast))
+        for region, context in zip(regions, contexts):
+            edits.extend(wrapped_in(region, context))
         edits.extend(cast_back(facts, regions))
         if dtype == "float16" and not all(step.scaler for step in steps):
             scaling = self._loss_scaling(model, steps, torch_name, device)
@@ -244,6 +252,24 @@ class Float32TrainingWithoutAutocast(Rule):
             message=f"`{model.name}` is trained in float32 without autocast",
             fix_title=f"Wrap forward and loss in `torch.autocast(..., dtype=torch.{dtype})`",
         )
+
+    def _device_code(
+        self,
+        device: cst.BaseExpression,
+        home: Optional[cst.FunctionDef],
+        step: TrainingStep,
+    ) -> Optional[str]:
+        """The device type's source text where `step` computes its loss: the name its function
+        has for the model's device (a parameter bound to it at the one call site, see
+        training.device_type_code_in), else the device's own text where it is bound there."""
+        facts = self.facts
+        if step.loop.function is not home:
+            moved = device_type_code_in(facts, device, home, step.loop.function)
+            if moved is not None:
+                return moved
+        if visible_at(facts, device, step.forward[0]):
+            return device_type_code(facts, device)
+        return None
 
     def _reports_hazard(self, anchor: cst.CSTNode) -> bool:
         facts = self.facts

@@ -74,6 +74,11 @@ class ModelTrainedWithoutCompile(Rule):
         the same reason the rule does not run with `target-device = "cpu"`. Not applied when
         the model is built or placed in the fallback branch of a feature check (`else` of
         `if hasattr(torch, "compile")`, an old-torch version branch; analysis/guards.py).
+        A model kept as `self.model` is compiled in the method that places it (`__init__`);
+        one handed to a function that builds its optimizer (`train(net, ...)`, called once)
+        is compiled where the caller builds it. Not applied when `self.model` is built again
+        in another method, or when the class, or the function, is called several times with
+        models the file cannot follow (analysis/values.py).
 
     Expected gain:
         PyTorch 2.0's announcement reports training 43% faster on average (geometric mean

@@ -28,6 +28,7 @@ from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
+from optimizer_codemod.analysis.values import unbound_parameter, value_sources
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -142,9 +143,41 @@ def dataset_kind(facts: "ScriptFacts", site: CallSite) -> DatasetKind:
     arg = option(site.node, "dataset")
     if arg is None or arg.star:
         return DatasetKind.UNKNOWN
-    if may_live_on_accelerator(facts, arg.value):
+    node = dataset_value(facts, arg.value, site.site.function)
+    if may_live_on_accelerator(facts, node):
         return DatasetKind.ON_DEVICE
-    return _kind_of(facts, arg.value, 0, [])
+    return _kind_of(facts, node, 0, [])
+
+
+def dataset_parameter(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """Why a dataset that is a parameter of the loader's function is not followed to its
+    value: "is `dataset`, a parameter of `Trainer.__init__`, which is called 2 times in this
+    file" (values.unbound_parameter); None when it is no such parameter."""
+    arg = option(site.node, "dataset")
+    name = dotted_name(arg.value) if arg is not None and not arg.star else None
+    why = unbound_parameter(facts, site.site.function, name) if name else None
+    return f"is unknown: {why}" if why else None
+
+
+def dataset_value(
+    facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.FunctionDef]
+) -> cst.BaseExpression:
+    """The expression the dataset argument stands for: a parameter of the loader's function
+    is the argument at its one call site (`Trainer(model, ds)` for `DataLoader(dataset)` in
+    `Trainer.__init__`), and `self.X` the one `self.X = ...` of the method's class; otherwise
+    `node` itself (then followed file-wide by name)."""
+    for _ in range(MAX_DEPTH):
+        name = dotted_name(node)
+        sources = value_sources(facts, name, function) if name is not None else None
+        if not sources or len(sources) != 1:
+            break
+        (source,) = sources
+        if source.assignment is not None and (
+            source.assignment.unpacked or source.assignment.augmented
+        ):
+            break
+        node, function = source.value, source.function
+    return node
 
 
 def _kind_of(

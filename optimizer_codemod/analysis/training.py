@@ -10,7 +10,7 @@ rule leaves the script alone or reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -18,6 +18,15 @@ from optimizer_codemod.analysis.calls import callee_name, literal, positional, r
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.values import (
+    alias_in,
+    attribute_assignments,
+    method_class,
+    standalone_class,
+    Source,
+    the_caller,
+    value_sources,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite, Loop
@@ -81,6 +90,26 @@ class TrainedModel:
     name: str  # dotted: "model", "self.net"
     optimizer: "CallSite"  # the optimizer construction that receives its parameters
     wrapped_as: Optional[str]  # the name of its DistributedDataParallel/DataParallel wrapper
+    # For `self.X`: the class whose methods assign it (another class's `self.X` is another
+    # object); None for other names.
+    owner: Optional[str] = None
+    # When the optimizer is built in a function that receives the model as a parameter
+    # (`def train(model, ...): opt = AdamW(model.parameters())`), the one call that hands it
+    # over (`train(net, ...)`); `name` is then the caller's name for the model.
+    handed_in: Optional["CallSite"] = None
+
+    @property
+    def scope(self) -> Optional[cst.FunctionDef]:
+        """The function that reads the model by `name`, where it must be built."""
+        site = self.handed_in.site if self.handed_in is not None else self.optimizer.site
+        return site.function
+
+    @property
+    def needed_at(self) -> int:
+        """The visit order by which the model must be built: the optimizer's construction, or
+        the call that hands the model to the function building it."""
+        site = self.handed_in.site if self.handed_in is not None else self.optimizer.site
+        return site.order
 
 
 @dataclass(frozen=True)
@@ -112,12 +141,18 @@ def is_module_class(facts: "ScriptFacts", class_name: str, depth: int = 0) -> bo
     return False
 
 
-def builds_module(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> bool:
+def builds_module(
+    facts: "ScriptFacts",
+    node: cst.BaseExpression,
+    depth: int = 0,
+    function: Optional[cst.FunctionDef] = None,
+) -> bool:
     """`node` evaluates to an nn.Module: a module class of this file or of torch.nn called,
-    a torchvision/timm/`from_pretrained` model, or a module placed or cast (`model.to(...)`)."""
+    a torchvision/timm/`from_pretrained` model, or a module placed or cast (`model.to(...)`).
+    `function` is the scope `node` is evaluated in (see holds_module)."""
     if depth > MAX_DEPTH or not isinstance(node, cst.Call):
         name = dotted_name(node) if depth <= MAX_DEPTH else None
-        return name is not None and holds_module(facts, name, depth + 1)
+        return name is not None and holds_module(facts, name, depth + 1, function)
     qualname = facts.qualified_name(node.func) or ""
     if qualname.startswith("torch.nn.") and qualname.rsplit(".", 1)[-1][:1].isupper():
         return qualname not in DATA_PARALLEL_WRAPPERS and qualname not in NOT_MODULES
@@ -130,12 +165,31 @@ def builds_module(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0
         return True
     if method in MODULE_RETURNING_METHODS:
         inner = receiver(node)
-        return inner is not None and builds_module(facts, inner, depth + 1)
+        return inner is not None and builds_module(facts, inner, depth + 1, function)
     return False
 
 
-def holds_module(facts: "ScriptFacts", name: str, depth: int = 0) -> bool:
-    """Every assignment to `name` builds a module; `model = model.to(device)` keeps one."""
+def holds_module(
+    facts: "ScriptFacts", name: str, depth: int = 0, function: Optional[cst.FunctionDef] = None
+) -> bool:
+    """Every assignment to `name` builds a module; `model = model.to(device)` keeps one.
+
+    Read in `function` (when given), `self.X` is looked up in that method's class only, and a
+    parameter the function never reassigns is the argument at its one call site
+    (values.value_sources); other names, file-wide."""
+    if function is not None and depth <= MAX_DEPTH:
+        sources = value_sources(facts, name, function)
+        if sources is not None:
+            built = [
+                s
+                for s in sources
+                if s.assignment is None or not _rebinds_itself(s.assignment, name)
+            ]
+            return bool(built) and all(
+                (s.assignment is None or (not s.assignment.unpacked and not s.assignment.augmented))
+                and builds_module(facts, s.value, depth, s.function)
+                for s in built
+            )
     assignments = facts.assignments_to(name)
     built = [a for a in assignments if not _rebinds_itself(a, name)]
     return bool(built) and all(
@@ -232,11 +286,37 @@ def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
         args = positional(optimizer.node)
         if not args:
             continue
+        scope = optimizer.site.function
         for owner in sorted(_parameter_owners(facts, args[0].value)):
             model, wrapper = unwrapped(facts, owner)
-            if holds_module(facts, model):
-                found.append(TrainedModel(model, optimizer, wrapper))
+            if not holds_module(facts, model, 0, scope):
+                continue
+            handed = _handed_in(facts, model, scope) if wrapper is None else None
+            if handed is not None:
+                found.append(TrainedModel(handed[0], optimizer, None, None, handed[1]))
+                continue
+            owning_class = method_class(facts, scope) if model.startswith("self.") else None
+            if owning_class is not None and not standalone_class(facts, owning_class):
+                owning_class = None  # a class hierarchy: `self.X` is looked up file-wide
+            found.append(TrainedModel(model, optimizer, wrapper, owning_class))
     return found
+
+
+def _handed_in(
+    facts: "ScriptFacts", name: str, function: Optional[cst.FunctionDef]
+) -> Optional[Tuple[str, "CallSite"]]:
+    """(the caller's name, the call) when `name` is a parameter of `function` bound, at its
+    one call site, to a plain name of the caller: `train(net, ...)` for `model`."""
+    if "." in name or function is None:
+        return None
+    sources = value_sources(facts, name, function)
+    if not sources or len(sources) != 1 or sources[0].assignment is not None:
+        return None
+    outer = dotted_name(sources[0].value)
+    caller = the_caller(facts, function)
+    if outer is None or "." in outer or caller is None:
+        return None
+    return outer, caller
 
 
 def _custom_optimizer_constructions(facts: "ScriptFacts") -> List["CallSite"]:
@@ -256,7 +336,7 @@ def _custom_optimizer_constructions(facts: "ScriptFacts") -> List["CallSite"]:
 def the_trained_model(facts: "ScriptFacts") -> Optional[TrainedModel]:
     """The one model this file trains, or None when there are none or several."""
     models = trained_models(facts)
-    names = {m.name for m in models}
+    names = {(m.name, m.owner) for m in models}
     return models[0] if len(names) == 1 else None
 
 
@@ -268,8 +348,9 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
     backward = facts.method_calls("backward")
     if not backward:
         return None
-    names = sorted({m.name for m in trained_models(facts)})
-    if len(names) == 1:
+    models = trained_models(facts)
+    names = sorted({f"{m.owner}'s {m.name}" if m.owner else m.name for m in models})
+    if len({(m.name, m.owner) for m in models}) == 1:
         return None
     if names:
         return backward[0].node, (
@@ -277,9 +358,11 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
             "how a model is trained act only where one model is trained"
         )
     return backward[0].node, (
-        "the model this step trains is not a module built in this file and handed to a "
-        "`torch.optim` optimizer by name (an attribute such as `self.model`, a function "
-        "parameter, or a hand-written update): the analysis cannot tell which model it is"
+        "the model this step trains is not known to be a module handed to a `torch.optim` "
+        "optimizer: names, `self.` attributes (in their class) and function parameters (through "
+        "the function's one call in this file) are followed to a module built in this file, "
+        "and this model is not (a model from another module, a function called several times, "
+        "or a hand-written update): the analysis cannot tell which model it is"
     )
 
 
@@ -289,29 +372,43 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     optimizer is built and before any data-parallel wrapper. None when the analysis is unsure."""
     events: List[Tuple[int, cst.BaseStatement, "Loop | None", object]] = []
     wrappers = wrapper_assignments(facts, model.name)
-    for assignment in facts.assignments_to(model.name):
+    for assignment in model_assignments(facts, model):
         if assignment in wrappers:
             continue
         site = assignment.site
         events.append((site.order, site.statement, site.loop, site.function))
     for call in facts.records.calls:
         if call.receiver == model.name and call.method in PLACEMENT_METHODS:
+            if not _in_owner(facts, model, call.site.function):
+                continue
             statement = call.site.statement
             if is_expression_statement(statement, call.node):
                 events.append((call.site.order, statement, call.site.loop, call.site.function))
     if not events:
         return None
-    functions = {function for _, _, _, function in events}
-    if len(functions) != 1 or functions != {model.optimizer.site.function}:
+    functions = {id(function) for _, _, _, function in events}
+    if functions != {id(model.scope)}:
         return None
     if any(loop is not None for _, _, loop, _ in events):
         return None
     order, statement, _, _ = max(events, key=lambda event: event[0])
-    if order > model.optimizer.site.order or not isinstance(statement, cst.SimpleStatementLine):
+    if order > model.needed_at or not isinstance(statement, cst.SimpleStatementLine):
         return None
     if any(w.site.order < order for w in wrappers):
         return None
     return statement
+
+
+def model_assignments(facts: "ScriptFacts", model: TrainedModel) -> Sequence["Assignment"]:
+    """The assignments to the model's name: for `self.X`, in the methods of its class only."""
+    if model.owner is not None:
+        return attribute_assignments(facts, model.owner, model.name)
+    return facts.assignments_to(model.name)
+
+
+def _in_owner(facts: "ScriptFacts", model: TrainedModel, function: Optional[cst.CSTNode]) -> bool:
+    """A read of `self.X` in `function` is this model's (always true for other names)."""
+    return model.owner is None or method_class(facts, function) == model.owner
 
 
 def is_expression_statement(statement: Optional[cst.CSTNode], call: cst.Call) -> bool:
@@ -326,14 +423,26 @@ def is_expression_statement(statement: Optional[cst.CSTNode], call: cst.Call) ->
 def model_device(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseExpression]:
     """The device expression the model is placed on: `device` in `model.to(device)`, a
     `"cuda"` string for `.cuda()`; None when it is placed nowhere or on several devices."""
+    placed = model_placement(facts, model)
+    return placed[0] if placed is not None else None
+
+
+def model_placement(
+    facts: "ScriptFacts", model: TrainedModel
+) -> Optional[Tuple[cst.BaseExpression, Optional[cst.FunctionDef]]]:
+    """model_device, with the function whose `.to(...)` call reads it."""
     found: List[cst.BaseExpression] = []
+    scopes: List[Optional[cst.FunctionDef]] = []
     for call in facts.records.calls:
         if call.method not in PLACEMENT_METHODS:
             continue
         if call.receiver != model.name and not _assigned_to(facts, call, model.name):
             continue
+        if not _in_owner(facts, model, call.site.function):
+            continue
         if call.method == "cuda":
             found.append(cst.SimpleString('"cuda"'))
+            scopes.append(call.site.function)
             continue
         args = positional(call.node)
         device = args[0].value if args else None
@@ -343,8 +452,9 @@ def model_device(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Base
                     device = arg.value
         if device is not None and facts.qualified_name(device) not in _DTYPE_NAMES:
             found.append(device)
+            scopes.append(call.site.function)
     texts = {cst.Module([]).code_for_node(node) for node in found}
-    return found[0] if len(texts) == 1 else None
+    return (found[0], scopes[0]) if len(texts) == 1 else None
 
 
 _DTYPE_NAMES = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double"})
@@ -373,6 +483,33 @@ def device_type_code(facts: "ScriptFacts", device: cst.BaseExpression) -> str:
         if assignments and all(_plain_device_strings(a.value) for a in assignments):
             return code
     return f"torch.device({code}).type"
+
+
+def device_type_code_in(
+    facts: "ScriptFacts",
+    device: cst.BaseExpression,
+    home: Optional[cst.FunctionDef],
+    function: Optional[cst.FunctionDef],
+) -> Optional[str]:
+    """device_type_code, written for `function` when `device` is read in `home`: the
+    parameter bound to it at `function`'s one call site (`train(net, loader, dev)` gives
+    `device` in `def train(model, loader, device)`), `self.device` in any method of its
+    class. None when `function` has no name for that value."""
+    code = device_type_code(facts, device)
+    name = dotted_name(device)
+    if name is None or function is home:
+        return code
+    root, _, rest = name.partition(".")
+    own = name.startswith("self.")
+    alias = alias_in(facts, name if own else root, home, function)
+    if alias is None:
+        return None
+    moved = alias if own or not rest else f"{alias}.{rest}"
+    original = cst.Module([]).code_for_node(device)
+    for form in ("{}", "{}.type", "torch.device({}).type"):
+        if code == form.format(original):
+            return form.format(moved)
+    return None
 
 
 def _plain_device_strings(node: cst.BaseExpression) -> bool:
@@ -440,12 +577,12 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
     """Every backward call in a loop whose loss is computed from `model` in the same block
     (the loss may be assigned under a `with`: `with ctx: loss = ...`)."""
     steps: List[TrainingStep] = []
-    model_names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
     for backward in facts.backward_calls:
         loop = backward.site.loop
         statement = backward.site.statement
         if loop is None or backward.method != "backward":
             continue
+        model_names = names_in(facts, model, loop.function)
         loss, scaler = _backward_subject(backward.node)
         block = enclosing_block(loop.node, statement)
         if loss is None or block is None:
@@ -464,6 +601,24 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
             TrainingStep(loop, backward, loss, scaler, block, tuple(block[first : last + 1]))
         )
     return steps
+
+
+def names_in(
+    facts: "ScriptFacts", model: TrainedModel, function: Optional[cst.FunctionDef]
+) -> Set[str]:
+    """The names `model` (and its wrapper) is read by inside `function`: its own names (for
+    `self.X`, only in the methods of its class), and the parameters bound to them at
+    `function`'s one call site (`def train(model, ...)` called as `train(net, ...)`)."""
+    own = [model.name] + ([model.wrapped_as] if model.wrapped_as else [])
+    home = model.scope
+    names: Set[str] = set()
+    for name in own:
+        if model.owner is None or method_class(facts, function) == model.owner:
+            names.add(name)
+        alias = alias_in(facts, name, home, function)
+        if alias is not None:
+            names.add(alias)
+    return names
 
 
 def optimizer_name(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
@@ -522,12 +677,25 @@ def evaluation_forwards(facts: "ScriptFacts", model: TrainedModel) -> List[cst.S
             for statement in loop.body.body:
                 if not isinstance(statement, cst.SimpleStatementLine):
                     continue
+                calls = find_all(statement, cst.Call)
                 if (
-                    any(dotted_name(call.func) in names for call in find_all(statement, cst.Call))
+                    any(
+                        dotted_name(call.func) in names and _call_in_owner(facts, model, call)
+                        for call in calls
+                    )
                     and statement not in found
                 ):
                     found.append(statement)
     return found
+
+
+def _call_in_owner(facts: "ScriptFacts", model: TrainedModel, call: cst.Call) -> bool:
+    """A call of `self.X` is this model's only in a method of its class (another class's
+    `self.X` is another object, and its `self.device` may not exist)."""
+    if model.owner is None:
+        return True
+    site = facts.call_site_of.get(call)
+    return site is not None and method_class(facts, site.site.function) == model.owner
 
 
 def visible_at(
@@ -568,22 +736,29 @@ def compiles(facts: "ScriptFacts") -> bool:
 # What the model is made of ------------------------------------------------------------------
 def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.BaseExpression]:
     """The expressions that build `model`, following names they are built from
-    (`net = Net(); model = net.to(device)`), self-rebinding placements left out."""
+    (`net = Net(); model = net.to(device)`), self-rebinding placements left out; `self.`
+    attributes in their class and parameters through their one call (values.value_sources)."""
     found: List[cst.BaseExpression] = []
-    pending, seen = [model.name], set()
+    pending: List[Tuple[str, Optional[cst.FunctionDef]]] = [(model.name, model.scope)]
+    seen: Set[Tuple[str, int]] = set()
     while pending and len(seen) <= MAX_DEPTH:
-        name = pending.pop()
-        if name in seen:
+        name, scope = pending.pop()
+        if (name, id(scope)) in seen:
             continue
-        seen.add(name)
-        for assignment in facts.assignments_to(name):
-            if _rebinds_itself(assignment, name):
+        seen.add((name, id(scope)))
+        sources = value_sources(facts, name, scope)
+        if sources is None:
+            sources = [Source(a.value, a.site.function, a) for a in facts.assignments_to(name)]
+        for source in sources:
+            if source.assignment is not None and _rebinds_itself(source.assignment, name):
                 continue
-            found.append(assignment.value)
-            for node in find_all(assignment.value, cst.Name, cst.Attribute):
+            found.append(source.value)
+            for node in find_all(source.value, cst.Name, cst.Attribute):
                 other = dotted_name(node)
-                if other is not None and other not in seen and facts.assignments_to(other):
-                    pending.append(other)
+                if other is None or (other, id(source.function)) in seen:
+                    continue
+                if facts.assignments_to(other) or value_sources(facts, other, source.function):
+                    pending.append((other, source.function))
     return found
 
 

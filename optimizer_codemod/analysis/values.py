@@ -1,0 +1,320 @@
+"""What a name holds where it is read: `self.` attributes of the reading method's class, and
+function parameters bound at their one call site in this file.
+
+The name-following answers of the other modules look names up file-wide
+(`facts.assignments_to`). A training loop in a class (`for x, y in self.loader:` with
+`self.model(x)`) or in a function (`def train(model, loader, optimizer, device)`) reads
+values bound elsewhere: in `__init__`, or by the caller. This module answers, for one scope:
+
+- `attribute_assignments(facts, class_name, "self.model")`: the `self.model = ...`
+  assignments in the methods of that class only (another class's `self.model` is another
+  object);
+- `parameter_binding(facts, function, "model")`: the argument passed for that parameter at
+  the function's single call site (`train(net, loader, ...)`, or `Trainer(net, ds)` for
+  `Trainer.__init__`), with the caller's scope; None when there are no calls, several, or the
+  function is used some other way (passed around, stored);
+- `value_sources(facts, name, function)`: the expressions (each with the scope it is
+  evaluated in) that give `name` its value where `function` reads it: the one function a
+  project index (several modules) can later extend, by answering a parameter from a call in
+  another module.
+
+Every table is built once per pass (`facts.memo`), so each question costs its answer's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import has_star_args, keyword, positional
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.collect import Assignment, CallSite
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+SELF = "self"
+
+
+@dataclass(frozen=True)
+class Source:
+    """An expression that gives a name its value, and the function it is evaluated in (None:
+    module level)."""
+
+    value: cst.BaseExpression
+    function: Optional[cst.FunctionDef]
+    assignment: Optional["Assignment"] = None  # None for an argument at a call site
+
+
+# Methods and classes ----------------------------------------------------------------------
+def method_class(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> Optional[str]:
+    """The class of this file whose body defines `function` directly, when its first
+    parameter is `self`."""
+    if not isinstance(function, cst.FunctionDef):
+        return None
+    memo = facts.memo("method_class")
+    if "table" not in memo:
+        table: Dict[int, str] = {}
+        for name, info in facts.classes.items():
+            for statement in info.node.body.body:
+                if isinstance(statement, cst.FunctionDef):
+                    table[id(statement)] = name
+        memo["table"] = table
+    owner = memo["table"].get(id(function))
+    params = function.params.posonly_params or function.params.params
+    if owner is None or not params or params[0].name.value != SELF:
+        return None
+    return owner
+
+
+def standalone_class(facts: "ScriptFacts", class_name: str) -> bool:
+    """No class of this file derives from `class_name`, nor it from one: its methods' `self`
+    is an instance of this class only, so `self.X` is set by this class's methods only (a
+    subclass's method may set it, or an inherited method read the subclass's)."""
+    memo = facts.memo("class_family")
+    if "related" not in memo:
+        related = set()
+        for name, info in facts.classes.items():
+            bases = {base for base in info.bases if base in facts.classes}
+            if bases:
+                related.add(name)
+                related.update(bases)
+        memo["related"] = related
+    return class_name in facts.classes and class_name not in memo["related"]
+
+
+def attribute_assignments(
+    facts: "ScriptFacts", class_name: str, target: str
+) -> Sequence["Assignment"]:
+    """`self.X = ...` (target "self.X") in the methods of `class_name` (not in nested
+    functions or other classes)."""
+    memo = facts.memo("attribute_assignments")
+    if "table" not in memo:
+        table: Dict[Tuple[str, str], List["Assignment"]] = {}
+        for assignment in facts.records.assignments:
+            if not assignment.target.startswith(SELF + "."):
+                continue
+            owner = method_class(facts, assignment.site.function)
+            if owner is not None:
+                table.setdefault((owner, assignment.target), []).append(assignment)
+        memo["table"] = table
+    return memo["table"].get((class_name, target), ())
+
+
+def self_attribute_elsewhere(facts: "ScriptFacts", target: str) -> bool:
+    """`target` ("self.X") is assigned somewhere that is not a method of a class of this file
+    (a nested function, a function taking `self` as a plain parameter)."""
+    memo = facts.memo("self_attribute_elsewhere")
+    if target not in memo:
+        memo[target] = any(
+            method_class(facts, a.site.function) is None for a in facts.assignments_to(target)
+        )
+    return memo[target]
+
+
+def _module_functions(facts: "ScriptFacts") -> set:
+    """ids of the functions defined at module level."""
+    memo = facts.memo("module_functions")
+    if "ids" not in memo:
+        memo["ids"] = {
+            id(statement)
+            for statement in facts.module.body
+            if isinstance(statement, cst.FunctionDef)
+        }
+    return memo["ids"]
+
+
+# Parameters and their call sites -------------------------------------------------------------
+def parameter_names(function: Optional[cst.CSTNode]) -> List[str]:
+    if not isinstance(function, cst.FunctionDef):
+        return []
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            every.append(star)
+    return [p.name.value for p in every]
+
+
+def _calls_by_name(facts: "ScriptFacts") -> Dict[str, List["CallSite"]]:
+    """Calls `f(...)` by `f` (a plain name), in source order."""
+    memo = facts.memo("values_calls_by_name")
+    if "table" not in memo:
+        table: Dict[str, List["CallSite"]] = {}
+        for call in facts.records.calls:
+            if isinstance(call.node.func, cst.Name):
+                table.setdefault(call.node.func.value, []).append(call)
+        memo["table"] = table
+    return memo["table"]
+
+
+def _name_counts(facts: "ScriptFacts") -> Dict[str, int]:
+    memo = facts.memo("values_name_counts")
+    if "counts" not in memo:
+        counts: Dict[str, int] = {}
+        for node in find_all(facts.module, cst.Name):
+            counts[node.value] = counts.get(node.value, 0) + 1
+        memo["counts"] = counts
+    return memo["counts"]
+
+
+def _defined_once(facts: "ScriptFacts", name: str) -> bool:
+    """One `def`/`class` of this name and no other binding of it."""
+    memo = facts.memo("values_definitions")
+    if "counts" not in memo:
+        counts: Dict[str, int] = {}
+        for node in find_all(facts.module, cst.FunctionDef, cst.ClassDef):
+            counts[node.name.value] = counts.get(node.name.value, 0) + 1
+        memo["counts"] = counts
+    return memo["counts"].get(name, 0) == 1 and not facts.assignments_to(name)
+
+
+def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
+    """The one call of `function` in this file: `train(...)` for a module-level function,
+    `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
+    used some other way (passed around, stored, decorated), or its name is defined twice."""
+    if function.decorators:
+        return None
+    if function.name.value == "__init__":
+        owner = method_class(facts, function)
+        if owner is None or facts.classes[owner].node.decorators:
+            return None
+        called = owner
+    elif id(function) in _module_functions(facts):
+        called = function.name.value
+    else:
+        return None
+    if not _defined_once(facts, called):
+        return None
+    calls = _calls_by_name(facts).get(called, ())
+    # The definition's name and the call: any other mention passes it around.
+    if len(calls) != 1 or _name_counts(facts).get(called, 0) != 2:
+        return None
+    return calls[0]
+
+
+def parameter_binding(
+    facts: "ScriptFacts", function: Optional[cst.CSTNode], name: str
+) -> Optional[Source]:
+    """What parameter `name` of `function` receives at its one call site in this file (see
+    the_caller), with the caller's scope; None when it is not a parameter, the call hides it
+    in `*args`/`**kwargs`, or the call leaves it to its default."""
+    if not isinstance(function, cst.FunctionDef) or name == SELF:
+        return None
+    params = function.params
+    positional_names = [p.name.value for p in (*params.posonly_params, *params.params)]
+    if name not in positional_names and name not in [p.name.value for p in params.kwonly_params]:
+        return None
+    caller = the_caller(facts, function)
+    if caller is None:
+        return None
+    arg = keyword(caller.node, name)
+    if arg is None and name in positional_names:
+        if has_star_args(caller.node):
+            return None
+        index = positional_names.index(name) - (1 if function.name.value == "__init__" else 0)
+        args = positional(caller.node)
+        arg = args[index] if 0 <= index < len(args) else None
+    if arg is None or arg.star:
+        return None
+    return Source(arg.value, caller.site.function)
+
+
+def unbound_parameter(
+    facts: "ScriptFacts", function: Optional[cst.CSTNode], name: str
+) -> Optional[str]:
+    """Why parameter `name` of `function` is not followed to a value, for a report ("`dataset`
+    is a parameter of `Trainer.__init__`, which is called 2 times in this file"); None when
+    `name` is no parameter of `function` or is followed."""
+    if not isinstance(function, cst.FunctionDef) or name == SELF:
+        return None
+    if name not in parameter_names(function) or locally_assigned(facts, name, function):
+        return None
+    if parameter_binding(facts, function, name) is not None:
+        return None
+    owner = method_class(facts, function)
+    label = f"{owner}.{function.name.value}" if owner else function.name.value
+    called = owner if function.name.value == "__init__" else function.name.value
+    calls = len(_calls_by_name(facts).get(called or "", ())) if called else 0
+    if the_caller(facts, function) is not None:
+        why = "its one call leaves it to its default or passes it through `*args`/`**kwargs`"
+    elif calls == 0:
+        why = "which is not called by name in this file"
+    elif calls > 1:
+        why = f"which is called {calls} times in this file"
+    else:
+        why = "which is also used other than by its one call (passed around or stored)"
+    return f"`{name}` is a parameter of `{label}`, {why}"
+
+
+def locally_assigned(facts: "ScriptFacts", name: str, function: cst.FunctionDef) -> bool:
+    memo = facts.memo("locally_assigned")
+    names = memo.get(id(function))
+    if names is None:
+        names = memo[id(function)] = {a.target for a in facts.in_function("assignments", function)}
+    return name in names
+
+
+# The value of a name in a scope ---------------------------------------------------------------
+def value_sources(
+    facts: "ScriptFacts", name: str, function: Optional[cst.CSTNode]
+) -> Optional[List[Source]]:
+    """The expressions that give `name` its value where `function` reads it, or None when
+    this module has no scoped answer (the caller then falls back on file-wide assignments):
+
+    - `self.X` read in a method of class C: every `self.X = ...` in C's methods;
+    - a parameter of `function` that it never reassigns: the argument at its one call site.
+    """
+    if name.startswith(SELF + "."):
+        owner = method_class(facts, function)
+        if owner is None or not standalone_class(facts, owner):
+            return None
+        if self_attribute_elsewhere(facts, name):
+            return None
+        return [
+            Source(a.value, a.site.function, a) for a in attribute_assignments(facts, owner, name)
+        ]
+    if "." in name or not isinstance(function, cst.FunctionDef):
+        return None
+    if name not in parameter_names(function) or locally_assigned(facts, name, function):
+        return None
+    bound = parameter_binding(facts, function, name)
+    return [bound] if bound is not None else None
+
+
+def alias_in(
+    facts: "ScriptFacts",
+    name: str,
+    home: Optional[cst.CSTNode],
+    function: Optional[cst.CSTNode],
+    depth: int = 0,
+) -> Optional[str]:
+    """The name that holds, inside `function`, the value `name` holds in `home`: `name`
+    itself in the same scope (or in another method of the same class for `self.X`), or the
+    parameter of `function` bound to it at `function`'s one call site (following up to three
+    calls: `main` -> `train` -> `train_one_epoch`)."""
+    if function is home:
+        return name
+    if name.startswith(SELF + "."):
+        owner = method_class(facts, home)
+        if owner is not None and owner == method_class(facts, function):
+            return name
+        return None
+    if depth > 2 or not isinstance(function, cst.FunctionDef):
+        return None
+    caller = the_caller(facts, function)
+    if caller is None:
+        return None
+    outer = alias_in(facts, name, home, caller.site.function, depth + 1)
+    if outer is None:
+        return None
+    for param in parameter_names(function):
+        if locally_assigned(facts, param, function):
+            continue
+        bound = parameter_binding(facts, function, param)
+        if bound is not None and dotted_name(bound.value) == outer:
+            return param
+    return None
