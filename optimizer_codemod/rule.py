@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
 
 import libcst as cst

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from optimizer_codemod.measured_gains import Results, load_results, render_measured
-from optimizer_codemod.rule import DOCSTRING_SECTIONS, SAFETY_DESCRIPTIONS, Rule
+from optimizer_codemod.rule import DOCSTRING_SECTIONS, SAFETY_DESCRIPTIONS
 
 INDEX = "index.md"
 

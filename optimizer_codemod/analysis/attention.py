@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, code_of, keyword, literal, method_name
+from optimizer_codemod.analysis.calls import argument, code_of, literal, method_name
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.scalars import is_python_number

@@ -24,7 +24,6 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import code_of, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_BUILTINS, HOST_METHODS
-from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.walk import children

@@ -9,7 +9,7 @@ setting statement can go so that `torch` is bound there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 import libcst as cst
 

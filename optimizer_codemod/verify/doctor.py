@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 PAYS_OFF, NO_GAIN, NO_SPEED_CHANGE = "pays off", "no gain here", "no speed change"
 
