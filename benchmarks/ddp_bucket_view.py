@@ -15,13 +15,8 @@ Measured table) with machine, torch and date.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -37,7 +32,7 @@ def main() -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from _timing import one_thread
+    from _timing import interleaved, one_thread, paired_entry
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
@@ -50,9 +45,7 @@ def main() -> int:
             gradient_as_bucket_view=view,
         )
         model.module.load_state_dict(base.state_dict())
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=1e-4
-        )  # noqa: OPT501 (as written in both arms)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # noqa: OPT501
 
         def step():
             optimizer.zero_grad()
@@ -61,50 +54,22 @@ def main() -> int:
 
         return step
 
-    # Steps of the two settings interleaved one by one, so that a noisy neighbour slows both
-    # alike; each setting's time is the median over all its steps.
-    times = {False: [], True: []}
     with one_thread():
         threads = torch.get_num_threads()
-        steps = {view: stepper(view) for view in (False, True)}
-        for _ in range(5):
-            for step in steps.values():
-                step()
-        for _ in range(args.steps):
-            for view, step in steps.items():
-                start = time.perf_counter()
-                step()
-                times[view].append(time.perf_counter() - start)
+        without, with_view = interleaved(stepper(False), stepper(True), args.steps, warmup=5)
     dist.destroy_process_group()
-    before, after = statistics.median(times[False]), statistics.median(times[True])
-    quartiles = {view: statistics.quantiles(times[view], n=4) for view in times}
-    entry = {
-        "what": (
-            "DDP step (1 gloo process, 8.4M parameters, batch 32, 1 thread) without vs with "
-            "`gradient_as_bucket_view=True`; median of steps interleaved one by one"
-        ),
-        "before_s": before,
-        "after_s": after,
-        "speedup": before / after,
-        "steps": len(times[False]),
-        "quartiles_before_s": [quartiles[False][0], quartiles[False][2]],
-        "quartiles_after_s": [quartiles[True][0], quartiles[True][2]],
-        "machine": {
-            "device": "cpu",
-            "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": threads,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(),
-        },
-    }
+    entry = paired_entry(
+        "DDP step (1 gloo process, 8.4M parameters, batch 32, 1 thread) without vs with "
+        "`gradient_as_bucket_view=True`; median of steps interleaved one by one",
+        without,
+        with_view,
+        threads,
+    )
     output = Path(args.output or HERE / "results" / "ddp-bucket-view-cpu.json")
     output.write_text(json.dumps({"results": {"OPT605": entry}}, indent=2, sort_keys=True) + "\n")
     print(
-        f"without {before * 1e3:.2f} ms  with {after * 1e3:.2f} ms  x{before / after:.2f}  "
-        f"quartiles {[round(t * 1e3, 1) for t in quartiles[False]]} / "
-        f"{[round(t * 1e3, 1) for t in quartiles[True]]}"
+        f"without {entry['before_s'] * 1e3:.2f} ms  with {entry['after_s'] * 1e3:.2f} ms  "
+        f"x{entry['speedup']:.2f}"
     )
     print(f"wrote {output}")
     return 0

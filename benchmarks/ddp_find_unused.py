@@ -15,13 +15,8 @@ Measured table) with machine, torch and date.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -38,7 +33,7 @@ def main() -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from _timing import one_thread
+    from _timing import interleaved, one_thread, paired_entry
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
@@ -56,9 +51,7 @@ def main() -> int:
         module = build()
         module.load_state_dict(base.state_dict())
         model = DistributedDataParallel(module, find_unused_parameters=find_unused)
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=1e-4
-        )  # noqa: OPT501 (as written in both arms)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # noqa: OPT501
 
         def step():
             optimizer.zero_grad()
@@ -67,51 +60,25 @@ def main() -> int:
 
         return step
 
-    times = {True: [], False: []}
     with one_thread(), warnings.catch_warnings():
         # torch warns, once, that the flag found nothing unused: the point of the rule.
         warnings.simplefilter("ignore")
         threads = torch.get_num_threads()
-        steps = {flag: stepper(flag) for flag in (True, False)}
-        for _ in range(10):
-            for step in steps.values():
-                step()
-        for _ in range(args.steps):
-            for flag, step in steps.items():
-                start = time.perf_counter()
-                step()
-                times[flag].append(time.perf_counter() - start)
+        with_flag, without = interleaved(stepper(True), stepper(False), args.steps, warmup=10)
     dist.destroy_process_group()
-    before, after = statistics.median(times[True]), statistics.median(times[False])
-    quartiles = {flag: statistics.quantiles(times[flag], n=4) for flag in times}
-    entry = {
-        "what": (
-            "DDP step (1 gloo process, 48 Linear(64, 64)+LayerNorm blocks, 192 tensors, "
-            "batch 16, 1 thread) with vs without `find_unused_parameters=True`, every "
-            "parameter used; median of steps interleaved one by one"
-        ),
-        "before_s": before,
-        "after_s": after,
-        "speedup": before / after,
-        "steps": len(times[True]),
-        "quartiles_before_s": [quartiles[True][0], quartiles[True][2]],
-        "quartiles_after_s": [quartiles[False][0], quartiles[False][2]],
-        "machine": {
-            "device": "cpu",
-            "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": threads,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "date": datetime.date.today().isoformat(),
-        },
-    }
+    entry = paired_entry(
+        "DDP step (1 gloo process, 48 Linear(64, 64)+LayerNorm blocks, 192 tensors, "
+        "batch 16, 1 thread) with vs without `find_unused_parameters=True`, every "
+        "parameter used; median of steps interleaved one by one",
+        with_flag,
+        without,
+        threads,
+    )
     output = Path(args.output or HERE / "results" / "ddp-find-unused-cpu.json")
     output.write_text(json.dumps({"results": {"OPT603": entry}}, indent=2, sort_keys=True) + "\n")
     print(
-        f"with the flag {before * 1e3:.3f} ms  without {after * 1e3:.3f} ms  "
-        f"x{before / after:.3f}  quartiles {[round(t * 1e3, 3) for t in quartiles[True]]} / "
-        f"{[round(t * 1e3, 3) for t in quartiles[False]]}"
+        f"with the flag {entry['before_s'] * 1e3:.3f} ms  without {entry['after_s'] * 1e3:.3f} ms"
+        f"  x{entry['speedup']:.3f}"
     )
     print(f"wrote {output}")
     return 0
