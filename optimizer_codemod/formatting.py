@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.walk import children
+from optimizer_codemod.analysis.walk import children, parents
 from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.extras import BLACK_INSTALL
 from optimizer_codemod.lines import split_lines
@@ -218,7 +218,7 @@ def _explode_long_imports(old: str, new: str, limit: int) -> str:
 def _relayout(text: str, too_long: List[int], changed, limit: int) -> Optional[str]:
     """`text` with the brackets on the given lines laid out again; None when none can be."""
     module = cst.parse_module(text)
-    planner = _Planner(split_lines(text), positions(module), _parents(module), limit)
+    planner = _Planner(split_lines(text), positions(module), parents(module), limit)
     plan: Dict[cst.CSTNode, object] = dict(planner.plan(too_long)) if too_long else {}
     plan.update(planner.joinable(changed))
     if not plan:
@@ -296,18 +296,6 @@ _LINE_END = re.compile("(\r\n|\r|\n)")
 def _first_newline(text: str) -> str:
     found = _LINE_END.search(text)
     return found.group(0) if found else "\n"
-
-
-def _parents(module: cst.Module) -> Dict[cst.CSTNode, cst.CSTNode]:
-    """ParentNodeProvider's answer, from a walk that does not rebuild the tree."""
-    found: Dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: List[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        for child in children(node):
-            found[child] = node
-            stack.append(child)
-    return found
 
 
 _UNSPLITTABLE_TOKENS = {

@@ -7,7 +7,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal
-from optimizer_codemod.analysis.escapes import parents
+from optimizer_codemod.analysis.walk import parents
 from optimizer_codemod.analysis.inplace import unsafe_use
 from optimizer_codemod.analysis.invariance import is_invariant, names_bound_in
 from optimizer_codemod.analysis.nodes import find_all

@@ -26,7 +26,7 @@ from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
-from optimizer_codemod.analysis.walk import children
+from optimizer_codemod.analysis.walk import children, parents
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Loop
@@ -62,17 +62,6 @@ PURE_METHODS = (
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
 # Calls under which autograd is wanted, or that change what `inference_mode` would freeze.
 GRAD_WORDS = ("backward", "enable_grad", "set_grad_enabled", "requires_grad", "autograd")
-
-
-def parents(root: cst.CSTNode) -> Dict[cst.CSTNode, cst.CSTNode]:
-    table: Dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: List[cst.CSTNode] = [root]
-    while stack:
-        current = stack.pop()
-        for child in children(current):
-            table[child] = current
-            stack.append(child)
-    return table
 
 
 def _is_inplace(name: Optional[str]) -> bool:

@@ -28,7 +28,8 @@ from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
-from optimizer_codemod.analysis.values import unbound_parameter, value_sources
+from optimizer_codemod.analysis.values import parameter_names, unbound_parameter, value_sources
+from optimizer_codemod.analysis.walk import parents
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -561,7 +562,7 @@ def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Ca
     if arg is None or arg.star:
         return None
     node: cst.BaseExpression = arg.value
-    params = _parameter_names(site.site.function)
+    params = parameter_names(site.site.function)
     for _ in range(MAX_DEPTH):
         if isinstance(node, cst.Call):
             return node if facts.qualified_name(node.func) in TENSOR_DATASETS else None
@@ -581,24 +582,11 @@ def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Ca
     return None
 
 
-def _parameter_names(function: Optional[cst.CSTNode]) -> Set[str]:
-    if not isinstance(function, cst.FunctionDef):
-        return set()
-    params = function.params
-    every = [*params.posonly_params, *params.params, *params.kwonly_params]
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            every.append(star)
-    return {p.name.value for p in every}
-
-
 def _name_uses(facts: "ScriptFacts") -> dict:
     """Every Name or attribute chain read in the file, by its dotted text, with its parent
     and grandparent: built once per pass, only for files that ask."""
     memo = facts.memo("name_uses")
     if "table" not in memo:
-        from optimizer_codemod.analysis.escapes import parents
-
         table: dict = {}
         up = parents(facts.module)
         for node, parent in up.items():

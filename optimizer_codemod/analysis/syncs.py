@@ -33,6 +33,7 @@ from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
 from optimizer_codemod.analysis.walk import children, walk
+from optimizer_codemod.analysis.walk import parents as walk_parents
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -781,7 +782,7 @@ def _accumulation(
         result.obstacle = f"`{name}` is never read: delete the accumulation instead"
     if counts and all(isinstance(n, cst.Integer) for n in numbers):
         result.converter = "int"
-    parents = _parents(scope) if result.reads else {}
+    parents = walk_parents(scope) if result.reads else {}
     for read in result.reads:
         statement = _statement_of(parents, read)
         if statement in per_step:
@@ -826,17 +827,6 @@ def _value_bound_to(target, value, name: cst.Name) -> Optional[cst.BaseExpressio
             if found is not None:
                 return found
     return None
-
-
-def _parents(scope: Scope) -> dict:
-    parents = {}
-    stack: List[cst.CSTNode] = [scope]
-    while stack:
-        current = stack.pop()
-        for child in children(current):
-            parents[child] = current
-            stack.append(child)
-    return parents
 
 
 def _statement_of(parents: dict, node: cst.CSTNode) -> Optional[cst.CSTNode]:

@@ -46,6 +46,7 @@ from optimizer_codemod.analysis.loaders import (
     options_unknown,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
+from optimizer_codemod.analysis.values import name_mentions, parameter_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -135,7 +136,7 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
     already on the device.
     """
     name = facts.iterated_name(loop.iter)
-    if loop.function is None or name is None or name not in _parameter_names(loop.function):
+    if loop.function is None or name is None or name not in parameter_names(loop.function):
         return False
     values = parameter_values(facts, loop.function, name)
     if values is None:
@@ -397,7 +398,7 @@ def _target_types(
         return None
     name = dotted_name(target)
     function = call.site.function
-    if name is not None and function is not None and name in _parameter_names(function):
+    if name is not None and function is not None and name in parameter_names(function):
         values = parameter_values(facts, function, name)
         if values is None:
             return None
@@ -409,11 +410,6 @@ def _target_types(
             found |= types
         return found
     return device_types(facts, target)
-
-
-def _parameter_names(function: cst.FunctionDef) -> List[str]:
-    params = function.params
-    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
 
 
 def _calls_by_callee(facts: "ScriptFacts") -> Dict[str, List[CallSite]]:
@@ -428,17 +424,6 @@ def _calls_by_callee(facts: "ScriptFacts") -> Dict[str, List[CallSite]]:
                 table.setdefault(call.method, []).append(call)
         memo["table"] = table
     return memo["table"]
-
-
-def _mentions(facts: "ScriptFacts") -> Dict[str, int]:
-    """How many times each name is written in the file (one walk per pass, asked per copy)."""
-    memo = facts.memo("name_mentions")
-    if "counts" not in memo:
-        counts: Dict[str, int] = {}
-        for node in find_all(facts.module, cst.Name):
-            counts[node.value] = counts.get(node.value, 0) + 1
-        memo["counts"] = counts
-    return memo["counts"]
 
 
 def parameter_values(
@@ -465,7 +450,7 @@ def parameter_values(
     if not callers or facts.assignments_to(function.name.value):
         return None
     # Used other than by these calls (passed to a thread, stored): its callers are unknown.
-    if _mentions(facts).get(function.name.value, 0) > len(callers) + 1:
+    if name_mentions(facts).get(function.name.value, 0) > len(callers) + 1:
         return None
     values: List[cst.BaseExpression] = []
     for caller in callers:

@@ -151,8 +151,10 @@ def _calls_by_name(facts: "ScriptFacts") -> Dict[str, List["CallSite"]]:
     return memo["table"]
 
 
-def _name_counts(facts: "ScriptFacts") -> Dict[str, int]:
-    memo = facts.memo("values_name_counts")
+def name_mentions(facts: "ScriptFacts") -> Dict[str, int]:
+    """How many times each name is written in the file (one walk per pass): a function named
+    once more than it is called is passed around or stored somewhere."""
+    memo = facts.memo("name_mentions")
     if "counts" not in memo:
         counts: Dict[str, int] = {}
         for node in find_all(facts.module, cst.Name):
@@ -191,7 +193,7 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
         return None
     calls = _calls_by_name(facts).get(called, ())
     # The definition's name and the call: any other mention passes it around.
-    if len(calls) != 1 or _name_counts(facts).get(called, 0) != 2:
+    if len(calls) != 1 or name_mentions(facts).get(called, 0) != 2:
         return None
     return calls[0]
 

@@ -170,6 +170,19 @@ class _Hooks:
         )
 
 
+def parents(root: cst.CSTNode) -> Dict[cst.CSTNode, cst.CSTNode]:
+    """Each node below `root` with its parent: ParentNodeProvider's answer, without rebuilding
+    the tree."""
+    table: Dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: List[cst.CSTNode] = [root]
+    while stack:
+        current = stack.pop()
+        for child in children(current):
+            table[child] = current
+            stack.append(child)
+    return table
+
+
 def _defined(visitor_class: type, name: str) -> bool:
     method = getattr(visitor_class, name, None)
     # CSTTypedVisitorFunctions defines every visit_/leave_ as an empty stub.
