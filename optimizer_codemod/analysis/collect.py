@@ -117,6 +117,11 @@ class Records:
         default_factory=list
     )
     has_main_guard: bool = False
+    # How many times each name is written anywhere in the file, and how many `def`/`class`
+    # statements define each name (values.py: a function named more often than it is called
+    # is passed around).
+    name_counts: Dict[str, int] = field(default_factory=dict)
+    definition_counts: Dict[str, int] = field(default_factory=dict)
 
 
 def target_names(node: cst.BaseExpression) -> Tuple[str, ...]:
@@ -204,7 +209,12 @@ class Collector(cst.CSTVisitor):
         self._suites.pop()
 
     # Scopes ----------------------------------------------------------------------------
+    def _count_definition(self, name: str) -> None:
+        counts = self.records.definition_counts
+        counts[name] = counts.get(name, 0) + 1
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._count_definition(node.name.value)
         self.records.functions.setdefault(node.name.value, node)
         self.records.imports.add_other_binding(node.name.value)
         self._functions.append(node)
@@ -213,6 +223,7 @@ class Collector(cst.CSTVisitor):
         self._functions.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._count_definition(node.name.value)
         self.records.imports.add_other_binding(node.name.value)
         bases = tuple(
             self.records.imports.qualified_name(b.value) or dotted_name(b.value) for b in node.bases
@@ -349,6 +360,10 @@ class Collector(cst.CSTVisitor):
                 site=self._site(),
             )
         )
+
+    def visit_Name(self, node: cst.Name) -> None:
+        counts = self.records.name_counts
+        counts[node.value] = counts.get(node.value, 0) + 1
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value == "grad" and node not in self._stores:

@@ -582,13 +582,14 @@ def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Ca
     return None
 
 
-def _name_uses(facts: "ScriptFacts") -> dict:
-    """Every Name or attribute chain read in the file, by its dotted text, with its parent
-    and grandparent: built once per pass, only for files that ask."""
+def _name_uses(facts: "ScriptFacts", scope: cst.CSTNode) -> dict:
+    """Every Name or attribute chain read in `scope` (a function, or the module), by its
+    dotted text, with its parent and grandparent: built once per pass and scope."""
     memo = facts.memo("name_uses")
-    if "table" not in memo:
+    key = id(scope)
+    if key not in memo:
         table: dict = {}
-        up = parents(facts.module)
+        up = parents(scope)
         for node, parent in up.items():
             if not isinstance(node, (cst.Name, cst.Attribute)):
                 continue
@@ -597,8 +598,32 @@ def _name_uses(facts: "ScriptFacts") -> dict:
             name = dotted_name(node)
             if name is not None:
                 table.setdefault(name, []).append((node, parent, up.get(parent)))
-        memo["table"] = table
-    return memo["table"]
+        memo[key] = table
+    return memo[key]
+
+
+def _visible_in(
+    facts: "ScriptFacts", name: str, function: Optional[cst.FunctionDef]
+) -> cst.CSTNode:
+    """Where `name`, bound in `function`, can be read: that function (with the functions
+    nested in it) when the name is local to it (a parameter, or assigned there without a
+    `global`/`nonlocal`), else the whole module. Searching the scope rather than the file
+    keeps a loader's check proportional to its function, not to the file."""
+    if function is None or "." in name:
+        return facts.module
+    memo = facts.memo("declared_nonlocal")
+    if id(function) not in memo:
+        memo[id(function)] = {
+            n.name.value
+            for statement in find_all(function, cst.Global, cst.Nonlocal)
+            for n in statement.names
+        }
+    if name in memo[id(function)]:
+        return facts.module
+    local = name in parameter_names(function) or any(
+        a.target == name for a in facts.in_function("assignments", function)
+    )
+    return function if local else facts.module
 
 
 def loader_use_beyond_iteration(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
@@ -609,20 +634,24 @@ def loader_use_beyond_iteration(facts: "ScriptFacts", site: CallSite) -> Optiona
     loader's own batching options, which a batch sampler changes.
     """
     call = site.node
-    names = set(loader_names(facts, site))
+    # Each name the loader is read by, with the scope that can see that binding.
+    bindings = [(name, site.site.function) for name in sorted(loader_names(facts, site))]
     loops = loops_over(facts, site)
     for loop in loops:
         iterated = facts.iterated_name(loop.iter)
         if iterated is not None:
-            names.add(iterated)
+            bindings.append((iterated, loop.function))
     assignment = facts.assignment_of(call)
     direct = any(loop.iter is call for loop in loops)
     if assignment is None and not direct:
         return "the loader is not bound to a name or iterated where it is built"
     looping_functions = {loop.function.name.value for loop in loops if loop.function is not None}
-    table = _name_uses(facts)
-    for name in sorted(names):
-        for node, parent, grandparent in table.get(name, ()):
+    # In source order, each (name, scope) once: the first problem found is the one reported.
+    scopes = dict.fromkeys(
+        (name, _visible_in(facts, name, function)) for name, function in bindings
+    )
+    for name, scope in scopes:
+        for node, parent, grandparent in _name_uses(facts, scope).get(name, ()):
             problem = _use_problem(facts, name, node, parent, grandparent, looping_functions)
             if problem is not None:
                 return problem

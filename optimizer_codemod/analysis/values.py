@@ -30,7 +30,6 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import has_star_args, keyword, positional
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
@@ -152,26 +151,15 @@ def _calls_by_name(facts: "ScriptFacts") -> Dict[str, List["CallSite"]]:
 
 
 def name_mentions(facts: "ScriptFacts") -> Dict[str, int]:
-    """How many times each name is written in the file (one walk per pass): a function named
-    once more than it is called is passed around or stored somewhere."""
-    memo = facts.memo("name_mentions")
-    if "counts" not in memo:
-        counts: Dict[str, int] = {}
-        for node in find_all(facts.module, cst.Name):
-            counts[node.value] = counts.get(node.value, 0) + 1
-        memo["counts"] = counts
-    return memo["counts"]
+    """How many times each name is written in the file (counted by the facts' one walk): a
+    function named once more than it is called is passed around or stored somewhere."""
+    return facts.records.name_counts
 
 
 def _defined_once(facts: "ScriptFacts", name: str) -> bool:
     """One `def`/`class` of this name and no other binding of it."""
-    memo = facts.memo("values_definitions")
-    if "counts" not in memo:
-        counts: Dict[str, int] = {}
-        for node in find_all(facts.module, cst.FunctionDef, cst.ClassDef):
-            counts[node.name.value] = counts.get(node.name.value, 0) + 1
-        memo["counts"] = counts
-    return memo["counts"].get(name, 0) == 1 and not facts.assignments_to(name)
+    counts = facts.records.definition_counts
+    return counts.get(name, 0) == 1 and not facts.assignments_to(name)
 
 
 def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
