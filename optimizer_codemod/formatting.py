@@ -10,7 +10,6 @@ black-clean file stays black-clean either way. black is imported only when confi
 
 from __future__ import annotations
 
-import ast
 import io
 import re
 import sys
@@ -25,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.walk import children, parents
+from optimizer_codemod.chunks import statement_spans
 from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.extras import BLACK_INSTALL
 from optimizer_codemod.lines import split_lines
@@ -240,20 +240,9 @@ def _statement_windows(text: str, lines) -> Optional[List[Tuple[int, int]]]:
     """
     if _OTHER_LINE_BREAKS.search(text):
         return None
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    spans = statement_spans(text)
+    if spans is None:
         return None
-    spans: List[Tuple[int, int]] = []
-    for statement in tree.body:
-        first = min(
-            [statement.lineno, *(d.lineno for d in getattr(statement, "decorator_list", ()))]
-        )
-        last = statement.end_lineno or statement.lineno
-        if spans and first <= spans[-1][1]:  # `a; b` on one line
-            spans[-1] = (spans[-1][0], max(last, spans[-1][1]))
-        else:
-            spans.append((first, last))
     starts = [first for first, _ in spans]
     chosen = set()
     for line in lines:

@@ -137,3 +137,132 @@ def test_a_second_parse_reuses_the_pieces_whose_text_is_unchanged(
     assert same_tree(second, real(edited))
     kept = [a is b for a, b in zip(first.body, second.body)]
     assert kept.count(False) <= 2  # the edited statement (and the one its lines follow)
+
+
+# Blocks for `ast` and `compile` ---------------------------------------------------------------
+# Lines that look like block starts but are not statements: inside a string, brackets, a
+# continued line, or a decorator's arguments.
+BLOCK_TRAPS = '''from __future__ import annotations
+import os
+TEMPLATE = """
+def not_a_function():
+import not_an_import
+@not_a_decorator
+class NotAClass:
+"""
+VALUES = [
+    1,
+# a comment inside brackets
+    2,
+]
+@decorate(
+    option=1,
+)
+def decorated():
+    return TEMPLATE
+total = 1 + \\
+    2
+class Model:
+    def forward(self, x):
+        return x
+if VALUES:
+    pass
+else:
+    pass
+'''
+
+
+def _ast_spans(text: str):
+    import ast
+
+    tree = ast.parse(text)
+    spans = []
+    for statement in tree.body:
+        decorators = getattr(statement, "decorator_list", ())
+        first = min([statement.lineno, *(d.lineno for d in decorators)])
+        spans.append((first, statement.end_lineno))
+    return spans
+
+
+@pytest.mark.parametrize("block_lines", [1, 2, 5, 1000])
+@pytest.mark.parametrize("name, text", [("traps", BLOCK_TRAPS), *list(sources())[:6]])
+def test_statement_spans_in_blocks_are_the_whole_text_spans(
+    name: str, text: str, block_lines: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chunks, "BLOCK_LINES", block_lines)
+    if ";" in text:  # `a; b` is one span for chunks, two statements for ast
+        text = text.replace("import sys; import re", "import sys")
+    assert chunks.statement_spans(text) == _ast_spans(text)
+
+
+def test_blocks_that_fail_are_checked_with_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunks, "BLOCK_LINES", 1)
+    lines = chunks._LINE.findall(BLOCK_TRAPS)[:-1]
+    checked = []
+
+    def check(text: str, first: int):
+        found = chunks._spans_in(text, first)
+        checked.append((first, text.count("\n"), found is not None))
+        return found
+
+    blocks = chunks.in_blocks(lines, check)
+    assert blocks is not None and len(blocks) > 3  # cut into several blocks...
+    assert any(not ok for _, _, ok in checked)  # ...after cuts in the string had failed
+    assert sum(n for _, n, _ in checked) <= 2 * len(lines)  # within the budget
+
+
+@pytest.mark.parametrize(
+    "broken, message",
+    [
+        ("def f(:\n    pass\n", "invalid syntax"),
+        ("from __future__ import annotations\n", "from __future__ imports must occur"),
+        ('s = """\n', "unterminated triple-quoted string"),
+    ],
+    ids=["syntax-error", "late-future-import", "unterminated-string"],
+)
+def test_compile_in_blocks_finds_what_compiling_the_whole_text_finds(
+    broken: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optimizer_codemod.sources import _compile, compile_check
+
+    monkeypatch.setattr(chunks, "MIN_LINES", 0)
+    monkeypatch.setattr(chunks, "BLOCK_LINES", 3)
+    good = generate.training_loops(4)
+    assert compile_check(good.encode(), "t.py") == (True, "")
+    middle = good.index("\ndef train_2(") + 1
+    bad = (good[:middle] + broken + good[middle:]).encode()
+    result = compile_check(bad, "t.py")
+    assert result == _compile(bad, "t.py")
+    assert result[0] is False and message in result[1]
+
+
+def test_a_reparse_cuts_where_the_last_text_was_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunks, "MIN_LINES", 0)
+    cache = chunks.PieceCache()
+    text = generate.training_loops(6)
+    chunks.parse_in_pieces(text.encode(), cache)
+    spans = []
+    monkeypatch.setattr(chunks, "_spans_in", lambda t, o: spans.append(o) or None)
+    # A statement added at the top level joins the piece before it; a changed statement
+    # is parsed alone: no `ast` parse of the new text.
+    edited = text.replace("\ndef train_2(", "\nLIMIT = 3\n\n\ndef train_2(").replace(
+        "batch_size=32", "batch_size=64", 1
+    )
+    again = chunks.parse_in_pieces(edited.encode(), cache)
+    assert spans == []
+    assert same_tree(again, cst.parse_module(edited))
+
+
+def test_a_cut_moved_into_a_string_falls_back_to_cutting_by_ast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(chunks, "MIN_LINES", 0)
+    cache = chunks.PieceCache()
+    text = generate.training_loops(4)
+    chunks.parse_in_pieces(text.encode(), cache)
+    # The function train_2 now sits inside a string: its old cut would split the string.
+    edited = text.replace("\ndef train_2(", '\nNOTE = """\ndef train_2(').replace(
+        "\ndef train_3(", '\n"""\n\n\ndef train_3('
+    )
+    again = chunks.parse_in_pieces(edited.encode(), cache)
+    assert same_tree(again, cst.parse_module(edited))
