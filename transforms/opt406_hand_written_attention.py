@@ -8,7 +8,11 @@ import libcst as cst
 
 from optimizer_codemod.analysis.attention import Attention, find_attentions
 from optimizer_codemod.analysis.calls import code_of
-from optimizer_codemod.analysis.nodes import find_all, without_comment
+from optimizer_codemod.analysis.nodes import (
+    find_all,
+    without_attached_comments,
+    without_comment,
+)
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -34,7 +38,11 @@ class HandWrittenAttention(Rule):
         `masked_fill(mask, -inf)` becomes `attn_mask=` the negated mask (`m == 0` becomes
         `m != 0`). An `nn.Dropout` module becomes `dropout_p=self.drop.p if
         self.drop.training else 0.0`; `F.dropout(x, p, training=t)` becomes
-        `dropout_p=p if t else 0.0`.
+        `dropout_p=p if t else 0.0`. Comments that described the written-out code go with
+        it: the comment at the end of a replaced line, and the comment block right above a
+        removed statement (or above the final one, when its whole value is replaced), such
+        as minGPT's `# (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)`. A comment set
+        apart by a blank line, and tool directives (`# noqa`, `# fmt: off`), stay.
 
     Why is it slow:
         Written out, attention materialises the batch x heads x T x T score matrix several
@@ -259,6 +267,18 @@ class HandWrittenAttention(Rule):
         # matrix's shapes): it goes with that code. Comments on lines of their own stay.
         statement = statement.with_changes(trailing_whitespace=without_comment(statement))
         lines = [line for folded in match.chain for line in folded.leading_lines]
+        own = match.statement.leading_lines
+        if match.flag is None:
+            # The comments right above a removed statement (a shape note on `att = q @ k...`,
+            # "manual implementation of attention") described the written-out code; so do
+            # those above the final one when its whole value is the replaced product.
+            lines = [
+                line
+                for folded in match.chain
+                for line in without_attached_comments(folded.leading_lines)
+            ]
+            if _value(match.statement) is match.product:
+                own = without_attached_comments(own)
         if match.flag is not None:
             # `if output_attentions:` keeps the hand-written attention, whose probabilities
             # are read under that flag alone; SDPA runs otherwise.
@@ -270,11 +290,15 @@ class HandWrittenAttention(Rule):
                 leading_lines=[*lines, *match.statement.leading_lines],
             )
         else:
-            statement = statement.with_changes(
-                leading_lines=[*lines, *match.statement.leading_lines]
-            )
+            statement = statement.with_changes(leading_lines=[*lines, *own])
         edits = [Replace(folded, cst.RemovalSentinel.REMOVE) for folded in match.chain]
         return (*edits, Replace(match.statement, statement), *returned)
+
+
+def _value(statement: cst.SimpleStatementLine) -> Optional[cst.BaseExpression]:
+    """The value a one-statement line assigns or returns (`y = ...`, `return ...`)."""
+    small = statement.body[0]
+    return small.value if isinstance(small, (cst.Assign, cst.Return, cst.Expr)) else None
 
 
 class _Substitute(cst.CSTTransformer):
