@@ -25,16 +25,26 @@ def comments(source: str) -> Counter:
 
 
 def comments_of_replaced_code(before: str, after: str) -> Counter:
-    """Comments at the end of a line whose code is gone from `after` (a rule replaced it):
-    they described that code, and may go with it (DESIGN.md §4)."""
+    """Comments at the end of a line whose code is gone from `after` (a rule replaced it), or
+    on their own lines right above such a line (no blank line between): they described that
+    code, and may go with it (DESIGN.md §4)."""
     found: Counter = Counter()
     lines = before.splitlines()
+
+    def gone(code: str) -> bool:
+        return bool(code) and len(code) > 2 and code not in after
+
     try:
         for token in tokenize.generate_tokens(io.StringIO(before).readline):
             if token.type != tokenize.COMMENT:
                 continue
             code = lines[token.start[0] - 1][: token.start[1]].strip()
-            if code and len(code) > 2 and code not in after:
+            if not code:
+                below = token.start[0]
+                while below < len(lines) and lines[below].lstrip().startswith("#"):
+                    below += 1
+                code = lines[below].split("#")[0].strip() if below < len(lines) else ""
+            if gone(code):
                 found[token.string.strip()] += 1
     except (tokenize.TokenError, SyntaxError):
         pass

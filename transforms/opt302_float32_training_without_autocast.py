@@ -6,6 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -133,7 +134,13 @@ class Float32TrainingWithoutAutocast(Rule):
         A training step in a method reads the model and device as `self.` attributes of its
         class; one in a function that receives them as parameters (called once in the file)
         gets the device by the function's own name for it (`torch.autocast(dev, ...)` in
-        `def train(model, loader, dev)`; analysis/values.py).
+        `def train(model, loader, dev)`; analysis/values.py). A step without `torch.optim`
+        counts too: backward, then a loop over `model.parameters()` that updates each
+        parameter from its gradient (`p -= lr * p.grad`, `p.add_(p.grad, alpha=-lr)`,
+        `p.data -= lr * p.grad.data`, SGLD's added noise); the update stays outside the
+        autocast block, on the float32 weights, even where it comes before the forward in the
+        loop. Such a model gets no float16 autocast: the GradScaler float16 needs steps a
+        `torch.optim` optimizer (`--why-not` says so); bfloat16 needs none.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -155,7 +162,7 @@ class Float32TrainingWithoutAutocast(Rule):
     fix_title = "Wrap forward and loss in `torch.autocast(..., dtype=torch.bfloat16)`"
     safety = Safety.NUMERICS
     min_torch = TorchVersion(1, 10)
-    triggers = (r"\.parameters\s*\(",)
+    triggers = (r"\.(?:named_)?parameters\s*\(",)
     requires = (BACKWARD_CALL,)
     examples = (
         Example(SCRIPT, WRAPPED.format(dtype="bfloat16")),
@@ -235,6 +242,15 @@ class Float32TrainingWithoutAutocast(Rule):
         for region, context in zip(regions, contexts):
             edits.extend(wrapped_in(region, context))
         edits.extend(cast_back(facts, regions))
+        if dtype == "float16" and model.updated_by is not None:
+            update = model.updated_by.loop.node
+            self.decline(
+                anchor,
+                f"`{model.name}` is updated by hand (`for {excerpt(update.target, 20)} in "
+                f"{excerpt(update.iter, 40)}`), not by a `torch.optim` optimizer: float16 needs a "
+                "GradScaler, which steps an optimizer (set precision to bf16, which needs none)",
+            )
+            return
         if dtype == "float16" and not all(step.scaler for step in steps):
             scaling = self._loss_scaling(model, steps, torch_name, device)
             if scaling is None:

@@ -78,7 +78,10 @@ class ModelTrainedWithoutCompile(Rule):
         one handed to a function that builds its optimizer (`train(net, ...)`, called once)
         is compiled where the caller builds it. Not applied when `self.model` is built again
         in another method, or when the class, or the function, is called several times with
-        models the file cannot follow (analysis/values.py).
+        models the file cannot follow (analysis/values.py). A model trained without
+        `torch.optim`, by a loop over its `.parameters()` that updates each parameter from its
+        gradient after backward (`p -= lr * p.grad`), is the trained model too; kept as
+        `self.model`, it is compiled in `__init__` when another method updates it.
 
     Expected gain:
         PyTorch 2.0's announcement reports training 43% faster on average (geometric mean
@@ -95,7 +98,7 @@ class ModelTrainedWithoutCompile(Rule):
     min_torch = TorchVersion(2, 2)
     # On CPU its guard leaves the line dead (compiling there made training slower).
     target_devices = ("cuda",)
-    triggers = (r"\.parameters\s*\(",)
+    triggers = (r"\.(?:named_)?parameters\s*\(",)
     requires = (BACKWARD_CALL,)
     examples = (
         Example(

@@ -8,7 +8,11 @@ import libcst as cst
 
 from optimizer_codemod.analysis.attention import Attention, find_attentions
 from optimizer_codemod.analysis.calls import code_of
-from optimizer_codemod.analysis.nodes import without_comment
+from optimizer_codemod.analysis.nodes import (
+    find_all,
+    without_attached_comments,
+    without_comment,
+)
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -34,7 +38,11 @@ class HandWrittenAttention(Rule):
         `masked_fill(mask, -inf)` becomes `attn_mask=` the negated mask (`m == 0` becomes
         `m != 0`). An `nn.Dropout` module becomes `dropout_p=self.drop.p if
         self.drop.training else 0.0`; `F.dropout(x, p, training=t)` becomes
-        `dropout_p=p if t else 0.0`.
+        `dropout_p=p if t else 0.0`. Comments that described the written-out code go with
+        it: the comment at the end of a replaced line, and the comment block right above a
+        removed statement (or above the final one, when its whole value is replaced), such
+        as minGPT's `# (B, nh, T, T) x (B, nh, T, hs) -> (B, nh, T, hs)`. A comment set
+        apart by a blank line, and tool directives (`# noqa`, `# fmt: off`), stay.
 
     Why is it slow:
         Written out, attention materialises the batch x heads x T x T score matrix several
@@ -68,7 +76,16 @@ class HandWrittenAttention(Rule):
         used anywhere else in the function (returned, stored, logged), unless every such use
         sits under a later `if flag:` on a parameter the function never rebinds
         (`if output_attentions: return y, att`): then the written-out attention stays under
-        `if flag:` and SDPA runs in its `else`. Never either when softmax is
+        `if flag:` and SDPA runs in its `else`; or unless the names are only returned, as
+        one element of the tuple the function returns (`return out, att`), and every caller
+        in the file drops that element (`out, _ = self.attn(x)`, `self.attn(x)[0]`): then
+        `None` is returned in its place, so the callers' unpacking still holds
+        (analysis/dropped_results.py). The callable must be reachable only by those calls: a
+        function called by name, or a module class bound once per instance (`self.attn =
+        Attention(...)`) and only called (its module methods such as `.parameters()` aside),
+        with no forward hook and no `.forward` named in the file. A file without an
+        `if __name__ == "__main__":` guard is a library another file may import, reading what
+        it returns: left alone, unless the name is private (`_attend`). Never either when softmax is
         over another axis or has a `dtype`, when anything else is applied between the
         steps (a bias after softmax), when q, k or v are not plain names, or for a mask
         filled with another value than -inf. A mask added to the scores (`att + mask`) is
@@ -185,6 +202,12 @@ class HandWrittenAttention(Rule):
             fix = Fix(self._edits(match, module), imports)
             if match.dropout_p is None:
                 message = None
+                if match.dropped:
+                    message = (
+                        "Attention written out by hand materialises the score matrix; it "
+                        f"returns its probabilities (`{match.dropped[0].value}`), which every "
+                        "caller in this file drops: SDPA can run, returning `None` in their place"
+                    )
                 if match.flag is not None:
                     message = (
                         "Attention written out by hand materialises the score matrix; its "
@@ -234,11 +257,28 @@ class HandWrittenAttention(Rule):
             args.append("is_causal=True")
         args.append(f"scale={match.scale}")
         call = cst.parse_expression(f"{module}.scaled_dot_product_attention({', '.join(args)})")
-        statement = match.statement.deep_replace(match.product, call)
+        # Probabilities every caller drops become `None`: the returned tuple keeps its shape.
+        inside = {id(node) for node in find_all(match.statement, cst.Name)}
+        returned = [Replace(n, cst.Name("None")) for n in match.dropped if id(n) not in inside]
+        replacements = {id(n): cst.Name("None") for n in match.dropped if id(n) in inside}
+        replacements[id(match.product)] = call
+        statement = match.statement.visit(_Substitute(replacements))
         # A comment at the end of a replaced line describes the code it replaces (the score
         # matrix's shapes): it goes with that code. Comments on lines of their own stay.
         statement = statement.with_changes(trailing_whitespace=without_comment(statement))
         lines = [line for folded in match.chain for line in folded.leading_lines]
+        own = match.statement.leading_lines
+        if match.flag is None:
+            # The comments right above a removed statement (a shape note on `att = q @ k...`,
+            # "manual implementation of attention") described the written-out code; so do
+            # those above the final one when its whole value is the replaced product.
+            lines = [
+                line
+                for folded in match.chain
+                for line in without_attached_comments(folded.leading_lines)
+            ]
+            if _value(match.statement) is match.product:
+                own = without_attached_comments(own)
         if match.flag is not None:
             # `if output_attentions:` keeps the hand-written attention, whose probabilities
             # are read under that flag alone; SDPA runs otherwise.
@@ -250,8 +290,24 @@ class HandWrittenAttention(Rule):
                 leading_lines=[*lines, *match.statement.leading_lines],
             )
         else:
-            statement = statement.with_changes(
-                leading_lines=[*lines, *match.statement.leading_lines]
-            )
+            statement = statement.with_changes(leading_lines=[*lines, *own])
         edits = [Replace(folded, cst.RemovalSentinel.REMOVE) for folded in match.chain]
-        return (*edits, Replace(match.statement, statement))
+        return (*edits, Replace(match.statement, statement), *returned)
+
+
+def _value(statement: cst.SimpleStatementLine) -> Optional[cst.BaseExpression]:
+    """The value a one-statement line assigns or returns (`y = ...`, `return ...`)."""
+    small = statement.body[0]
+    return small.value if isinstance(small, (cst.Assign, cst.Return, cst.Expr)) else None
+
+
+class _Substitute(cst.CSTTransformer):
+    """Replaces nodes by identity in one pass: a second `deep_replace` would not find nodes
+    that the first rebuilt."""
+
+    def __init__(self, replacements: dict) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        return self.replacements.get(id(original_node), updated_node)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import argument, code_of, literal, method_name
+from optimizer_codemod.analysis.dropped_results import why_element_read
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.scalars import is_python_number
@@ -55,6 +56,9 @@ class Attention:
     # A parameter (`output_attentions`) under whose `if` alone the probabilities are read
     # later: the hand-written attention stays for that case, SDPA runs for the other.
     flag: Optional[str] = None
+    # Names of the chain that `function` returns and every caller drops (`out, _ = attn(x)`):
+    # each becomes `None`, so the callers' unpacking still holds.
+    dropped: List[cst.Name] = field(default_factory=list)
 
 
 class _Chain:
@@ -213,12 +217,38 @@ def _match(facts, klass, function, body, index, line, product) -> Union[Attentio
         match.flag = _flag_guarding(function, chain, line, product, body, index)
         if match.flag is not None:
             return match
+        dropped = _dropped_by_callers(facts, klass, function, chain, product)
+        if isinstance(dropped, list):
+            match.dropped = dropped
+            return match
         return (
             f"the attention's intermediate `{kept}` is used outside the computation (returned "
             "or stored: the attention probabilities, for instance), and SDPA does not compute "
-            "it"
+            "it" + (f"; it is returned, but {dropped}" if dropped else "")
         )
     return match
+
+
+def _dropped_by_callers(facts, klass, function, chain: _Chain, product):
+    """The returned names of the chain (to become `None`) when its names are read outside it
+    only as one element of the tuple `function` returns, and every caller drops that element
+    (analysis/dropped_results.py); the reason in words when only the callers keep it; None
+    when the names are used otherwise."""
+    inside = _inside(chain, product)
+    outside = set()
+    for name in chain.names:
+        for use in name_uses(function, name):
+            if id(use.node) in inside:
+                continue
+            if use.nested or use.store:
+                return None
+            outside.add(id(use.node))
+    returned = _returned_elements(function, outside)
+    if returned is None:
+        return None
+    position, size, nodes = returned
+    why = why_element_read(facts, function, klass, position, size)
+    return nodes if why is None else why
 
 
 def _dropout(facts, klass, node):
@@ -478,11 +508,17 @@ def _transposed(node) -> Optional[cst.BaseExpression]:
     return None
 
 
+def _inside(chain: _Chain, product) -> Set[int]:
+    """ids of the name nodes the rewrite replaces: the folded statements and the weights
+    operand of the final product."""
+    inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
+    inside |= {id(n) for n in find_all(_operands_node_left(product), cst.Name)}
+    return inside
+
+
 def _used_elsewhere(function, chain: _Chain, line, product) -> Optional[str]:
     """A name the chain binds that is used outside the chain (and the final operand)."""
-    inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
-    left = _operands_node_left(product)
-    inside |= {id(n) for n in find_all(left, cst.Name)}
+    inside = _inside(chain, product)
     for name in sorted(chain.names):
         for use in name_uses(function, name):
             if use.nested or id(use.node) not in inside:
@@ -490,12 +526,44 @@ def _used_elsewhere(function, chain: _Chain, line, product) -> Optional[str]:
     return None
 
 
+def _returned_elements(
+    function: cst.FunctionDef, outside: Set[int]
+) -> Optional[Tuple[int, int, List[cst.Name]]]:
+    """(index, size, the name nodes) when every name node whose id is in `outside` is element
+    `index` of a `size`-tuple that `function` returns, and every `return` of `function`
+    returns a tuple of that size; None otherwise."""
+    returns = [
+        small
+        for block in _blocks(function)
+        for line in block.body
+        if isinstance(line, cst.SimpleStatementLine)
+        for small in line.body
+        if isinstance(small, cst.Return)
+    ]
+    if not returns or any(not isinstance(r.value, cst.Tuple) for r in returns):
+        return None
+    sizes = {len(r.value.elements) for r in returns}
+    if len(sizes) != 1 or any(
+        isinstance(e, cst.StarredElement) for r in returns for e in r.value.elements
+    ):
+        return None
+    found: List[cst.Name] = []
+    positions = set()
+    for r in returns:
+        for position, element in enumerate(r.value.elements):
+            if isinstance(element.value, cst.Name) and id(element.value) in outside:
+                found.append(element.value)
+                positions.add(position)
+    if len(found) != len(outside) or len(positions) != 1:
+        return None
+    return positions.pop(), sizes.pop(), found
+
+
 def _flag_guarding(function, chain: _Chain, line, product, body, index) -> Optional[str]:
     """The parameter `flag` when every use of the chain's names outside it is inside an
     `if flag:` (without `else`) that follows the attention in its block, and the function
     never rebinds `flag`: `if output_attentions: return out, att`."""
-    inside = {id(n) for statement in chain.folded for n in find_all(statement, cst.Name)}
-    inside |= {id(n) for n in find_all(_operands_node_left(product), cst.Name)}
+    inside = _inside(chain, product)
     params = function.params
     parameters = {p.name.value for p in (*params.posonly_params, *params.params)}
     parameters |= {p.name.value for p in params.kwonly_params}

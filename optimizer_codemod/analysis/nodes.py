@@ -73,3 +73,24 @@ def without_comment(line: cst.SimpleStatementLine) -> cst.TrailingWhitespace:
     """`line`'s end without its trailing comment: for a line whose code a rule replaces, the
     comment described the old code and would mislead beside the new."""
     return line.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace(""), comment=None)
+
+
+# Comments that steer tools rather than describe code: they stay when their code goes.
+TOOL_COMMENTS = ("# fmt:", "# noqa", "# type:", "# pylint:", "# pragma", "# isort:", "# optcodemod")
+
+
+def without_attached_comments(lines: Sequence[cst.EmptyLine]) -> List[cst.EmptyLine]:
+    """The leading lines of a statement whose code a rule removes or replaces, less the
+    comments attached to it (the comment block right above it, no blank line between): they
+    described that code. Blank lines, comments set apart by a blank line, and tool directives
+    (`# fmt: off`, `# noqa`) stay."""
+    attached = len(lines)
+    while attached > 0 and lines[attached - 1].comment is not None:
+        attached -= 1
+    return [
+        line
+        for index, line in enumerate(lines)
+        if index < attached
+        or line.comment is None
+        or line.comment.value.lower().startswith(TOOL_COMMENTS)
+    ]

@@ -18,7 +18,7 @@ from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
-    from optimizer_codemod.analysis.collect import Loop
+    from optimizer_codemod.analysis.collect import CallSite, Loop
     from optimizer_codemod.analysis.script import ScriptFacts
 
 # In-place arithmetic that updates a tensor's values (not `requires_grad_`, `share_memory_`).
@@ -101,6 +101,43 @@ def compiled_by(facts: "ScriptFacts", update: ParameterUpdateLoop) -> Optional[c
     return None
 
 
+def reads_gradient(update: ParameterUpdateLoop) -> bool:
+    """The update reads its parameter's gradient (`p.grad`, `p.grad.data`): a training step's
+    update, not a clamp or a re-initialisation of the weights."""
+    body = update.loop.node.body
+    return any(
+        node.attr.value == "grad"
+        and dotted_name(node.value) in (update.parameter, f"{update.parameter}.data")
+        for node in find_all(body, cst.Attribute)
+    )
+
+
+def iterated_parameter_calls(facts: "ScriptFacts", update: ParameterUpdateLoop) -> List["CallSite"]:
+    """The `model.parameters()`/`named_parameters()` calls whose tensors the update loop
+    iterates: in its header, or bound to a name it iterates (`params = list(model.parameters())`,
+    every binding of the name). Empty for `group["params"]` of an optimizer."""
+    found: List[cst.Call] = []
+    iterated = update.loop.iter
+    if iterated is None:
+        return []
+    found.extend(_parameter_calls(iterated))
+    for node in find_all(iterated, cst.Name, cst.Attribute):
+        name = dotted_name(node)
+        values = [a.value for a in facts.assignments_to(name) if not a.unpacked] if name else []
+        if values and all(_parameter_expression(v) for v in values):
+            found.extend(call for value in values for call in _parameter_calls(value))
+    sites = [facts.call_site_of.get(call) for call in found]
+    return [site for site in sites if site is not None]
+
+
+def _parameter_calls(node: cst.BaseExpression) -> List[cst.Call]:
+    return [
+        call
+        for call in find_all(node, cst.Call)
+        if callee_name(call) in PARAMETER_METHODS and isinstance(call.func, cst.Attribute)
+    ]
+
+
 def _iterates_parameters(facts: "ScriptFacts", loop: "Loop") -> bool:
     """`model.parameters()`, `named_parameters()`, `group["params"]`, or a name bound to one
     of those, possibly under `enumerate`/`zip`/`list`."""
@@ -119,9 +156,8 @@ def _iterates_parameters(facts: "ScriptFacts", loop: "Loop") -> bool:
 
 
 def _parameter_expression(node: cst.BaseExpression) -> bool:
-    for call in find_all(node, cst.Call):
-        if callee_name(call) in PARAMETER_METHODS and isinstance(call.func, cst.Attribute):
-            return True
+    if _parameter_calls(node):
+        return True
     for subscript in find_all(node, cst.Subscript):
         for element in subscript.slice:
             index = getattr(element.slice, "value", None)

@@ -18,6 +18,11 @@ from optimizer_codemod.analysis.calls import callee_name, literal, positional, r
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.parameter_loops import (
+    iterated_parameter_calls,
+    parameter_update_loops,
+    reads_gradient,
+)
 from optimizer_codemod.analysis.values import (
     alias_in,
     attribute_assignments,
@@ -30,6 +35,7 @@ from optimizer_codemod.analysis.values import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite, Loop
+    from optimizer_codemod.analysis.parameter_loops import ParameterUpdateLoop
     from optimizer_codemod.analysis.script import ScriptFacts
 
 MAX_DEPTH = 4
@@ -85,10 +91,12 @@ SPATIAL_DROPOUT_MODELS = tuple(
 
 @dataclass(frozen=True)
 class TrainedModel:
-    """A model whose parameters an optimizer updates."""
+    """A model whose parameters an optimizer, or a hand-written update, updates."""
 
     name: str  # dotted: "model", "self.net"
-    optimizer: "CallSite"  # the optimizer construction that receives its parameters
+    # The optimizer construction that receives its parameters; for a hand-written update
+    # (`updated_by`), the `.parameters()` call whose tensors the update loop iterates.
+    optimizer: "CallSite"
     wrapped_as: Optional[str]  # the name of its DistributedDataParallel/DataParallel wrapper
     # For `self.X`: the class whose methods assign it (another class's `self.X` is another
     # object); None for other names.
@@ -97,6 +105,9 @@ class TrainedModel:
     # (`def train(model, ...): opt = AdamW(model.parameters())`), the one call that hands it
     # over (`train(net, ...)`); `name` is then the caller's name for the model.
     handed_in: Optional["CallSite"] = None
+    # A training step without `torch.optim`: the loop that updates each parameter from its
+    # gradient (`p -= lr * p.grad` after `loss.backward()`); None when an optimizer does.
+    updated_by: Optional["ParameterUpdateLoop"] = None
 
     @property
     def scope(self) -> Optional[cst.FunctionDef]:
@@ -278,27 +289,64 @@ def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression) -> Set[str
 
 
 def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
-    """Models of this file that an optimizer trains, one per (model, optimizer) pair."""
+    """Models of this file that an optimizer trains, one per (model, optimizer) pair, then
+    those a hand-written update trains (see hand_updated_models)."""
+    memo = facts.memo("trained_models")
+    if "found" in memo:
+        return memo["found"]
     found: List[TrainedModel] = []
-    if not facts.trains:
-        return found
-    for optimizer in facts.optimizer_constructions() + _custom_optimizer_constructions(facts):
-        args = positional(optimizer.node)
-        if not args:
+    if facts.trains:
+        for optimizer in facts.optimizer_constructions() + _custom_optimizer_constructions(facts):
+            args = positional(optimizer.node)
+            if not args:
+                continue
+            for owner in sorted(_parameter_owners(facts, args[0].value)):
+                model = _trained_model(facts, owner, optimizer)
+                if model is not None:
+                    found.append(model)
+        found.extend(hand_updated_models(facts, {m.name for m in found}))
+    memo["found"] = found
+    return found
+
+
+def _trained_model(
+    facts: "ScriptFacts",
+    owner: str,
+    parameters_to: "CallSite",
+    updated_by: Optional["ParameterUpdateLoop"] = None,
+) -> Optional[TrainedModel]:
+    """The model `owner` names where `parameters_to` (an optimizer construction, or the
+    `.parameters()` call a hand-written update iterates) takes its parameters; None when
+    `owner` is not followed to a module."""
+    scope = parameters_to.site.function
+    model, wrapper = unwrapped(facts, owner)
+    if not holds_module(facts, model, 0, scope):
+        return None
+    handed = _handed_in(facts, model, scope) if wrapper is None else None
+    if handed is not None:
+        return TrainedModel(handed[0], parameters_to, None, None, handed[1], updated_by)
+    owning_class = method_class(facts, scope) if model.startswith("self.") else None
+    if owning_class is not None and not standalone_class(facts, owning_class):
+        owning_class = None  # a class hierarchy: `self.X` is looked up file-wide
+    return TrainedModel(model, parameters_to, wrapper, owning_class, None, updated_by)
+
+
+def hand_updated_models(facts: "ScriptFacts", known: Set[str]) -> List[TrainedModel]:
+    """Models trained without `torch.optim`: a loop over `model.parameters()` that runs every
+    step and updates each parameter in place from its gradient (`p -= lr * p.grad`,
+    `p.data.sub_(lr * p.grad)`, SGLD's added noise; analysis/parameter_loops.py). Models in
+    `known` (an optimizer trains them already) are left out."""
+    found: List[TrainedModel] = []
+    for update in parameter_update_loops(facts):
+        if not reads_gradient(update):
             continue
-        scope = optimizer.site.function
-        for owner in sorted(_parameter_owners(facts, args[0].value)):
-            model, wrapper = unwrapped(facts, owner)
-            if not holds_module(facts, model, 0, scope):
+        for call in iterated_parameter_calls(facts, update):
+            owner = (call.receiver or "").removesuffix(".module")
+            if not owner or owner in known:
                 continue
-            handed = _handed_in(facts, model, scope) if wrapper is None else None
-            if handed is not None:
-                found.append(TrainedModel(handed[0], optimizer, None, None, handed[1]))
-                continue
-            owning_class = method_class(facts, scope) if model.startswith("self.") else None
-            if owning_class is not None and not standalone_class(facts, owning_class):
-                owning_class = None  # a class hierarchy: `self.X` is looked up file-wide
-            found.append(TrainedModel(model, optimizer, wrapper, owning_class))
+            model = _trained_model(facts, owner, call, update)
+            if model is not None and model.name not in known:
+                found.append(model)
     return found
 
 
@@ -359,10 +407,12 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
         )
     return backward[0].node, (
         "the model this step trains is not known to be a module handed to a `torch.optim` "
-        "optimizer: names, `self.` attributes (in their class) and function parameters (through "
-        "the function's one call in this file) are followed to a module built in this file, "
-        "and this model is not (a model from another module, a function called several times, "
-        "or a hand-written update): the analysis cannot tell which model it is"
+        "optimizer, or updated by a loop over its `.parameters()` that reads each `p.grad`: "
+        "names, `self.` attributes (in their class) and function parameters (through the "
+        "function's one call in this file) are followed to a module built in this file, and "
+        "this model is not (a model from another module, a function called several times, or "
+        "an update the analysis does not read, such as `torch._foreach_*` calls): the "
+        "analysis cannot tell which model it is"
     )
 
 
@@ -387,16 +437,36 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     if not events:
         return None
     functions = {id(function) for _, _, _, function in events}
-    if functions != {id(model.scope)}:
+    in_init = _built_in_init(facts, model, [function for _, _, _, function in events])
+    if functions != {id(model.scope)} and not in_init:
         return None
     if any(loop is not None for _, _, loop, _ in events):
         return None
     order, statement, _, _ = max(events, key=lambda event: event[0])
-    if order > model.needed_at or not isinstance(statement, cst.SimpleStatementLine):
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    if order > model.needed_at and not in_init:
         return None
     if any(w.site.order < order for w in wrappers):
         return None
     return statement
+
+
+def _built_in_init(
+    facts: "ScriptFacts", model: TrainedModel, functions: Sequence[Optional[cst.FunctionDef]]
+) -> bool:
+    """A hand-updated `self.X` built and placed in its class's `__init__` only, and updated
+    in another method: `__init__` runs before any method of the object can."""
+    if model.updated_by is None or model.owner is None or model.scope is None:
+        return False
+    if model.scope.name.value == "__init__":
+        return False
+    return all(
+        function is not None
+        and function.name.value == "__init__"
+        and method_class(facts, function) == model.owner
+        for function in functions
+    )
 
 
 def model_assignments(facts: "ScriptFacts", model: TrainedModel) -> Sequence["Assignment"]:
@@ -577,6 +647,7 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
     """Every backward call in a loop whose loss is computed from `model` in the same block
     (the loss may be assigned under a `with`: `with ctx: loss = ...`)."""
     steps: List[TrainingStep] = []
+    updates = {id(update.loop.node) for update in parameter_update_loops(facts)}
     for backward in facts.backward_calls:
         loop = backward.site.loop
         statement = backward.site.statement
@@ -591,8 +662,11 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
         last = max((i for i in range(index) if _assigns_within(block[i], loss)), default=None)
         if last is None:
             continue
+        # The parameter update of the previous step, when it comes first, stays out of the
+        # forward (and of the autocast a rule puts around it): it runs on float32 weights.
+        start = max((i + 1 for i in range(last) if _holds_loop(block[i], updates)), default=0)
         first = next(
-            (i for i in range(last + 1) if any(_mentions(block[i], n) for n in model_names)),
+            (i for i in range(start, last + 1) if any(_mentions(block[i], n) for n in model_names)),
             None,
         )
         if first is None:
@@ -601,6 +675,10 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
             TrainingStep(loop, backward, loss, scaler, block, tuple(block[first : last + 1]))
         )
     return steps
+
+
+def _holds_loop(statement: cst.CSTNode, loops: Set[int]) -> bool:
+    return bool(loops) and any(id(node) in loops for node in find_all(statement, cst.For))
 
 
 def names_in(
@@ -622,7 +700,10 @@ def names_in(
 
 
 def optimizer_name(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
-    """The name the model's optimizer is assigned to, when it is assigned once."""
+    """The name the model's optimizer is assigned to, when it is assigned once (None for a
+    hand-written update, which has no optimizer)."""
+    if model.updated_by is not None:
+        return None
     assignment = facts.assignment_of(model.optimizer.node)
     if assignment is None or assignment.unpacked:
         return None
