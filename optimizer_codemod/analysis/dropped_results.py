@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, literal
-from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
+    calls_named,
     attribute_assignments,
     method_class,
     name_mentions,
@@ -76,14 +76,14 @@ def _calls(
         if not any(statement is function for statement in facts.module.body):
             return [], f"`{function.name.value}` is nested in another function"
         name = function.name.value
-        calls = [c for c in facts.records.calls if dotted_name(c.node.func) == name]
+        calls = calls_named(facts, name)
         if name_mentions(facts).get(name, 0) != 1 + len(calls):
             return [], f"`{name}` is used other than called by name (passed around or rebound)"
         return calls, None
     owner = klass.name.value
     if not standalone_class(facts, owner):
         return [], f"`{owner}` has subclasses or bases in this file, which share its methods"
-    if any(call.method in OUTPUT_HOOKS for call in facts.records.calls):
+    if any(facts.method_calls(hook) for hook in sorted(OUTPUT_HOOKS)):
         return [], "a forward hook is registered in this file: it sees every module's output"
     if function.name.value != "forward":
         return _method_calls(facts, function, owner)
@@ -99,9 +99,8 @@ def _method_calls(
     method = function.name.value
     calls = [
         c
-        for c in facts.records.calls
-        if dotted_name(c.node.func) == f"self.{method}"
-        and method_class(facts, c.site.function) == owner
+        for c in calls_named(facts, f"self.{method}")
+        if method_class(facts, c.site.function) == owner
     ]
     if _attribute_mentions(facts, method) != len(calls):
         return [], f"`.{method}` is named in this file other than by `self.{method}(...)` calls"
@@ -110,11 +109,7 @@ def _method_calls(
 
 def _instance_calls(facts: "ScriptFacts", owner: str) -> Tuple[List["CallSite"], Optional[str]]:
     """The calls of `owner`'s instances, each bound once to a name or a `self.` attribute."""
-    constructions = [
-        c
-        for c in facts.records.calls
-        if isinstance(c.node.func, cst.Name) and c.node.func.value == owner
-    ]
+    constructions = [c for c in calls_named(facts, owner) if isinstance(c.node.func, cst.Name)]
     if name_mentions(facts).get(owner, 0) != 1 + len(constructions):
         return [], f"`{owner}` is used other than built (subclassed, passed around, checked)"
     calls: List["CallSite"] = []
@@ -147,9 +142,7 @@ def _calls_of_instance(
         ):
             return [], f"`{target}` is bound more than once, or outside one class's methods"
         calls = [
-            c
-            for c in facts.records.calls
-            if dotted_name(c.node.func) == target and method_class(facts, c.site.function) == holder
+            c for c in calls_named(facts, target) if method_class(facts, c.site.function) == holder
         ]
         # The binding, the calls and module methods (`.parameters()`): any other `.attn` may
         # read the instance's output.
@@ -158,7 +151,7 @@ def _calls_of_instance(
         return calls, None
     if len(facts.assignments_to(target)) != 1:
         return [], f"`{target}` is bound more than once"
-    calls = [c for c in facts.records.calls if dotted_name(c.node.func) == target]
+    calls = calls_named(facts, target)
     if name_mentions(facts).get(target, 0) != 1 + len(calls) + _methods_of(facts, target):
         return [], f"`{target}` is used other than called (passed around, stored or returned)"
     return calls, None

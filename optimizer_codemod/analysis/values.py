@@ -138,16 +138,18 @@ def parameter_names(function: Optional[cst.CSTNode]) -> List[str]:
     return [p.name.value for p in every]
 
 
-def _calls_by_name(facts: "ScriptFacts") -> Dict[str, List["CallSite"]]:
-    """Calls `f(...)` by `f` (a plain name), in source order."""
-    memo = facts.memo("values_calls_by_name")
+def calls_named(facts: "ScriptFacts", name: str) -> List["CallSite"]:
+    """Calls whose callee is written `name` (`train(...)`, `self.attn(...)`), in source
+    order: one table per pass."""
+    memo = facts.memo("calls_by_dotted_name")
     if "table" not in memo:
         table: Dict[str, List["CallSite"]] = {}
         for call in facts.records.calls:
-            if isinstance(call.node.func, cst.Name):
-                table.setdefault(call.node.func.value, []).append(call)
+            written = dotted_name(call.node.func)
+            if written is not None:
+                table.setdefault(written, []).append(call)
         memo["table"] = table
-    return memo["table"]
+    return list(memo["table"].get(name, ()))
 
 
 def name_mentions(facts: "ScriptFacts") -> Dict[str, int]:
@@ -179,7 +181,7 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
         return None
     if not _defined_once(facts, called):
         return None
-    calls = _calls_by_name(facts).get(called, ())
+    calls = calls_named(facts, called)
     # The definition's name and the call: any other mention passes it around.
     if len(calls) != 1 or name_mentions(facts).get(called, 0) != 2:
         return None
@@ -228,7 +230,7 @@ def unbound_parameter(
     owner = method_class(facts, function)
     label = f"{owner}.{function.name.value}" if owner else function.name.value
     called = owner if function.name.value == "__init__" else function.name.value
-    calls = len(_calls_by_name(facts).get(called or "", ())) if called else 0
+    calls = len(calls_named(facts, called)) if called else 0
     if the_caller(facts, function) is not None:
         why = "its one call leaves it to its default or passes it through `*args`/`**kwargs`"
     elif calls == 0:
