@@ -30,7 +30,7 @@ from optimizer_codemod.errors import (
 from optimizer_codemod.fixes import apply_fixes, choose_compatible
 from optimizer_codemod.linediff import opcodes
 from optimizer_codemod.noqa import is_suppressed, noqa_lines
-from optimizer_codemod.positions import positions_and_code
+from optimizer_codemod.positions import StatementTexts, module_code, positions_and_code
 from optimizer_codemod.rule import Finding, Rule, Safety
 from optimizer_codemod.sources import (
     check_reproducible,
@@ -152,6 +152,8 @@ class _Fixpoint:
         pieces: Optional[PieceCache] = None,
     ):
         self.pieces = pieces
+        # What each top-level statement printed to: most are printed again by every pass.
+        self.texts = StatementTexts()
         # (module, module before, fixes, positions) while that module's round trip is unchecked.
         self._pending: Optional[tuple] = None
         self.src = src
@@ -170,7 +172,9 @@ class _Fixpoint:
             except OptcodemodError:
                 self._check_round_trip(module, code, None)  # the likelier cause, if it fails
                 raise
-            positions, printed = _positions(module, findings) if findings else ({}, None)
+            positions, printed = (
+                _positions(module, findings, self.texts) if findings else ({}, None)
+            )
             self._check_round_trip(module, code, printed)
             _check_nodes_are_in_the_tree(findings, positions, self.path)
             noqa = _noqa_map(module, code) if findings else {}
@@ -242,7 +246,7 @@ class _Fixpoint:
     def _apply_verified(
         self, module: cst.Module, chosen: List[Finding], positions
     ) -> Tuple[cst.Module, bytes]:
-        problem = _try_apply(module, chosen, self.path, positions, self.pieces, False)
+        problem = _try_apply(module, chosen, self.path, positions, self.pieces, False, self.texts)
         if isinstance(problem, tuple):
             new_module, new_code, printed_back = problem
             if not printed_back:
@@ -435,7 +439,9 @@ def _start(code_range) -> Tuple[int, int]:
     return (code_range.start.line, code_range.start.column)
 
 
-def _positions(module: cst.Module, findings: Iterable[Finding]):
+def _positions(
+    module: cst.Module, findings: Iterable[Finding], texts: Optional[StatementTexts] = None
+):
     """The ranges of the findings' nodes, their edits' nodes and the top-level statements
     (which hold the edits, fixes.apply_fixes): the only ones a pass reports or edits; and
     the module's text, printed by the same code generation."""
@@ -444,7 +450,7 @@ def _positions(module: cst.Module, findings: Iterable[Finding]):
         wanted.append(finding.node)
         for edit in finding.fix.edits if finding.fix else ():
             wanted.append(getattr(edit, "node", None) or edit.anchor)
-    return positions_and_code(module, wanted)
+    return positions_and_code(module, wanted, texts)
 
 
 def _try_apply(
@@ -454,13 +460,14 @@ def _try_apply(
     positions=None,
     pieces=None,
     print_back: bool = True,
+    texts: Optional[StatementTexts] = None,
 ):
     """(new module, new code, whether the new module was checked to print back to the new
     code) when the fixes produce valid code, else the problem's text. Without `print_back`,
     that check is left to the caller."""
     try:
         new_module = apply_fixes(module, [f.fix for f in chosen], positions)
-        new_code = new_module.bytes
+        new_code = module_code(new_module, texts).encode(new_module.encoding)
     except Exception as exc:  # a fix that builds an invalid tree
         return f"{type(exc).__name__}: {exc}"
     ok, error = compile_check(new_code, path)
