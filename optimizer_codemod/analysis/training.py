@@ -82,6 +82,12 @@ SPATIAL_DROPOUT_MODELS = tuple(
     for name in ("squeezenet", "densenet", "segmentation.deeplabv3", "segmentation.fcn")
 )
 
+# cuDNN-backed recurrent layers: CUDA autocast runs them in float16 whatever dtype it was asked
+# for, and Dynamo graph-breaks on them unless `torch._dynamo.config.allow_rnn` (OPT302, OPT402).
+RECURRENT_LAYERS = frozenset(
+    f"torch.nn.{prefix}{kind}" for prefix in ("", "modules.rnn.") for kind in ("RNN", "LSTM", "GRU")
+)
+
 
 @dataclass(frozen=True)
 class TrainedModel:
@@ -815,6 +821,11 @@ def model_dropout_calls(facts: "ScriptFacts", model: TrainedModel) -> List["Call
         if call.qualname in ELEMENTWISE_DROPOUT
         or (call.qualname or "").startswith(SPATIAL_DROPOUT_MODELS)
     ]
+
+
+def model_recurrent_layers(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
+    """`nn.LSTM(...)`, `nn.GRU(...)`, `nn.RNN(...)` among the model's layer calls."""
+    return [call for call in model_layer_calls(facts, model) if call.qualname in RECURRENT_LAYERS]
 
 
 def model_output_names(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
