@@ -71,23 +71,38 @@ def test_a_linear_model_is_still_compiled_and_autocast() -> None:
         assert _only(source, code)[1].status is Status.FIXED
 
 
+LINEAR = (
+    RECURRENT.replace("nn.{layer}(28, 64, batch_first=True)", "nn.Linear(28, 64)")
+    .replace("output, _ = self.rnn(x)", "output = self.rnn(x)")
+    .replace("self.fc(output[:, -1])", "self.fc(output)")
+)
+
+
 @pytest.mark.parametrize(
-    "line",
+    "before, after",
     [
-        "adj = adj.to_sparse()",
-        "adj = torch.sparse_coo_tensor(i, v, (4, 4))",
-        "h = torch.spmm(a, b)",
+        ("        output = self.rnn(x)\n", "        output = torch.spmm(adj, self.rnn(x))\n"),
+        (
+            "    x, y = x.to(device)",
+            "    x = torch.sparse_coo_tensor(i, x, (4, 4))\n    x, y = x.to(device)",
+        ),
+        ("    x, y = x.to(device)", "    x = x.to_sparse()\n    x, y = x.to(device)"),
     ],
 )
-def test_sparse_tensors_get_no_compile(line: str) -> None:
-    source = RECURRENT.replace("{layer}", "Linear").replace(
-        "self.rnn = nn.Linear(28, 64, batch_first=True)", "self.rnn = nn.Linear(28, 64)"
-    )
-    source = source.replace("output, _ = self.rnn(x)", "output = self.rnn(x)")
-    source = source.replace("model = Net()", line + "\nmodel = Net()")
+def test_sparse_tensors_in_the_model_or_its_loop_get_no_compile(before: str, after: str) -> None:
+    source = LINEAR.replace(before, after)
+    assert source != LINEAR
     result, finding = _only(source, "OPT402")
     assert result.source == source and finding.status is Status.DECLINED
     assert "sparse" in finding.message
+
+
+def test_sparse_preprocessing_that_ends_dense_still_compiles() -> None:
+    # pytorch/examples gat/main.py: features scaled by a sparse diagonal, then dense.
+    source = LINEAR.replace(
+        "model = Net()", "scale = torch.diag(weights).to_sparse()\nmodel = Net()"
+    )
+    assert _only(source, "OPT402")[1].status is Status.FIXED
 
 
 CPU_SCRIPT = textwrap.dedent("""\

@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_device,
     model_recurrent_layers,
+    model_sparse_calls,
     the_trained_model,
     visible_at,
     why_no_trained_model,
@@ -79,10 +80,11 @@ class ModelTrainedWithoutCompile(Rule):
         Nor where compiling would not pay (DESIGN §6): a model with an `nn.RNN`, `nn.LSTM`
         or `nn.GRU` layer (Dynamo graph-breaks on them unless the experimental
         `torch._dynamo.config.allow_rnn` is set: torch 2.13 `_dynamo/variables/builder.py`,
-        "Dynamo does not support RNN, GRU, or LSTM"), or a script that builds or multiplies
-        sparse tensors (`.to_sparse()`, `torch.sparse_coo_tensor`, `torch.spmm`,
-        `torch.sparse.*`: "torch.compile does not support sparse Tensors", torch 2.13
-        `_dynamo/graph_break_registry.json`); `--why-not` says which.
+        "Dynamo does not support RNN, GRU, or LSTM"), or a model (its classes' methods) or
+        training loop that builds or multiplies sparse tensors (`.to_sparse()`,
+        `torch.sparse_coo_tensor`, `torch.spmm`, `torch.sparse.*`: "torch.compile does not
+        support sparse Tensors", torch 2.13 `_dynamo/graph_break_registry.json`); sparse
+        preprocessing that ends in dense inputs does not count. `--why-not` says which.
         A model kept as `self.model` is compiled in the method that places it (`__init__`);
         one handed to a function that builds its optimizer (`train(net, ...)`, called once)
         is compiled where the caller builds it. Not applied when `self.model` is built again
@@ -172,11 +174,11 @@ class ModelTrainedWithoutCompile(Rule):
                 "graph-breaks on RNN, GRU and LSTM modules (`torch._dynamo.config.allow_rnn` "
                 "is False), so that layer stays eager and compiling the rest buys little"
             )
-        sparse = self.facts.sparse_tensor_call
-        if sparse is not None:
+        sparse = model_sparse_calls(self.facts, model)
+        if sparse:
             return (
-                f"the script uses sparse tensors (`{excerpt(sparse.node)}`): torch.compile "
-                "does not support sparse Tensors and graph-breaks around them, so little is "
-                "compiled"
+                f"`{model.name}` or its training loop uses sparse tensors "
+                f"(`{excerpt(sparse[0].node)}`): torch.compile does not support sparse "
+                "Tensors and graph-breaks around them, so little is compiled"
             )
         return None

@@ -26,7 +26,6 @@ DATALOADER = "torch.utils.data.DataLoader"
 ITERATION_WRAPPERS = frozenset({"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm"})
 NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.", "torch.optim.Optimizer")
 BACKWARD_FUNCTIONS = frozenset({"torch.autograd.backward"})
-SPARSE_FUNCTIONS = frozenset({"torch.spmm", "torch.smm", "torch.hspmm", "torch.sspaddmm"})
 # Text every file with a backward call contains: a method call `x.backward(` (also
 # `torch.autograd.backward(`), or a bare `backward(` that needs `from torch.autograd import`.
 # Leaving out `def backward(` keeps autograd Functions in library code unparsed.
@@ -443,21 +442,6 @@ class ScriptFacts:
             and literal(arg.value, True) is not False
             for call in self.records.calls
         )
-
-    @cached_property
-    def sparse_tensor_call(self) -> Optional[CallSite]:
-        """The first call that builds or multiplies sparse tensors (`x.to_sparse()`,
-        `torch.sparse_coo_tensor`, `torch.spmm`, `torch.sparse.mm`): torch.compile does not
-        trace them (Dynamo: "torch.compile does not support sparse Tensors")."""
-        for call in self.records.calls:
-            qualname = call.qualname or ""
-            if (
-                qualname in SPARSE_FUNCTIONS
-                or qualname.startswith(("torch.sparse.", "torch.sparse_"))
-                or (call.method or "").startswith("to_sparse")
-            ):
-                return call
-        return None
 
     def keyword_is(self, call: cst.Call, name: str, value) -> bool:
         arg = keyword(call, name)
