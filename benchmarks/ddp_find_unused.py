@@ -1,15 +1,18 @@
-"""OPT603's figure: a DistributedDataParallel training step with and without
-`find_unused_parameters=True` for a model that uses every parameter, one process over gloo
-(the search of the autograd graph happens on every rank, whatever the world size).
+"""OPT603's figures: a DistributedDataParallel training step with and without
+`find_unused_parameters=True` for a model that uses every parameter, and (`--static-graph`)
+with `find_unused_parameters=True` against `static_graph=True` for the same model plus a head
+that forward never uses; one process over gloo (the search of the autograd graph happens on
+every rank, whatever the world size).
 
-    python benchmarks/ddp_find_unused.py [--steps 200]
+    python benchmarks/ddp_find_unused.py [--steps 200] [--static-graph]
 
 Model: 48 blocks of Linear(64, 64) + LayerNorm + GELU (192 parameter tensors, 206K
 parameters): many small autograd nodes, where the traversal weighs most; batch 16, SGD, torch
 on one thread. Steps of the two settings are interleaved one by one from the same weights.
 
-Writes benchmarks/results/ddp-find-unused-cpu.json (key `OPT603`, read by the rule page's
-Measured table) with machine, torch and date.
+Writes its entry into benchmarks/results/ddp-find-unused-cpu.json (key `OPT603`, or
+`OPT603:static-graph`; read by the rule page's Measured table) with machine, torch and date,
+keeping the other entry.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ sys.path.insert(0, str(HERE))
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200, help="timed steps of each setting")
+    parser.add_argument(
+        "--static-graph",
+        action="store_true",
+        help="time `static_graph=True` against the flag, for a model with an unused head",
+    )
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     import torch
@@ -38,19 +46,34 @@ def main() -> int:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
 
+    class WithUnusedHead(torch.nn.Module):
+        def __init__(self, body):
+            super().__init__()
+            self.body = body
+            self.aux = torch.nn.Linear(64, 2)  # registered, never called by forward
+
+        def forward(self, x):
+            return self.body(x)
+
     def build():
         blocks = []
         for _ in range(48):
             blocks += [torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU()]
-        return torch.nn.Sequential(*blocks)
+        body = torch.nn.Sequential(*blocks)
+        return WithUnusedHead(body) if args.static_graph else body
 
     base = build()
     x, y = torch.randn(16, 64), torch.randn(16, 64)
 
-    def stepper(find_unused: bool):
+    def stepper(searching: bool):
         module = build()
         module.load_state_dict(base.state_dict())
-        model = DistributedDataParallel(module, find_unused_parameters=find_unused)
+        if searching:
+            model = DistributedDataParallel(module, find_unused_parameters=True)
+        elif args.static_graph:
+            model = DistributedDataParallel(module, static_graph=True)
+        else:
+            model = DistributedDataParallel(module)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)  # noqa: OPT501
 
         def step():
@@ -66,18 +89,29 @@ def main() -> int:
         threads = torch.get_num_threads()
         with_flag, without = interleaved(stepper(True), stepper(False), args.steps, warmup=10)
     dist.destroy_process_group()
+    if args.static_graph:
+        key, compared = "OPT603:static-graph", (
+            "with `find_unused_parameters=True` vs `static_graph=True`, plus a Linear(64, 2) "
+            "head forward never uses"
+        )
+    else:
+        key, compared = "OPT603", (
+            "with vs without `find_unused_parameters=True`, every parameter used"
+        )
     entry = paired_entry(
         "DDP step (1 gloo process, 48 Linear(64, 64)+LayerNorm blocks, 192 tensors, "
-        "batch 16, 1 thread) with vs without `find_unused_parameters=True`, every "
-        "parameter used; median of steps interleaved one by one",
+        f"batch 16, 1 thread) {compared}; median of steps interleaved one by one",
         with_flag,
         without,
         threads,
     )
     output = Path(args.output or HERE / "results" / "ddp-find-unused-cpu.json")
-    output.write_text(json.dumps({"results": {"OPT603": entry}}, indent=2, sort_keys=True) + "\n")
+    results = json.loads(output.read_text())["results"] if output.exists() else {}
+    results[key] = entry
+    output.write_text(json.dumps({"results": results}, indent=2, sort_keys=True) + "\n")
     print(
-        f"with the flag {entry['before_s'] * 1e3:.3f} ms  without {entry['after_s'] * 1e3:.3f} ms"
+        f"with the flag {entry['before_s'] * 1e3:.3f} ms  "
+        f"{'static graph' if args.static_graph else 'without'} {entry['after_s'] * 1e3:.3f} ms"
         f"  x{entry['speedup']:.3f}"
     )
     print(f"wrote {output}")

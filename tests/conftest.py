@@ -34,6 +34,8 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 for _name in ("NO_COLOR", "FORCE_COLOR"):
     os.environ.pop(_name, None)
 
+# The script names CUDA (OPT301 leaves a script that never does alone: it trains on the CPU)
+# but keeps its model where it is built, so that OPT302 and OPT402 find no device.
 TRAINING_SCRIPT = b"""import torch
 
 model = torch.nn.Linear(4, 2)
@@ -43,6 +45,7 @@ for step in range(3):
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+print(torch.cuda.max_memory_allocated())
 """
 FUSED_LINE = b"optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)"
 # Hand-written attention in a float32 training loop: OPT302 adds autocast, OPT406 fuses the

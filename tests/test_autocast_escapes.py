@@ -67,6 +67,13 @@ def escaping(use: str):
         ("first = out[0, 0].item()", []),
         ("total += loss.detach()\n        history.append(loss)", []),
         ("p = out.cpu()\n        p = torch.zeros(3)\n        print(p.numpy())", []),
+        # A name bound again from its own 16-bit value still carries it (makemore's sampler:
+        # `logits = logits[:, -1, :] / temperature`, then top-k and multinomial).
+        (
+            "out = out[:, -1] / 2.0\n        v, _ = torch.topk(out, 3)",
+            ["out"],
+        ),
+        ("out = out.argmax(1)\n        print(out.numpy())", []),
     ],
 )
 def test_escaping_uses(use: str, expected) -> None:

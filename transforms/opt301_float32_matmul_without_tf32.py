@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.devices import mentions_accelerator
 from optimizer_codemod.analysis.precision import (
     determinism_requested,
     first_backward,
@@ -79,6 +80,16 @@ class Float32MatmulWithoutTF32(Rule):
         import would run before). `import torch` is added when the block only has
         `from torch... import` lines.
 
+        Not applied to a script (a `__main__` guard or module-level training) that never
+        places a tensor or module on an accelerator nor names one: no `.cuda()`, no `.to(x)`
+        or `device=x` with `x` possibly not the CPU, no import or call of a device API,
+        launcher or trainer (`torch.cuda`, `torch.device`, `torch.distributed`, `accelerate`,
+        `lightning`, `deepspeed`, `torch_xla`), no name that says device (`args.gpu`,
+        `to_device(batch)`; analysis/devices.py `mentions_accelerator`). Such a script trains
+        on the CPU, where the setting changes nothing (below), so the edit would not pay
+        (DESIGN §6). An importable module is still reported as above: its callers may place
+        it.
+
         On CPU nothing changes. Measured on a 2-core AMD EPYC x86_64 (avx512_bf16, no AMX),
         torch 2.13.0+cpu, 2026-11-21: the call emits no warning, and five SGD steps of a
         conv+linear model plus 1024x1024 matmul, bmm and linear give bit-identical results
@@ -118,10 +129,11 @@ class Float32MatmulWithoutTF32(Rule):
     triggers = (BACKWARD_CALL,)
     examples = (
         Example(
-            "import torch\n\nloss = model(x).sum()\nloss.backward()\n",
+            "import torch\n\nloss = model(x.cuda()).sum()\nloss.backward()\n",
             'import torch\n\ntorch.set_float32_matmul_precision("high")\n\n'
-            "loss = model(x).sum()\nloss.backward()\n",
+            "loss = model(x.cuda()).sum()\nloss.backward()\n",
         ),
+        Example("import torch\n\nloss = model(x).sum()\nloss.backward()\n"),
         Example(
             "import torch\n\nwith torch.autocast('cuda', dtype=torch.bfloat16):\n"
             "    loss = model(x).sum()\nloss.backward()\n"
@@ -147,6 +159,14 @@ class Float32MatmulWithoutTF32(Rule):
                 backward.node,
                 message="Float32 training in an importable module; set "
                 '`torch.set_float32_matmul_precision("high")` in the script that runs it',
+            )
+            return
+        if not mentions_accelerator(facts):
+            self.decline(
+                backward.node,
+                "this script never places a tensor or module on an accelerator nor names one "
+                "(no `.cuda()`, `.to(device)`, `device=`, device API or launcher): it trains "
+                "on the CPU, where the setting changes nothing",
             )
             return
         placement = setting_placement(facts)

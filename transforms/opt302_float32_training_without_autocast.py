@@ -22,6 +22,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_device,
     model_placement,
+    model_recurrent_layers,
     optimizer_name,
     the_trained_model,
     training_steps,
@@ -120,6 +121,11 @@ class Float32TrainingWithoutAutocast(Rule):
         logits and use `BCEWithLogitsLoss`) instead of writing a script that crashes; custom
         autograd Functions are reported too (they need `torch.amp.custom_fwd`). GPUs without
         bfloat16 (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
+        A model with an `nn.RNN`, `nn.LSTM` or `nn.GRU` layer is left alone under bfloat16:
+        CUDA autocast casts cuDNN RNNs to float16 whatever dtype it was asked for (ATen
+        `aten/src/ATen/cudnn/AutocastRNN.cpp`, `_cudnn_rnn_cast_reflatten` casts to `kHalf`),
+        so the layer would train in float16 with no GradScaler; with `precision = "fp16"` the
+        rule wraps it and adds the scaler, as for any model.
         A training step in the fallback branch of a feature check (`if not hasattr(torch,
         "autocast")`, an old-torch version branch; analysis/guards.py) is left in float32,
         and so is an evaluation forward there while the rest is wrapped. Values that escape
@@ -225,10 +231,20 @@ class Float32TrainingWithoutAutocast(Rule):
                 "wrap forward and loss in `torch.autocast(device.type, dtype=torch.bfloat16)`",
             )
             return
+        dtype = DTYPES[self.context.precision]
+        recurrent = model_recurrent_layers(facts, model)
+        if recurrent and dtype == "bfloat16":
+            self.decline(
+                anchor,
+                f"`{model.name}` has a cuDNN recurrent layer (`{excerpt(recurrent[0].node)}`): "
+                "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
+                "autocast would train it in float16 without a GradScaler (set precision to "
+                "fp16, which adds one)",
+            )
+            return
         torch_name = facts.imports.name_for_module("torch")
         imports = () if torch_name else (ImportSpec("torch"),)
         torch_name = torch_name or "torch"
-        dtype = DTYPES[self.context.precision]
         autocast = "{torch}.autocast({device}, dtype={torch}.{dtype})"
         guards = facts.feature_guards
         regions = [step.forward for step in steps]

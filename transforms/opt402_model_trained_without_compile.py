@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     compiles,
     device_type_code,
     model_built,
     model_device,
+    model_recurrent_layers,
+    model_sparse_calls,
     the_trained_model,
     visible_at,
     why_no_trained_model,
@@ -74,6 +77,14 @@ class ModelTrainedWithoutCompile(Rule):
         the same reason the rule does not run with `target-device = "cpu"`. Not applied when
         the model is built or placed in the fallback branch of a feature check (`else` of
         `if hasattr(torch, "compile")`, an old-torch version branch; analysis/guards.py).
+        Nor where compiling would not pay (DESIGN §6): a model with an `nn.RNN`, `nn.LSTM`
+        or `nn.GRU` layer (Dynamo graph-breaks on them unless the experimental
+        `torch._dynamo.config.allow_rnn` is set: torch 2.13 `_dynamo/variables/builder.py`,
+        "Dynamo does not support RNN, GRU, or LSTM"), or a model (its classes' methods) or
+        training loop that builds or multiplies sparse tensors (`.to_sparse()`,
+        `torch.sparse_coo_tensor`, `torch.spmm`, `torch.sparse.*`: "torch.compile does not
+        support sparse Tensors", torch 2.13 `_dynamo/graph_break_registry.json`); sparse
+        preprocessing that ends in dense inputs does not count. `--why-not` says which.
         A model kept as `self.model` is compiled in the method that places it (`__init__`);
         one handed to a function that builds its optimizer (`train(net, ...)`, called once)
         is compiled where the caller builds it. Not applied when `self.model` is built again
@@ -141,6 +152,10 @@ class ModelTrainedWithoutCompile(Rule):
                 ),
             )
             return
+        reason = self._why_compile_would_not_pay(model)
+        if reason is not None:
+            self.decline(anchor, reason)
+            return
         device_type = device_type_code(facts, device)
         compile_call = f"{model.name}.compile()"
         if device_type == '"cuda"':
@@ -152,3 +167,21 @@ class ModelTrainedWithoutCompile(Rule):
             Fix((InsertStatements(anchor, after=(inserted,)),)),
             message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
         )
+
+    def _why_compile_would_not_pay(self, model) -> "str | None":
+        """Dynamo graph-breaks around what it cannot trace, leaving most of the step eager."""
+        recurrent = model_recurrent_layers(self.facts, model)
+        if recurrent:
+            return (
+                f"`{model.name}` has a recurrent layer (`{excerpt(recurrent[0].node)}`): Dynamo "
+                "graph-breaks on RNN, GRU and LSTM modules (`torch._dynamo.config.allow_rnn` "
+                "is False), so that layer stays eager and compiling the rest buys little"
+            )
+        sparse = model_sparse_calls(self.facts, model)
+        if sparse:
+            return (
+                f"`{model.name}` or its training loop uses sparse tensors "
+                f"(`{excerpt(sparse[0].node)}`): torch.compile does not support sparse "
+                "Tensors and graph-breaks around them, so little is compiled"
+            )
+        return None

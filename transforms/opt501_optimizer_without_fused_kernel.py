@@ -11,6 +11,7 @@ from optimizer_codemod.analysis.calls import (
     literal,
     with_keyword,
 )
+from optimizer_codemod.analysis.devices import xla_device_source
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -59,6 +60,14 @@ class OptimizerWithoutFusedKernel(Rule):
         An optimizer built in the fallback branch of a feature check (nanoGPT's `else` of
         `if "fused" in inspect.signature(...).parameters`, a `use_fused` flag, an old-torch
         version branch, an `except TypeError` retry) keeps its options (analysis/guards.py).
+        Fused kernels exist for CPU, CUDA, MPS, XPU, HPU and MTIA parameters (torch 2.13
+        `torch.utils._foreach_utils._get_fused_kernels_supported_devices`), not for XLA: on a TPU
+        `step()` raises. A script that uses `torch_xla` itself is left alone; in one whose
+        device an Accelerate `Accelerator` picks at launch (`accelerate config` may choose a
+        TPU with no change to the file, and Accelerate's own examples say they run there)
+        the fix is `behavior`, applied with `--unsafe-fixes` only: the tool cannot see where
+        the script will be launched, and most Accelerate users train on GPUs, where the fix
+        is as sound as elsewhere.
 
     Expected gain:
         Optimizer-step time, which grows with parameter count; the effect on a whole training
@@ -81,6 +90,10 @@ class OptimizerWithoutFusedKernel(Rule):
         Example("import torch\nopt = torch.optim.RMSprop(model.parameters())\n"),
         Example("import torch\nopt = torch.optim.Adam(model.parameters(), **config)\n"),
         Example("import torch\nopt = torch.optim.Adam(model.parameters(), foreach=True)\n"),
+        Example(
+            "import torch\nimport torch_xla.core.xla_model as xm\n"
+            "opt = torch.optim.AdamW(model.parameters())\n"
+        ),
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
@@ -120,7 +133,25 @@ class OptimizerWithoutFusedKernel(Rule):
                     call, "the script uses sparse gradients, which fused kernels do not take"
                 )
                 continue
+            xla = xla_device_source(self.facts)
+            if xla == "torch_xla":
+                self.decline(
+                    call,
+                    "the script uses torch_xla: fused optimizers have no XLA kernel, and "
+                    "`step()` raises on an XLA device",
+                )
+                continue
             fixed = with_keyword(call, "fused", cst.Name("True"))
+            if xla == "accelerate":
+                self.report(
+                    call,
+                    Fix((Replace(call, fixed),)),
+                    message=f"{label} built without its fused kernel; Accelerate picks the "
+                    "device at launch, and on a TPU (XLA) a fused optimizer's `step()` raises: "
+                    "add it only where the script never runs on one",
+                    safety=Safety.BEHAVIOR,
+                )
+                continue
             self.report(
                 call,
                 Fix((Replace(call, fixed),)),

@@ -275,6 +275,8 @@ class AutocastEscapes:
                 continue
             if isinstance(region, cst.IndentedBlock) and region in ancestors:
                 return True  # a `for` target around the read
+            if region in ancestors:
+                continue  # `logits = logits[:, -1] / t`: the read runs before this binding
             statement = index.parents.get(region)
             if isinstance(region, (cst.Assign, cst.AnnAssign)) and statement is not None:
                 if index.suite_of(statement) in ancestors:

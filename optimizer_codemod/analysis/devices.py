@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional, Set, Tuple
 
 import libcst as cst
@@ -290,6 +291,76 @@ def uses_accelerator(facts: "ScriptFacts") -> bool:
     """Some call of the script may put a tensor or a module on an accelerator: without one,
     every tensor stays on the CPU and reading a value waits for nothing."""
     return any(places_on_accelerator(facts, call.node) for call in facts.records.calls)
+
+
+# What places a script's tensors on an accelerator without a `.to(device)` of its own, or
+# chooses one: device APIs, launchers and trainers.
+ACCELERATOR_MODULES = (
+    "torch.cuda",
+    "torch.mps",
+    "torch.xpu",
+    "torch.device",
+    "torch.distributed",
+    "torch.backends.cuda",
+    "torch.backends.cudnn",
+    "torch.backends.mps",
+    "torch_xla",
+    "accelerate",
+    "lightning",
+    "pytorch_lightning",
+    "deepspeed",
+)
+# Words of a name (split at `.` and `_`) that say device: `args.gpu`, `to_device`, `use_cuda`;
+# whole words only for the short ones (`plt.xlabel` and `json.dumps` say nothing).
+DEVICE_WORDS = frozenset({"gpu", "gpus", "tpu", "tpus", "mps", "xla", "xpu", "ngpu"})
+DEVICE_WORD_PREFIXES = ("device", "cuda", "accelerat")
+
+
+def mentions_accelerator(facts: "ScriptFacts") -> bool:
+    """Whether anything in the script may place tensors on an accelerator or names one: a
+    placement (see uses_accelerator), an import or call of a device API, launcher or trainer
+    (ACCELERATOR_MODULES), or a callee, receiver, argument or assigned name that says device
+    (`to_device(batch)`, `Net(args.gpu)`, `dev = pick()`). False means the script trains on
+    the CPU as far as its own text can tell."""
+    memo = facts.memo("mentions_accelerator")
+    if None not in memo:
+        memo[None] = _mentions_accelerator(facts)
+    return memo[None]
+
+
+def _mentions_accelerator(facts: "ScriptFacts") -> bool:
+    if uses_accelerator(facts):
+        return True
+    if any(_accelerator_module(b.target) for b in facts.imports.bindings):
+        return True
+    texts = [a.target for a in facts.records.assignments]
+    for call in facts.records.calls:
+        if _accelerator_module(call.qualname or ""):
+            return True
+        texts += [dotted_name(call.node.func) or "", call.receiver or ""]
+        texts += [dotted_name(arg.value) or "" for arg in call.node.args]
+    return any(
+        word in DEVICE_WORDS or word.startswith(DEVICE_WORD_PREFIXES)
+        for text in texts
+        for word in re.split(r"[._]", text.lower())
+    )
+
+
+def _accelerator_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in ACCELERATOR_MODULES)
+
+
+def xla_device_source(facts: "ScriptFacts") -> Optional[str]:
+    """How the script may come to train on an XLA device (a TPU): "torch_xla" where it imports
+    or calls torch_xla itself, "accelerate" where an Accelerate `Accelerator` picks the
+    device at launch (`accelerate config` may choose a TPU, with no change to the file);
+    None otherwise."""
+    names = [b.target for b in facts.imports.bindings]
+    names += [call.qualname or "" for call in facts.records.calls]
+    for package in ("torch_xla", "accelerate"):
+        if any(name == package or name.startswith(package + ".") for name in names):
+            return package
+    return None
 
 
 def on_device(

@@ -1,6 +1,8 @@
 """Whether a module class of this file uses, on every call of its `forward`, every submodule and
 parameter its `__init__` registers: then each of its parameters is in the autograd graph of the
-output, and DistributedDataParallel needs no search for unused parameters (OPT603).
+output, and DistributedDataParallel needs no search for unused parameters (OPT603). Short of
+that, whether every call uses the same ones: then DDP's `static_graph=True` can find the unused
+ones once, in the first iteration, instead of searching every iteration.
 
 The answer is a proof or a reason: a class whose `__init__` or `forward` does something the
 analysis does not follow (branches, early returns, indexing into a `ModuleList`, a base class
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name, receiver
+from optimizer_codemod.analysis.calls import callee_name, excerpt, receiver
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
@@ -103,11 +105,20 @@ def _rebinds(value: cst.BaseExpression, name: str) -> bool:
     return False
 
 
-def why_parameters_may_go_unused(
-    facts: "ScriptFacts", class_name: str, depth: int = 0
-) -> Optional[str]:
+def why_parameters_may_go_unused(facts: "ScriptFacts", class_name: str) -> Optional[str]:
     """None when every parameter an instance of `class_name` registers is used by each call of
     its `forward` (submodules of this file checked in turn); else the reason it may not be."""
+    return _why_not_used(facts, class_name, every=True, depth=0)
+
+
+def why_used_parameters_may_change(facts: "ScriptFacts", class_name: str) -> Optional[str]:
+    """None when each call of `forward` on an instance of `class_name` uses the same parameters
+    (straight-line code: some registered ones may stay unused, always the same); else the
+    reason the set may change from one call to the next."""
+    return _why_not_used(facts, class_name, every=False, depth=0)
+
+
+def _why_not_used(facts: "ScriptFacts", class_name: str, every: bool, depth: int) -> Optional[str]:
     if depth > MAX_DEPTH:
         return f"`{class_name}` nests modules deeper than the analysis follows"
     info = facts.classes.get(class_name)
@@ -136,17 +147,22 @@ def why_parameters_may_go_unused(
     used, indexed = _self_uses(bodies)
     for attribute, kind, classes in registered:
         if attribute not in used:
+            if not every:
+                continue  # never used, on any call
             return (
                 f"`{class_name}.forward` does not use `self.{attribute}`, which `__init__` "
                 "registers: its parameters would get no gradient"
             )
-        if kind == "container" and attribute in indexed:
+        if attribute in indexed:  # a ModuleList, or a Sequential (`self.layers[0]`)
             return (
                 f"`{class_name}.forward` indexes `self.{attribute}`: the members it does not "
                 "pick would get no gradient"
+                if every
+                else f"`{class_name}.forward` indexes `self.{attribute}`: the members it picks "
+                "may change from call to call"
             )
         for inner in classes:
-            reason = why_parameters_may_go_unused(facts, inner, depth + 1)
+            reason = _why_not_used(facts, inner, every, depth + 1)
             if reason is not None:
                 return reason
     return None
@@ -363,3 +379,32 @@ def _code(node: cst.CSTNode) -> str:
 def _first_line(node: cst.CSTNode) -> str:
     line = _code(node).splitlines()[0].rstrip(":").strip()
     return line if len(line) <= 40 else line[:37] + "..."
+
+
+def why_training_may_change_used_parameters(facts: "ScriptFacts") -> Optional[str]:
+    """None when nothing in the script changes, between iterations, which parameters a DDP
+    model trains: no `requires_grad` switched (freezing or unfreezing), no `no_sync()`
+    accumulation. Else the reason, naming the first such line."""
+    for site in facts.method_calls("no_sync"):
+        return (
+            f"it accumulates gradients under `{excerpt(site.node)}`, which "
+            "`static_graph=True` does not support (torch 2.13 stops with an internal assert; "
+            "pytorch/pytorch#143580)"
+        )
+    switches = [
+        (site.site.order, site.site.statement or site.node)
+        for site in facts.method_calls("requires_grad_")
+    ]
+    switches += [
+        (a.site.order, a.site.statement or a.statement_node)
+        for a in facts.records.assignments
+        if a.target.rsplit(".", 1)[-1] in ("requires_grad", "require_backward_grad_sync")
+        and "." in a.target
+    ]
+    if switches:
+        first = min(switches, key=lambda item: item[0])[1]
+        return (
+            f"it switches which parameters train (`{excerpt(first)}`): a frozen or unfrozen "
+            "parameter changes the set DDP recorded in the first iteration"
+        )
+    return None

@@ -88,6 +88,17 @@ SPATIAL_DROPOUT_MODELS = tuple(
     for name in ("squeezenet", "densenet", "segmentation.deeplabv3", "segmentation.fcn")
 )
 
+# cuDNN-backed recurrent layers: CUDA autocast runs them in float16 whatever dtype it was asked
+# for, and Dynamo graph-breaks on them unless `torch._dynamo.config.allow_rnn` (OPT302, OPT402).
+RECURRENT_LAYERS = frozenset(
+    f"torch.nn.{prefix}{kind}" for prefix in ("", "modules.rnn.") for kind in ("RNN", "LSTM", "GRU")
+)
+
+# Calls that build or multiply sparse tensors: torch.compile does not trace them (Dynamo:
+# "torch.compile does not support sparse Tensors"), besides `torch.sparse.*`, `torch.sparse_*`
+# and `.to_sparse*()`.
+SPARSE_FUNCTIONS = frozenset({"torch.spmm", "torch.smm", "torch.hspmm", "torch.sspaddmm"})
+
 
 @dataclass(frozen=True)
 class TrainedModel:
@@ -896,6 +907,29 @@ def model_dropout_calls(facts: "ScriptFacts", model: TrainedModel) -> List["Call
         if call.qualname in ELEMENTWISE_DROPOUT
         or (call.qualname or "").startswith(SPATIAL_DROPOUT_MODELS)
     ]
+
+
+def model_recurrent_layers(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
+    """`nn.LSTM(...)`, `nn.GRU(...)`, `nn.RNN(...)` among the model's layer calls."""
+    return [call for call in model_layer_calls(facts, model) if call.qualname in RECURRENT_LAYERS]
+
+
+def model_sparse_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
+    """Calls that build or multiply sparse tensors in the model (its layer calls) or in a loop
+    that trains it; sparse preprocessing that ends in a dense tensor (GAT's features) is not
+    counted."""
+    loops = [step.loop for step in training_steps(facts, model)]
+    calls = model_layer_calls(facts, model) + [c for loop in loops for c in facts.loop_calls(loop)]
+    return [call for call in calls if _builds_sparse(call)]
+
+
+def _builds_sparse(call: "CallSite") -> bool:
+    qualname = call.qualname or ""
+    return (
+        qualname in SPARSE_FUNCTIONS
+        or qualname.startswith(("torch.sparse.", "torch.sparse_"))
+        or (call.method or "").startswith("to_sparse")
+    )
 
 
 def model_output_names(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
