@@ -27,12 +27,18 @@ a small picklable `ProjectFacts` (part of its cache key):
 Cost: files are first read as text; only files whose imports name another module of the
 run are parsed (with those modules), so a single script, or files that import nothing
 local, cost one regular-expression search each. A parsed file costs one parse and one
-collection pass (ScriptFacts), as in a rewrite; every question after that reads tables.
+collection pass (ScriptFacts), as in a rewrite; every question after that reads tables, and
+only calls into modules that build a DataLoader or train (or pass their arguments on to
+one) are summarised. The runner keeps the result in the results cache under a digest of
+every file of the run, so a warm run of an unchanged folder parses nothing for it.
+Measured (2-core EPYC, 2026-11, a shared machine): the 16 reference scripts, which import
+nothing local, 1 ms; the three-module trainer fixture 44 ms; torch/optim (22 files that import
+each other) 1.1 s, about one parse and collection pass of every file (1.3 s).
 
 LibCST's cross-module facilities were measured and not used: `FullRepoManager` with
 `FullyQualifiedNameProvider` took 4.5 s on the 16 reference scripts (114 KB) against 0.51 s
-for parse and collection, and 14.6 s against 2.25 s on torch/optim (22 files, 500 KB;
-2-core EPYC, LibCST 1.x, 2026-11): it runs the scope analysis over every node of every
+for parse and collection, and 11.2 s against 1.3 s on torch/optim (22 files, 500 KB;
+2-core EPYC, 2026-11): nine times a parse. It runs the scope analysis over every node of every
 file, needs every path under one repository root, and answers only which dotted name a
 node refers to. What the index needs beyond that (which module a local import names, what a
 caller passes) the import statements and the collection pass already give; the module
