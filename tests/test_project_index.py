@@ -18,6 +18,7 @@ from typing import Dict, List
 
 import pytest
 
+from conftest import run_cli
 from optimizer_codemod import runner
 from optimizer_codemod.analysis import project as project_module
 from optimizer_codemod.analysis.project import project_facts
@@ -92,6 +93,16 @@ def test_the_rewritten_project_trains(name: str, tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         loss = float(re.search(r"loss (\S+)", done.stdout).group(1))
         assert math.isfinite(loss)
+
+
+def test_the_command_line_rewrites_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPTCODEMOD_CACHE_DIR", str(tmp_path / "cache"))
+    folder = copy("trainer_lm", tmp_path)
+    result = run_cli(["apply", "--unsafe-fixes", "trainer_lm"], cwd=tmp_path)
+    assert "Fixed 7 findings in 2 files." in result.output
+    assert texts(folder) == texts(PROJECTS / "trainer_lm.expected")
 
 
 def test_the_trainer_gets_every_fix_and_the_driver_the_settings(tmp_path: Path) -> None:
