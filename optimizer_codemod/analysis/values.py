@@ -181,7 +181,8 @@ def _defined_once(facts: "ScriptFacts", name: str) -> bool:
 def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
     """The one call of `function` in this file: `train(...)` for a module-level function,
     `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
-    used some other way (passed around, stored, decorated), or its name is defined twice."""
+    used some other way (passed around, stored, decorated), or its name is defined twice, or
+    other modules of the run call it (outside_argument answers when only they do, and agree)."""
     if function.decorators:
         return None
     if function.name.value == "__init__":
