@@ -61,7 +61,9 @@ def is_notebook(path: str) -> bool:
     return path.endswith(NOTEBOOK_SUFFIX)
 
 
-def settle_without_parsing(src: bytes, path: str, rules: Sequence[type]) -> Optional[SourceRewrite]:
+def settle_without_parsing(
+    src: bytes, path: str, rules: Sequence[type], project: object = None
+) -> Optional[SourceRewrite]:
     """The outcome of a file the cheap pre-filter settles, else None (it needs rewriting).
 
     A file no selected rule can fire on is never parsed by LibCST, but its syntax is still
@@ -71,7 +73,7 @@ def settle_without_parsing(src: bytes, path: str, rules: Sequence[type]) -> Opti
         return SourceRewrite(src, False, skipped="empty file")
     if has_skip_file(src):
         return SourceRewrite(src, False, skipped="# optcodemod: skip-file")
-    if may_contain_findings(src, rules):
+    if may_contain_findings(src, rules, project):
         return None
     if is_notebook(path):
         _check_notebook_syntax(src, path)
@@ -94,7 +96,7 @@ def _check_notebook_syntax(src: bytes, path: str) -> None:
 
 def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
     """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem."""
-    settled = settle_without_parsing(src, path, options.rules)
+    settled = settle_without_parsing(src, path, options.rules, options.project)
     if settled is not None:
         return settled
     # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive

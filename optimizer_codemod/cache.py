@@ -2,7 +2,8 @@
 
 As in ruff, an entry is keyed by everything the outcome depends on: the file's bytes and the
 path it is reported under, the effective settings, the formatting the file's project asks
-for (black's configuration and version), and the tool itself (its version and a digest of its
+for (black's configuration and version), what the other files of the run tell it (the
+project index's facts: the calls into it, the scripts that run its loops), and the tool itself (its version and a digest of its
 own sources, so that an edited rule never answers from an older rule's entry). An entry holds
 the outcome `rewrite_source` returned: the new bytes when they differ, the diagnostics, the
 texts a diff shows, and any skip reason or warning. Errors are not cached: a file that failed
@@ -25,7 +26,7 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, Status
@@ -48,13 +49,50 @@ class Cache:
 
     folder: str
 
-    def key(self, src: bytes, path: str, settings: "Settings") -> str:
+    def key(self, src: bytes, path: str, settings: "Settings", project: object = None) -> str:
+        """`project`: what the other files of the run told this one (analysis/project.py):
+        a change to the script that calls a trainer changes the trainer's rewrite."""
         digest = hashlib.sha256()
-        for part in (tool_fingerprint(), path, _settings_text(settings), _style_text(path)):
+        parts = (tool_fingerprint(), path, _settings_text(settings), _style_text(path))
+        if project is not None:
+            parts += (repr(project),)
+        for part in parts:
             digest.update(part.encode("utf-8", "surrogateescape"))
             digest.update(b"\0")
         digest.update(src)
         return digest.hexdigest()
+
+    def project_index(self, paths: Sequence[str], build: Callable[[Sequence[str]], dict]) -> dict:
+        """The project index (analysis/project.py) of `paths`, stored under a digest of every
+        file's path and bytes: a warm run of an unchanged folder parses nothing for it."""
+        from optimizer_codemod.analysis.project import from_json, to_json
+
+        digest = hashlib.sha256(tool_fingerprint().encode())
+        for path in sorted(paths):
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                data = b"\0unreadable"
+            digest.update(path.encode("utf-8", "surrogateescape") + b"\0")
+            digest.update(hashlib.sha256(data).digest())
+        key = digest.hexdigest()
+        entry = Path(self.folder) / tool_fingerprint()[:16] / "project" / key
+        try:
+            body = entry.read_bytes()
+            stored, _, text = body.partition(b"\n")
+            if hashlib.sha256(text).hexdigest().encode("ascii") == stored:
+                return from_json(json.loads(text))
+        except Exception:  # absent or damaged: built again
+            pass
+        index = build(paths)
+        text = json.dumps(to_json(index), ensure_ascii=True).encode("ascii")
+        try:
+            self._prepare(entry.parent)
+            stored = hashlib.sha256(text).hexdigest().encode("ascii")
+            _write_atomically(entry, stored + b"\n" + text)
+        except OSError:
+            pass
+        return index
 
     def _entry(self, key: str) -> Path:
         return Path(self.folder) / tool_fingerprint()[:16] / key[:2] / key

@@ -14,7 +14,7 @@ import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper
@@ -65,6 +65,9 @@ class RewriteOptions:
     precision: str = DEFAULT_PRECISION
     target_device: str = DEFAULT_TARGET_DEVICE
     why_not: bool = False  # rules also say which sites they examined and left alone, and why
+    # What the other modules of the run tell this file (analysis/project.py's ProjectFacts),
+    # from the project index the runner builds; None for a file on its own.
+    project: Any = None
 
     def may_apply(self, code: str, safety: Safety) -> bool:
         if safety is Safety.SUGGEST:
@@ -100,7 +103,9 @@ class FileContext:
     def facts(self):
         from optimizer_codemod.analysis import ScriptFacts
 
-        return ScriptFacts.of(self.module)
+        facts = ScriptFacts.of(self.module)
+        facts.project = self.options.project
+        return facts
 
 
 @dataclass
@@ -123,13 +128,22 @@ def _required_regexes(rule: type) -> Tuple[Tuple["re.Pattern[bytes]", ...], "re.
     return tuple(re.compile(pattern.encode()) for pattern in rule.requires), triggers
 
 
-def _rule_may_fire(src: bytes, rule: type) -> bool:
+def _rule_may_fire(src: bytes, rule: type, project: Any = None) -> bool:
+    if getattr(rule, "process_wide", False) and _runs_loops_elsewhere(project):
+        return True  # a script whose training loops are in other modules (project.py)
     required, triggers = _required_regexes(rule)
     return triggers.search(src) is not None and all(r.search(src) for r in required)
 
 
-def may_contain_findings(src: bytes, rules: Sequence[type]) -> bool:
-    """The cheap pre-filter: can any of `rules` possibly fire on this text?"""
+def _runs_loops_elsewhere(project: Any) -> bool:
+    return project is not None and getattr(project, "loops", None) is not None
+
+
+def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None) -> bool:
+    """The cheap pre-filter: can any of `rules` possibly fire on this text (in a file that
+    the project index says `project` about)?"""
+    if _runs_loops_elsewhere(project) and any(getattr(r, "process_wide", False) for r in rules):
+        return True
     if not rules or _trigger_regex(tuple(rules)).search(src) is None:
         return False  # one combined search settles most files
     return any(_rule_may_fire(src, rule) for rule in rules)
@@ -225,7 +239,8 @@ class _Fixpoint:
     def _findings(self, module: cst.Module, code: bytes) -> List[Finding]:
         # A rule whose triggers this text lacks cannot fire on it (the triggers' contract);
         # checked per pass, since an earlier pass's edits may add a trigger.
-        active = [rule for rule in self.rules if _rule_may_fire(code, rule)]
+        project = self.options.project
+        active = [rule for rule in self.rules if _rule_may_fire(code, rule, project)]
         if not active:
             return []
         context = FileContext(self.path, module, self.options)

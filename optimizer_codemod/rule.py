@@ -153,6 +153,10 @@ class Rule(cst.BatchableCSTVisitor):
     # Patterns that must all match as well (a finding needs each of them), for rules whose
     # trigger alone is common: `requires = (BACKWARD_CALL,)` keeps library modules unparsed.
     requires: ClassVar[Tuple[str, ...]] = ()
+    # A process-wide setting (TF32, cudnn.benchmark) that belongs in the script running a
+    # training loop: the rule also runs on a script whose loops are in other modules of the
+    # run (analysis/project.py), whatever its text holds.
+    process_wide: ClassVar[bool] = False
     examples: ClassVar[Tuple[Example, ...]] = ()
     # The kinds of per-step host sync the rule's fixes take off the step (analysis/syncs.py),
     # with the least safe level of those fixes. Removing one of two per-step syncs gains

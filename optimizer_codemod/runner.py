@@ -11,14 +11,15 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from optimizer_codemod.api import (
     SourceRewrite,
     is_notebook,
     rewrite_source,
 )
+from optimizer_codemod.analysis.project import project_facts
 from optimizer_codemod.cache import Cache
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
@@ -81,9 +82,11 @@ def process_bytes(
     mode: Mode,
     stamp: Optional[FileStamp] = None,
     on_written: Optional[Callable[[str], None]] = None,
+    project: Any = None,
 ) -> FileOutcome:
+    """`project`: what the other files of the run tell this one (analysis/project.py)."""
     try:
-        result = _cached_rewrite(src, path, settings, mode.cache)
+        result = _cached_rewrite(src, path, settings, mode.cache, project)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.with_path(error.path or path).render())
     except RecursionError:
@@ -100,14 +103,17 @@ def process_bytes(
 
 
 def _cached_rewrite(
-    src: bytes, path: str, settings: Settings, cache: Optional[Cache]
+    src: bytes, path: str, settings: Settings, cache: Optional[Cache], project: Any = None
 ) -> SourceRewrite:
-    key = cache.key(src, path, settings) if cache is not None else None
+    key = cache.key(src, path, settings, project) if cache is not None else None
     if key is not None:
         hit = cache.get(key, src)
         if hit is not None:
             return hit
-    result = rewrite_source(src, path, settings.options_for(path))
+    options = settings.options_for(path)
+    if project is not None:
+        options = replace(options, project=project)
+    result = rewrite_source(src, path, options)
     if key is not None:
         cache.put(key, result)
     return result
@@ -149,17 +155,18 @@ def process_path(
     settings: Settings,
     mode: Mode,
     on_written: Optional[Callable[[str], None]] = None,
+    project: Any = None,
 ) -> FileOutcome:
     try:
         src, stamp = read_source(path)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.render())
-    return process_bytes(src, path, settings, mode, stamp, on_written)
+    return process_bytes(src, path, settings, mode, stamp, on_written, project)
 
 
 def _worker(args) -> FileOutcome:
-    path, settings, mode = args
-    return process_path(path, settings, mode)
+    path, settings, mode, project = args
+    return process_path(path, settings, mode, project=project)
 
 
 def _init_worker(parent: int) -> None:
@@ -207,7 +214,9 @@ def _watch_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _cached_outcome(path: str, settings: Settings, mode: Mode) -> Optional[FileOutcome]:
+def _cached_outcome(
+    path: str, settings: Settings, mode: Mode, project: Any = None
+) -> Optional[FileOutcome]:
     """The outcome the cache holds for the file as it is now, else None."""
     if mode.cache is None:
         return None
@@ -215,7 +224,7 @@ def _cached_outcome(path: str, settings: Settings, mode: Mode) -> Optional[FileO
         src, stamp = read_source(path)
     except OptcodemodError:
         return None  # reported when the file is processed
-    hit = mode.cache.get(mode.cache.key(src, path, settings), src)
+    hit = mode.cache.get(mode.cache.key(src, path, settings, project), src)
     return _outcome(hit, path, mode, stamp) if hit is not None else None
 
 
@@ -288,9 +297,12 @@ class _SigintWatch:
 
 
 def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintWatch) -> None:
+    # What each file learns from the others (imports, calls, entry points): one pass up front,
+    # so that each file is still rewritten on its own, here or in a worker, and cached.
+    index = _project_index(paths, mode.cache)
     candidates: List[str] = []
     for path in paths:
-        cached = _cached_outcome(path, settings, mode)
+        cached = _cached_outcome(path, settings, mode, index.get(path))
         sigint.check()
         if cached is None:
             candidates.append(path)
@@ -301,12 +313,22 @@ def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintW
     if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
         # Large files first, so one big file does not finish last on its own.
         ordered = sorted(candidates, key=lambda p: -_size(p))
-        _run_in_workers(ordered, settings, mode, min(jobs, len(candidates)), record)
+        _run_in_workers(ordered, settings, mode, min(jobs, len(candidates)), record, index)
     else:
         for path in candidates:
-            outcome = process_path(path, settings, mode, on_written=mark_written)
+            outcome = process_path(
+                path, settings, mode, on_written=mark_written, project=index.get(path)
+            )
             sigint.check()  # an outcome made while SIGINT was being lost is not the file's
             record(outcome)
+
+
+def _project_index(paths: Sequence[str], cache: Optional[Cache]) -> Dict[str, Any]:
+    """What each file learns from the other files of the run (analysis/project.py), from the
+    cache when no file changed; nothing for a single file."""
+    if sum(path.endswith(".py") for path in paths) < 2:
+        return {}
+    return cache.project_index(paths, project_facts) if cache else project_facts(paths)
 
 
 def _run_in_workers(
@@ -315,10 +337,12 @@ def _run_in_workers(
     mode: Mode,
     workers: int,
     record: Callable[[FileOutcome], None],
+    index: Optional[Dict[str, Any]] = None,
 ) -> None:
     """Process `paths` in worker processes; a worker that dies costs only its own file."""
+    index = index or {}
     before = {path: _stat_key(path) for path in paths}
-    unfinished = _pool_pass(paths, settings, mode, workers, record)
+    unfinished = _pool_pass(paths, settings, mode, workers, record, index)
     # A worker died (a crash in native code) and took the pool down with it: the files it
     # left are run one at a time, so that a second crash names its own file.
     for path in unfinished:
@@ -333,11 +357,11 @@ def _run_in_workers(
                     "could report the fixes",
                 )
             )
-        elif _pool_pass([path], settings, mode, 1, record):
+        elif _pool_pass([path], settings, mode, 1, record, index):
             record(FileOutcome(path=path, error=f"{path}: {_crash_message()}; left untouched"))
 
 
-def _pool_pass(paths, settings, mode, workers, record) -> List[str]:
+def _pool_pass(paths, settings, mode, workers, record, index) -> List[str]:
     """Run `paths` in one pool; the paths left without an outcome when a worker died."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
@@ -345,7 +369,9 @@ def _pool_pass(paths, settings, mode, workers, record) -> List[str]:
         initializer=_init_worker,
         initargs=(os.getpid(),),
     )
-    futures = {pool.submit(_worker, (path, settings, mode)): path for path in paths}
+    futures = {
+        pool.submit(_worker, (path, settings, mode, index.get(path))): path for path in paths
+    }
     unrecorded = dict(futures)
     left: List[str] = []
 

@@ -21,7 +21,9 @@ from optimizer_codemod.analysis.loaders import (
     option,
     option_value,
     options_unknown,
+    outside_dataset,
     runs_only_under_main_guard,
+    unguarded_callers,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -78,8 +80,10 @@ class DataloaderInMainProcess(Rule):
         `__getitem__` (caching into the dataset, logging) happen in other processes. Applied
         only in a file with an `if __name__ == "__main__":` guard that keeps the loader or every
         loop over it from running on import (workers started with `spawn` or `forkserver`, the
-        default on macOS, Windows and since Python 3.14 Linux, import the main module again),
-        and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
+        default on macOS, Windows and since Python 3.14 Linux, import the main module again);
+        with the files rewritten together, also in a module without one whose classes and
+        functions the other files of the run call only under their own guard
+        (docs/projects.md); and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
         `TensorDataset` or a dataset of device tensors (workers add only overhead, or would
         touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
         whole stream unless it shards by worker), a `collate_fn` that moves batches to the
@@ -164,10 +168,17 @@ class DataloaderInMainProcess(Rule):
                 self.decline(call, _NO_WORK_FOR_WORKERS.get(kind, _NO_WORK_FOR_WORKERS[None]))
                 continue
             if not runs_only_under_main_guard(facts, site):
+                unguarded = unguarded_callers(facts)
                 self.decline(
                     call,
-                    'no `if __name__ == "__main__":` guard around the loop over this loader: '
-                    "worker processes started with spawn would re-run the script",
+                    (
+                        f"{', '.join(unguarded)} call into this module outside an "
+                        '`if __name__ == "__main__":` guard: worker processes started with spawn '
+                        "would run those calls again"
+                        if unguarded and not facts.records.has_main_guard
+                        else 'no `if __name__ == "__main__":` guard around the loop over this '
+                        "loader: worker processes started with spawn would re-run the script"
+                    ),
                 )
                 continue
             if dataset_mutated(facts, site):
@@ -177,7 +188,10 @@ class DataloaderInMainProcess(Rule):
                     "its own unchanged copy",
                 )
                 continue
-            if any(opens_handles_when_built(facts, name) for name in dataset_classes(facts, site)):
+            outside = outside_dataset(facts, site)
+            if (outside is not None and outside.handles) or any(
+                opens_handles_when_built(facts, name) for name in dataset_classes(facts, site)
+            ):
                 self.decline(
                     call,
                     "the dataset opens a file handle in `__init__`, which forked workers "

@@ -7,9 +7,12 @@ import libcst as cst
 from optimizer_codemod.analysis.devices import mentions_accelerator
 from optimizer_codemod.analysis.precision import (
     determinism_requested,
+    entry_call,
+    entry_points_elsewhere,
     first_backward,
     float32_precision_configured,
     float64_model,
+    loops_elsewhere,
     runs_as_script,
     setting_placement,
     setting_statement,
@@ -75,7 +78,12 @@ class Float32MatmulWithoutTF32(Rule):
         Reported without a fix when the file looks importable (no `__main__` guard, and no
         module-level statement that trains: a backward call, or a call of one of its own
         functions that reaches one): the setting is process-wide and would change whoever
-        imports the module. Also reported without a fix when torch is not imported in the top
+        imports the module. When the files are rewritten together (`apply` on a folder), the
+        setting goes into the script that runs such a module's loop (`Trainer(...).run()`
+        under its `__main__` guard, with `Trainer` from trainer.py), each script when several
+        do, as for a loop of its own, and the module declines, naming them; the precision,
+        determinism and float64 checks then cover the modules the script imports too
+        (docs/projects.md). Also reported without a fix when torch is not imported in the top
         import block (imported inside functions or after other code, which an added top-level
         import would run before). `import torch` is added when the block only has
         `from torch... import` lines.
@@ -127,6 +135,7 @@ class Float32MatmulWithoutTF32(Rule):
     # "high" leaves CPU matmuls bit-identical (torch 2.13 CPU): a CPU target gains nothing.
     target_devices = ("cuda",)
     triggers = (BACKWARD_CALL,)
+    process_wide = True
     examples = (
         Example(
             "import torch\n\nloss = model(x.cuda()).sum()\nloss.backward()\n",
@@ -147,21 +156,41 @@ class Float32MatmulWithoutTF32(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
+        # A script whose training loop is in another module of the run (`Trainer(net,
+        # ds).run()`): the setting goes here, as for a loop of its own (analysis/project.py).
+        elsewhere = loops_elsewhere(facts)
+        imported = elsewhere.imported if elsewhere is not None else None
         backward = first_backward(facts)
-        if backward is None or float32_precision_configured(facts):
+        anchor = backward or entry_call(facts)
+        if anchor is None or float32_precision_configured(facts):
             return
         if determinism_requested(facts) or uses_reduced_precision(facts):
             return
         if float64_model(facts):  # TF32 concerns float32 matmuls only
             return
-        if not runs_as_script(facts):
+        if imported is not None and (
+            imported.precision_configured
+            or imported.determinism
+            or imported.reduced_precision
+            or imported.float64
+        ):
+            return
+        if elsewhere is None and not runs_as_script(facts):
+            scripts = entry_points_elsewhere(facts)
+            if scripts:
+                self.decline(
+                    anchor.node,
+                    "the setting is process-wide and this module is imported: it goes into "
+                    f"{', '.join(scripts)}, the script that runs this loop",
+                )
+                return
             self.report(
-                backward.node,
+                anchor.node,
                 message="Float32 training in an importable module; set "
                 '`torch.set_float32_matmul_precision("high")` in the script that runs it',
             )
             return
-        if not mentions_accelerator(facts):
+        if backward is not None and not mentions_accelerator(facts):
             self.decline(
                 backward.node,
                 "this script never places a tensor or module on an accelerator nor names one "
@@ -169,10 +198,16 @@ class Float32MatmulWithoutTF32(Rule):
                 "on the CPU, where the setting changes nothing",
             )
             return
+        message = None
+        if backward is None:
+            message = (
+                f"Float32 training (the loop in {', '.join(elsewhere.modules)}) with "
+                "full-precision matmuls: TF32 tensor cores stay unused"
+            )
         placement = setting_placement(facts)
         if placement is None:
             self.report(
-                backward.node,
+                anchor.node,
                 message="Float32 training with full-precision matmuls; torch is not imported "
                 'in the top import block: add `torch.set_float32_matmul_precision("high")` '
                 "after its import",
@@ -181,6 +216,7 @@ class Float32MatmulWithoutTF32(Rule):
         statement = setting_statement(f'{placement.torch}.set_float32_matmul_precision("high")')
         imports = (ImportSpec("torch"),) if placement.needs_import else ()
         self.report(
-            backward.node,
+            anchor.node,
             Fix((InsertStatements(placement.anchor, after=(statement,)),), imports),
+            message=message,
         )

@@ -8,6 +8,9 @@ from optimizer_codemod.analysis.precision import (
     convolution_sites,
     cudnn_benchmark_configured,
     determinism_requested,
+    entry_call,
+    entry_points_elsewhere,
+    loops_elsewhere,
     runs_as_script,
     setting_placement,
     setting_statement,
@@ -63,7 +66,9 @@ class CudnnBenchmarkDisabled(Rule):
         (images resized keeping their aspect ratio). Other shape changes (a smaller last
         batch, a few evaluation sizes) cost one tuning each and are not detected. Reported
         without a fix in an importable module and when torch is not imported in the top
-        import block (see OPT301). No effect on CPU: the flag only concerns cuDNN.
+        import block (see OPT301); with the files rewritten together, the setting goes into
+        the script that runs the module's loop, and the convolutions, determinism and shape
+        checks cover the modules that script imports too (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
 
     Expected gain:
         GPU only; none on CPU. PyTorch's Performance Tuning Guide ("Enable cuDNN auto-tuner",
@@ -83,6 +88,7 @@ class CudnnBenchmarkDisabled(Rule):
     target_devices = ("cuda",)
     triggers = (r"[Cc]onv", r"torchvision")
     requires = (BACKWARD_CALL,)
+    process_wide = True
     examples = (
         Example(
             "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n",
@@ -102,14 +108,23 @@ class CudnnBenchmarkDisabled(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
+        # A script whose training loop is in another module of the run: the setting goes
+        # here, with what the modules it imports build and decide (analysis/project.py).
+        elsewhere = loops_elsewhere(facts)
+        imported = elsewhere.imported if elsewhere is not None else None
         convolutions = convolution_sites(facts)
-        if not convolutions or not facts.trains:
+        anchor = convolutions[0] if convolutions else None
+        if imported is not None and imported.convolutions:
+            anchor = anchor or entry_call(facts)
+        if anchor is None or not (facts.trains or elsewhere is not None):
             return
         if cudnn_benchmark_configured(facts) or determinism_requested(facts):
             return
-        first = convolutions[0].node
+        if imported is not None and (imported.cudnn_configured or imported.determinism):
+            return
+        first = anchor.node
         varying = variable_input_shapes(facts)
-        if varying is not None:
+        if varying is not None or (imported is not None and imported.variable_shapes):
             self.report(
                 first,
                 message="Convolutional training without `cudnn.benchmark`, but input shapes "
@@ -117,13 +132,27 @@ class CudnnBenchmarkDisabled(Rule):
                 "shapes repeat",
             )
             return
-        if not runs_as_script(facts):
+        if elsewhere is None and not runs_as_script(facts):
+            scripts = entry_points_elsewhere(facts)
+            if scripts:
+                self.decline(
+                    first,
+                    "the setting is process-wide and this module is imported: it goes into "
+                    f"{', '.join(scripts)}, the script that runs this loop",
+                )
+                return
             self.report(
                 first,
                 message="Convolutional training in an importable module; set "
                 "`torch.backends.cudnn.benchmark = True` in the script that runs it",
             )
             return
+        message = None
+        if not convolutions:
+            message = (
+                f"Convolutional training (the loop in {', '.join(elsewhere.modules)}) "
+                "without the cuDNN autotuner (`cudnn.benchmark`)"
+            )
         placement = setting_placement(facts)
         if placement is None:
             self.report(
@@ -135,4 +164,8 @@ class CudnnBenchmarkDisabled(Rule):
             return
         statement = setting_statement(f"{placement.torch}.backends.cudnn.benchmark = True")
         imports = (ImportSpec("torch"),) if placement.needs_import else ()
-        self.report(first, Fix((InsertStatements(placement.anchor, after=(statement,)),), imports))
+        self.report(
+            first,
+            Fix((InsertStatements(placement.anchor, after=(statement,)),), imports),
+            message=message,
+        )

@@ -28,7 +28,12 @@ from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
-from optimizer_codemod.analysis.values import parameter_names, unbound_parameter, value_sources
+from optimizer_codemod.analysis.values import (
+    outside_value,
+    parameter_names,
+    unbound_parameter,
+    value_sources,
+)
 from optimizer_codemod.analysis.walk import parents
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,10 +149,34 @@ def dataset_kind(facts: "ScriptFacts", site: CallSite) -> DatasetKind:
     arg = option(site.node, "dataset")
     if arg is None or arg.star:
         return DatasetKind.UNKNOWN
-    node = dataset_value(facts, arg.value, site.site.function)
+    return value_kind(facts, arg.value, site.site.function)
+
+
+def value_kind(
+    facts: "ScriptFacts",
+    node: cst.BaseExpression,
+    function: Optional[cst.FunctionDef],
+    classes: Optional[List[str]] = None,
+) -> DatasetKind:
+    """What `node`, read in `function`, is as a dataset (collecting the classes of this file
+    it is built from into `classes`): a parameter bound in another module of the run is
+    what the caller's analysis said of its argument (project.py)."""
+    node = dataset_value(facts, node, function)
+    outside = outside_value(facts, node)
+    if outside is not None:
+        return DatasetKind(outside.dataset)
     if may_live_on_accelerator(facts, node):
         return DatasetKind.ON_DEVICE
-    return _kind_of(facts, node, 0, [])
+    return _kind_of(facts, node, 0, [] if classes is None else classes)
+
+
+def outside_dataset(facts: "ScriptFacts", site: CallSite):
+    """The caller's summary (project.Argument) of the loader's dataset when it is a parameter
+    bound by calls from other modules of the run; else None."""
+    arg = option(site.node, "dataset")
+    if arg is None or arg.star:
+        return None
+    return outside_value(facts, dataset_value(facts, arg.value, site.site.function))
 
 
 def dataset_parameter(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
@@ -157,6 +186,9 @@ def dataset_parameter(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
     arg = option(site.node, "dataset")
     name = dotted_name(arg.value) if arg is not None and not arg.star else None
     why = unbound_parameter(facts, site.site.function, name) if name else None
+    if why is None and outside_dataset(facts, site) is not None:
+        outside = outside_dataset(facts, site)
+        return f"is `{outside.text}`, passed from another module, which the analysis cannot follow"
     return f"is unknown: {why}" if why else None
 
 
@@ -343,14 +375,21 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
 
     Worker processes hold their own copy of the dataset; persistent ones never see the change.
     """
+    outside = outside_dataset(facts, site)
+    if outside is not None and outside.changed:
+        return True
     names = set()
     arg = option(site.node, "dataset")
     if arg is not None and dotted_name(arg.value):
         names.add(dotted_name(arg.value))
     for loader in loader_names(facts, site):
         names.add(f"{loader}.dataset")
-    if not names:
-        return False
+    return bool(names) and names_changed(facts, names)
+
+
+def names_changed(facts: "ScriptFacts", names: Set[str]) -> bool:
+    """A method of one of `names` is called, or an attribute of one assigned (outside
+    classes): the object may change after it is built."""
     for call in facts.records.calls:
         if call.receiver in names or any((call.receiver or "").startswith(n + ".") for n in names):
             return True
@@ -499,7 +538,7 @@ def runs_only_under_main_guard(facts: "ScriptFacts", site: CallSite) -> bool:
     since Python 3.14, Linux) import the main module again: a loop over the loader at module
     level would start workers from inside a worker.
     """
-    if not facts.records.has_main_guard:
+    if not facts.records.has_main_guard and not imported_only_under_main_guard(facts):
         return False
     guarded = _guarded_nodes(facts.module)
 
@@ -512,6 +551,37 @@ def runs_only_under_main_guard(facts: "ScriptFacts", site: CallSite) -> bool:
         return True
     loops = loops_over(facts, site)
     return bool(loops) and all(runs_guarded(loop.node, loop.function) for loop in loops)
+
+
+def imported_only_under_main_guard(facts: "ScriptFacts") -> bool:
+    """Other modules of the run call into this one, and each such call runs only under its
+    file's `__main__` guard (project.py): a worker started with spawn imports the main module
+    again, which runs none of those calls, and this module only on import."""
+    project = getattr(facts, "project", None)
+    return project is not None and bool(project.calls) and all(c.guarded for c in project.calls)
+
+
+def unguarded_callers(facts: "ScriptFacts") -> List[str]:
+    """The files of the run that call into this module outside a `__main__` guard."""
+    project = getattr(facts, "project", None)
+    calls = project.calls if project is not None else ()
+    return sorted({c.caller for c in calls if not c.guarded})
+
+
+def runs_under_main_guard(
+    facts: "ScriptFacts", node: cst.CSTNode, function: Optional[cst.FunctionDef]
+) -> bool:
+    """`node` (in `function`, None: module level) runs only when this file is the main
+    program: under its `__main__` guard, or in functions called only from there."""
+    if not facts.records.has_main_guard:
+        return False
+    memo = facts.memo("guarded_nodes")
+    if "nodes" not in memo:
+        memo["nodes"] = _guarded_nodes(facts.module)
+    guarded = memo["nodes"]
+    if function is None:
+        return node in guarded
+    return _function_guarded(facts, function, guarded, 0) and bool(_callers(facts, function))
 
 
 def _function_guarded(facts, function, guarded, depth) -> bool:

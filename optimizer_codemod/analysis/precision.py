@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal, receiver
+from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import builds_module
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -137,6 +138,31 @@ def runs_as_script(facts: "ScriptFacts") -> bool:
         ):
             return True
     return False
+
+
+def loops_elsewhere(facts: "ScriptFacts"):
+    """For a script whose training loops are in other modules of the run (`Trainer(net,
+    ds).run()` with `Trainer` from trainer.py): those loops and what the modules it imports
+    decide (project.LoopsElsewhere); None otherwise, or without a project index."""
+    project = getattr(facts, "project", None)
+    return project.loops if project is not None else None
+
+
+def entry_call(facts: "ScriptFacts") -> Optional["CallSite"]:
+    """The first call of this script that runs a training loop of another module."""
+    loops = loops_elsewhere(facts)
+    if loops is None:
+        return None
+    for call in sorted(facts.records.calls, key=lambda c: c.site.order):
+        if dotted_name(call.node.func) in loops.functions or call.method in loops.methods:
+            return call
+    return None
+
+
+def entry_points_elsewhere(facts: "ScriptFacts") -> Tuple[str, ...]:
+    """The scripts of the run that run this module's training loops (project.py)."""
+    project = getattr(facts, "project", None)
+    return project.entry_points if project is not None else ()
 
 
 def first_backward(facts: "ScriptFacts") -> Optional["CallSite"]:

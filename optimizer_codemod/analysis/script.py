@@ -42,6 +42,9 @@ class ScriptFacts:
         self.module = module
         self.records = records
         self._memos: Dict[str, dict] = {}
+        # What the other modules of the run tell this one (project.ProjectFacts), set by the
+        # engine from the project index; None for a file analysed on its own.
+        self.project = None
 
     @classmethod
     def of(cls, module: cst.Module) -> "ScriptFacts":

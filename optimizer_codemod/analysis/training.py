@@ -26,7 +26,9 @@ from optimizer_codemod.analysis.parameter_loops import (
 from optimizer_codemod.analysis.values import (
     alias_in,
     attribute_assignments,
+    imported_module_class,
     method_class,
+    outside_value,
     standalone_class,
     Source,
     the_caller,
@@ -171,7 +173,11 @@ def builds_module(
 ) -> bool:
     """`node` evaluates to an nn.Module: a module class of this file or of torch.nn called,
     a torchvision/timm/`from_pretrained` model, or a module placed or cast (`model.to(...)`).
-    `function` is the scope `node` is evaluated in (see holds_module)."""
+    `function` is the scope `node` is evaluated in (see holds_module); an argument passed
+    from another module of the run, what its caller's analysis said (values.outside_value)."""
+    outside = outside_value(facts, node)
+    if outside is not None:
+        return outside.module
     if depth > MAX_DEPTH or not isinstance(node, cst.Call):
         name = dotted_name(node) if depth <= MAX_DEPTH else None
         return name is not None and holds_module(facts, name, depth + 1, function)
@@ -181,6 +187,8 @@ def builds_module(
     if qualname.startswith(MODEL_FACTORIES):
         return True
     if isinstance(node.func, cst.Name) and is_module_class(facts, node.func.value):
+        return True
+    if imported_module_class(facts, node.func):
         return True
     method = callee_name(node) if isinstance(node.func, cst.Attribute) else None
     if method == PRETRAINED_METHOD:
@@ -420,9 +428,10 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
         "the model this step trains is not known to be a module handed to a `torch.optim` "
         "optimizer, or updated by a loop over its `.parameters()` that reads each `p.grad`: "
         "names, `self.` attributes (in their class) and function parameters (through the "
-        "function's one call in this file) are followed to a module built in this file, and "
-        "this model is not (a model from another module, a function called several times, or "
-        "an update the analysis does not read, such as `torch._foreach_*` calls): the "
+        "function's one call in this file, or the calls from the other files of the run) are "
+        "followed to a module built there, and this model is not (a model from a module outside "
+        "the run, a function called several times, or an update the analysis does not read, "
+        "such as `torch._foreach_*` calls): the "
         "analysis cannot tell which model it is"
     )
 

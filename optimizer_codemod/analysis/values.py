@@ -14,9 +14,12 @@ values bound elsewhere: in `__init__`, or by the caller. This module answers, fo
   `Trainer.__init__`), with the caller's scope; None when there are no calls, several, or the
   function is used some other way (passed around, stored);
 - `value_sources(facts, name, function)`: the expressions (each with the scope it is
-  evaluated in) that give `name` its value where `function` reads it: the one function a
-  project index (several modules) can later extend, by answering a parameter from a call in
-  another module.
+  evaluated in) that give `name` its value where `function` reads it. A parameter that no
+  call of this file binds is answered from the calls other modules of the run make
+  (`facts.project`, from the project index, project.py): `outside_argument` binds it there,
+  and its value is a placeholder node that `outside_value` turns back into the caller's
+  summary of the argument (an nn.Module, a kind of dataset). Code that does not ask reads
+  the placeholder as an unknown expression.
 
 Every table is built once per pass (`facts.memo`), so each question costs its answer's size.
 """
@@ -33,6 +36,7 @@ from optimizer_codemod.analysis.imports import dotted_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
+    from optimizer_codemod.analysis.project import Argument, IncomingCall
     from optimizer_codemod.analysis.script import ScriptFacts
 
 SELF = "self"
@@ -167,7 +171,8 @@ def _defined_once(facts: "ScriptFacts", name: str) -> bool:
 def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
     """The one call of `function` in this file: `train(...)` for a module-level function,
     `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
-    used some other way (passed around, stored, decorated), or its name is defined twice."""
+    used some other way (passed around, stored, decorated), or its name is defined twice, or
+    other modules of the run call it (outside_argument answers when only they do, and agree)."""
     if function.decorators:
         return None
     if function.name.value == "__init__":
@@ -179,7 +184,7 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
         called = function.name.value
     else:
         return None
-    if not _defined_once(facts, called):
+    if not _defined_once(facts, called) or outside_calls(facts, called):
         return None
     calls = calls_named(facts, called)
     # The definition's name and the call: any other mention passes it around.
@@ -227,6 +232,11 @@ def unbound_parameter(
         return None
     if parameter_binding(facts, function, name) is not None:
         return None
+    outside, why_not = outside_argument(facts, function, name)
+    if outside is not None:
+        return None
+    if why_not is not None:
+        return why_not
     owner = method_class(facts, function)
     label = f"{owner}.{function.name.value}" if owner else function.name.value
     called = owner if function.name.value == "__init__" else function.name.value
@@ -234,7 +244,7 @@ def unbound_parameter(
     if the_caller(facts, function) is not None:
         why = "its one call leaves it to its default or passes it through `*args`/`**kwargs`"
     elif calls == 0:
-        why = "which is not called by name in this file"
+        why = "which is not called by name in this file (nor by the other files of the run)"
     elif calls > 1:
         why = f"which is called {calls} times in this file"
     else:
@@ -274,7 +284,117 @@ def value_sources(
     if name not in parameter_names(function) or locally_assigned(facts, name, function):
         return None
     bound = parameter_binding(facts, function, name)
-    return [bound] if bound is not None else None
+    if bound is not None:
+        return [bound]
+    outside, _ = outside_argument(facts, function, name)
+    if outside is None:
+        return None
+    return [Source(_placeholder(facts, function, name, outside), None)]
+
+
+# Calls from other modules (the project index) -------------------------------------------------
+def outside_calls(facts: "ScriptFacts", called: str) -> List["IncomingCall"]:
+    """The calls other modules of the run make to `called` (a class or function of this
+    file), from the project index; none without one."""
+    project = getattr(facts, "project", None)
+    return project.calls_to(called) if project is not None else []
+
+
+def _called_name(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
+    """The name a call of `function` spells: its class for `__init__`, its own name for a
+    module-level function; None for other methods, decorated or nested functions."""
+    if function.decorators:
+        return None
+    if function.name.value == "__init__":
+        owner = method_class(facts, function)
+        if owner is None or facts.classes[owner].node.decorators:
+            return None
+        return owner
+    return function.name.value if id(function) in _module_functions(facts) else None
+
+
+def outside_argument(
+    facts: "ScriptFacts", function: Optional[cst.CSTNode], name: str
+) -> Tuple[Optional["Argument"], Optional[str]]:
+    """(what every call from another module passes for parameter `name` of `function`, None)
+    when they all agree; (None, why not) when there are such calls but no single answer;
+    (None, None) when no other module calls it."""
+    if not isinstance(function, cst.FunctionDef) or name == SELF:
+        return None, None
+    called = _called_name(facts, function)
+    calls = outside_calls(facts, called) if called is not None else []
+    if not calls:
+        return None, None
+    memo = facts.memo("outside_argument")
+    key = (id(function), name)
+    if key not in memo:
+        memo[key] = _outside_argument(facts, function, name, called, calls)
+    return memo[key]
+
+
+def _outside_argument(facts, function, name, called, calls):
+    params = function.params
+    positional_names = [p.name.value for p in (*params.posonly_params, *params.params)]
+    keyword_names = [p.name.value for p in params.kwonly_params]
+    if name not in positional_names and name not in keyword_names:
+        return None, None
+    label = f"`{name}` is a parameter of `{called}`"
+    callers = sorted({call.caller for call in calls})
+    if _calls_by_name(facts).get(called) or not _defined_once(facts, called):
+        return None, f"{label}, which is called in this file and from {', '.join(callers)}"
+    if name_mentions(facts).get(called, 0) != 1:
+        return None, f"{label}, which this file also uses otherwise than by its definition"
+    shift = 1 if function.name.value == "__init__" else 0
+    index = positional_names.index(name) - shift if name in positional_names else None
+    found: List[Tuple["IncomingCall", "Argument"]] = []
+    for call in calls:
+        if call.passed_around:
+            return None, f"{label}, which {call.caller} passes around or stores"
+        argument = call.argument(name, index)
+        if argument is None:
+            why = "through `*args`/`**kwargs`" if call.star else "to its default"
+            return None, f"{label}, which {call.caller} calls leaving it {why}"
+        found.append((call, argument))
+    first = found[0][1]
+    if all(argument.same_as(first) for _, argument in found[1:]):
+        return first, None
+    passed = "; ".join(f"{call.caller} passes `{argument.text}`" for call, argument in found)
+    return None, f"{label}, called with values that differ ({passed})"
+
+
+def _placeholder(
+    facts: "ScriptFacts", function: cst.FunctionDef, name: str, argument: "Argument"
+) -> cst.BaseExpression:
+    """A node standing for an argument passed in another module (see outside_value)."""
+    memo = facts.memo("outside_placeholders")
+    key = (id(function), name)
+    if key not in memo:
+        node = cst.Ellipsis()
+        memo[key] = node
+        memo[id(node)] = argument
+    return memo[key]
+
+
+def outside_value(facts: "ScriptFacts", node: Optional[cst.CSTNode]) -> Optional["Argument"]:
+    """The caller's summary of an argument another module passes, when `node` is the
+    placeholder value_sources gave for it; else None."""
+    if not isinstance(node, cst.Ellipsis):
+        return None
+    return facts.memo("outside_placeholders").get(id(node))
+
+
+def imported_module_class(facts: "ScriptFacts", func: cst.BaseExpression) -> bool:
+    """`func` names an nn.Module class imported from another module of the run
+    (`from model import TinyLM`), as the project index found."""
+    project = getattr(facts, "project", None)
+    if project is None or not project.module_classes:
+        return False
+    name = dotted_name(func)
+    return (
+        name is not None
+        and name in project.module_classes
+        and not facts.assignments_to(name.split(".")[0])
+    )
 
 
 def alias_in(

@@ -1,0 +1,351 @@
+"""Issue 15, items 1 and 2: a project index across modules (model, trainer, driver), and
+process-wide settings placed in the script that runs the loop.
+
+Project fixtures live in fixtures/projects/NAME/ (the files as written) with
+fixtures/projects/NAME.expected/ (every file after `apply NAME/ --unsafe-fixes`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from conftest import run_cli
+from optimizer_codemod import runner
+from optimizer_codemod.analysis import project as project_module
+from optimizer_codemod.analysis.project import project_facts
+from optimizer_codemod.cache import Cache
+from optimizer_codemod.config import Settings
+from optimizer_codemod.diagnostics import FileOutcome, Status
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECTS = ROOT / "fixtures" / "projects"
+NAMES = sorted(
+    p.name for p in PROJECTS.iterdir() if p.is_dir() and not p.name.endswith(".expected")
+)
+DRIVERS = {"trainer_lm": ["train.py"], "trainer_convnet": ["train.py"]}
+DRIVERS["two_drivers"] = ["train_small.py", "train_large.py"]
+
+
+def copy(name: str, tmp_path: Path) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS / name, folder)
+    return folder
+
+
+def apply(
+    folder: Path, jobs: int = 1, write: bool = True, cache=None, **settings
+) -> Dict[str, FileOutcome]:
+    options = dict(unsafe_fixes=True, root=str(folder))
+    options.update(settings)
+    files = sorted(str(p) for p in folder.rglob("*.py"))
+    mode = runner.Mode(write=write, diff=not write, cache=cache)
+    outcomes = runner.run(files, Settings(**options), mode, jobs=jobs)
+    return {Path(o.path).relative_to(folder).as_posix(): o for o in outcomes}
+
+
+def fixed(outcome: FileOutcome) -> List[str]:
+    return sorted(d.code for d in outcome.diagnostics if d.status is Status.FIXED)
+
+
+def texts(folder: Path) -> Dict[str, str]:
+    return {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*.py"))}
+
+
+# The fixtures ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_apply_rewrites_the_project_as_expected(name: str, tmp_path: Path) -> None:
+    folder = copy(name, tmp_path)
+    outcomes = apply(folder)
+    assert not [o.error for o in outcomes.values() if o.error]
+    assert texts(folder) == texts(PROJECTS / f"{name}.expected")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_second_apply_changes_nothing(name: str, tmp_path: Path) -> None:
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS / f"{name}.expected", folder)
+    outcomes = apply(folder)
+    assert not any(o.changed for o in outcomes.values())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_rewritten_project_trains(name: str, tmp_path: Path) -> None:
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS / f"{name}.expected", folder)
+    for driver in DRIVERS[name]:
+        done = subprocess.run(
+            [sys.executable, driver],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
+        )
+        assert done.returncode == 0, done.stderr
+        loss = float(re.search(r"loss (\S+)", done.stdout).group(1))
+        assert math.isfinite(loss)
+
+
+def test_the_command_line_rewrites_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPTCODEMOD_CACHE_DIR", str(tmp_path / "cache"))
+    folder = copy("trainer_lm", tmp_path)
+    result = run_cli(["apply", "--unsafe-fixes", "trainer_lm"], cwd=tmp_path)
+    assert "Fixed 7 findings in 2 files." in result.output
+    assert texts(folder) == texts(PROJECTS / "trainer_lm.expected")
+
+
+def test_the_trainer_gets_every_fix_and_the_driver_the_settings(tmp_path: Path) -> None:
+    outcomes = apply(copy("trainer_lm", tmp_path))
+    assert fixed(outcomes["trainer.py"]) == [
+        "OPT101",
+        "OPT201",
+        "OPT201",
+        "OPT302",
+        "OPT402",
+        "OPT501",
+    ]
+    assert fixed(outcomes["train.py"]) == ["OPT301"]
+    assert fixed(outcomes["model.py"]) == []
+    [tf32] = outcomes["train.py"].diagnostics
+    assert "the loop in trainer.py" in tf32.message
+
+
+def test_a_dataset_with_work_per_item_gets_workers_and_convolutions_cudnn(tmp_path: Path) -> None:
+    outcomes = apply(copy("trainer_convnet", tmp_path))
+    assert "OPT102" in fixed(outcomes["trainer.py"])
+    assert fixed(outcomes["train.py"]) == ["OPT301", "OPT401"]
+
+
+def test_each_script_that_runs_the_loop_gets_the_settings(tmp_path: Path) -> None:
+    folder = copy("two_drivers", tmp_path)
+    apply(folder)
+    for driver in ("train_small.py", "train_large.py"):
+        assert 'torch.set_float32_matmul_precision("high")' in (folder / driver).read_text()
+    assert "set_float32_matmul_precision" not in (folder / "trainer.py").read_text()
+
+
+def test_the_trainer_alone_is_rewritten_as_before(tmp_path: Path) -> None:
+    # Without the modules that call it, the per-file analysis answers alone.
+    folder = copy("trainer_lm", tmp_path)
+    outcomes = runner.run(
+        [str(folder / "trainer.py")],
+        Settings(unsafe_fixes=True, root=str(folder)),
+        runner.Mode(write=False),
+    )
+    assert fixed(outcomes[0]) == ["OPT501"]
+
+
+# Reasons -----------------------------------------------------------------------------------------
+def test_the_importable_module_declines_naming_the_script(tmp_path: Path) -> None:
+    outcomes = apply(copy("two_drivers", tmp_path), select=("OPT301",), why_not=True)
+    [declined] = outcomes["trainer.py"].diagnostics
+    assert declined.status is Status.DECLINED
+    assert "train_large.py, train_small.py" in declined.message
+    assert fixed(outcomes["train_small.py"]) == ["OPT301"]
+
+
+def test_without_the_script_the_setting_stays_a_suggestion(tmp_path: Path) -> None:
+    folder = copy("trainer_lm", tmp_path)
+    (folder / "train.py").unlink()
+    outcomes = apply(folder, select=("OPT301",), why_not=True)
+    [report] = outcomes["trainer.py"].diagnostics
+    assert report.status is Status.REPORTED
+    assert "in the script that runs it" in report.message
+
+
+def _two_datasets(folder: Path) -> None:
+    driver = folder / "train.py"
+    driver.write_text(
+        driver.read_text()
+        .replace(
+            "    Trainer(net, ds).run()\n",
+            "    Trainer(net, ds).run()\n" "    Trainer(net, PerItem()).run()\n",
+        )
+        .replace(
+            "def main():",
+            "class PerItem(torch.utils.data.Dataset):\n"
+            "    def __len__(self):\n"
+            "        return 4\n\n"
+            "    def __getitem__(self, index):\n"
+            "        return torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)\n"
+            "\n\ndef main():",
+        )
+    )
+
+
+def test_calls_with_different_datasets_leave_the_dataset_unknown(tmp_path: Path) -> None:
+    folder = copy("trainer_lm", tmp_path)
+    _two_datasets(folder)
+    outcomes = apply(folder, why_not=True)
+    text = (folder / "trainer.py").read_text()
+    assert "pin_memory" not in text and "num_workers" not in text
+    messages = [d.message for d in outcomes["trainer.py"].diagnostics if d.code == "OPT101"]
+    assert any(
+        "called with values that differ (train.py passes `ds`; train.py passes `PerItem()`)" in m
+        for m in messages
+    ), messages
+    # The model is the same in both calls: autocast and compile still apply.
+    assert {"OPT302", "OPT402"} <= set(fixed(outcomes["trainer.py"]))
+
+
+def test_two_scripts_that_disagree_are_named(tmp_path: Path) -> None:
+    folder = copy("two_drivers", tmp_path)
+    large = folder / "train_large.py"
+    large.write_text(large.read_text().replace("(64, 5))", "(64, 5), device='cuda')"))
+    outcomes = apply(folder, why_not=True)
+    assert "pin_memory" not in (folder / "trainer.py").read_text()
+    messages = [d.message for d in outcomes["trainer.py"].diagnostics if d.code == "OPT101"]
+    assert any("train_large.py passes `ds`; train_small.py passes `ds`" in m for m in messages)
+
+
+def test_a_call_outside_the_main_guard_gets_no_workers(tmp_path: Path) -> None:
+    folder = copy("trainer_convnet", tmp_path)
+    driver = folder / "train.py"
+    driver.write_text(
+        driver.read_text().replace('if __name__ == "__main__":\n    main()', "main()")
+    )
+    outcomes = apply(folder, why_not=True)
+    assert "num_workers" not in (folder / "trainer.py").read_text()
+    [reason] = [d.message for d in outcomes["trainer.py"].diagnostics if d.code == "OPT102"]
+    assert reason.startswith("train.py call into this module outside an `if __name__")
+    # Run at import time all the same, the driver is the script: it gets the settings.
+    assert fixed(outcomes["train.py"]) == ["OPT301", "OPT401"]
+
+
+def test_a_package_with_relative_imports(tmp_path: Path) -> None:
+    folder = tmp_path / "work"
+    package = folder / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name in ("model.py", "trainer.py"):
+        shutil.copy(PROJECTS / "trainer_lm" / name, package / name)
+    driver = (PROJECTS / "trainer_lm" / "train.py").read_text()
+    driver = driver.replace("from model import", "from .model import")
+    (package / "train.py").write_text(driver.replace("from trainer import", "from .trainer import"))
+    (folder / "run.py").write_text(
+        "from pkg import trainer\n\n\ndef unused():\n    return trainer\n"
+    )
+    outcomes = apply(folder)
+    assert fixed(outcomes["pkg/train.py"]) == ["OPT301"]
+    assert "pin_memory" in (package / "trainer.py").read_text()
+    # `from pkg import trainer` passes the module around: nothing follows from that file.
+    assert fixed(outcomes["run.py"]) == []
+
+
+# The engine: cache, parallel runs, cost ------------------------------------------------------
+def test_changing_the_script_changes_the_cached_trainer(tmp_path: Path) -> None:
+    folder = copy("trainer_lm", tmp_path)
+    cache = Cache(str(tmp_path / "cache"))
+    first = apply(folder, write=False, cache=cache)
+    assert "pin_memory" in first["trainer.py"].diff
+    driver = folder / "train.py"
+    driver.write_text(driver.read_text().replace("(32, 5))", "(32, 5), device='cuda')"))
+    second = apply(folder, write=False, cache=cache)
+    assert "pin_memory" not in second["trainer.py"].diff
+    assert second["trainer.py"].diff != first["trainer.py"].diff
+    again = apply(folder, write=False, cache=cache)  # a warm run answers as the cold one
+    assert again["trainer.py"].diff == second["trainer.py"].diff
+
+
+def test_two_workers_give_what_one_process_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+    results = []
+    folder = copy("trainer_convnet", tmp_path)
+    for jobs in (1, 2):
+        outcomes = apply(folder, jobs=jobs, write=False, why_not=True)
+        results.append({path: (o.diff, o.diagnostics) for path, o in outcomes.items()})
+    assert results[0] == results[1]
+    assert results[0]["trainer.py"][0]  # it did rewrite
+
+
+def test_files_that_import_nothing_local_are_not_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: List[str] = []
+    real = project_module._parse
+    monkeypatch.setattr(project_module, "_parse", lambda m: (parsed.append(m.label), real(m)))
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("import torch\nimport os\n\nx = torch.zeros(1)\n")
+    (tmp_path / "c.py").write_text("from a import x\n")
+    assert project_facts([str(tmp_path / n) for n in ("a.py", "b.py")]) == {}
+    assert parsed == []
+    project_facts([str(tmp_path / n) for n in ("a.py", "b.py", "c.py")])
+    assert sorted(parsed) == ["a.py", "c.py"]
+    assert project_facts([str(tmp_path / "c.py")]) == {}  # one file: nothing to index
+
+
+def test_the_index_grows_linearly_with_the_project(tmp_path: Path) -> None:
+    def lines(count: int) -> int:
+        folder = tmp_path / f"n{count}"
+        folder.mkdir()
+        for index in range(count):
+            for name in ("model", "trainer"):
+                source = (PROJECTS / "trainer_lm" / f"{name}.py").read_text()
+                (folder / f"{name}_{index}.py").write_text(source)
+            driver = (PROJECTS / "trainer_lm" / "train.py").read_text()
+            driver = driver.replace("from model import", f"from model_{index} import")
+            driver = driver.replace("from trainer import", f"from trainer_{index} import")
+            (folder / f"train_{index}.py").write_text(driver)
+        executed = 0
+
+        def local(frame, event, arg):
+            nonlocal executed
+            executed += event == "line"
+            return local
+
+        paths = sorted(str(p) for p in folder.glob("*.py"))
+        sys.settrace(lambda frame, event, arg: local)
+        try:
+            facts = project_facts(paths)
+        finally:
+            sys.settrace(None)
+        assert len([f for f in facts.values() if f.loops is not None]) == count
+        return executed
+
+    small, large = lines(3), lines(12)
+    assert large <= 4 * 1.25 * small + 500, (small, large)
+
+
+def test_the_index_never_fails_the_run(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("from trainer import (\n")
+    (tmp_path / "trainer.py").write_text(textwrap.dedent("""\
+        def train(model):
+            model(1).backward()
+        """))
+    assert project_facts([str(tmp_path / "broken.py"), str(tmp_path / "trainer.py")]) == {}
+
+
+def test_a_warm_run_takes_the_index_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = copy("trainer_lm", tmp_path)
+    cache = Cache(str(tmp_path / "cache"))
+    cold = apply(folder, write=False, cache=cache)
+    built: List[int] = []
+    real = project_module._project_facts
+    monkeypatch.setattr(project_module, "_project_facts", lambda p: (built.append(1), real(p))[1])
+    warm = apply(folder, write=False, cache=cache)
+    assert built == []
+    assert {p: o.diff for p, o in warm.items()} == {p: o.diff for p, o in cold.items()}
+    (folder / "model.py").write_text((folder / "model.py").read_text() + "\n")
+    apply(folder, write=False, cache=cache)
+    assert built == [1]  # any file changed: the index is built again
+
+
+def test_the_index_survives_its_json_form(tmp_path: Path) -> None:
+    folder = copy("trainer_convnet", tmp_path)
+    facts = project_facts(sorted(str(p) for p in folder.glob("*.py")))
+    assert facts and project_module.from_json(project_module.to_json(facts)) == facts
