@@ -340,7 +340,7 @@ def _outside_argument(facts, function, name, called, calls):
         return None, None
     label = f"`{name}` is a parameter of `{called}`"
     callers = sorted({call.caller for call in calls})
-    if _calls_by_name(facts).get(called) or not _defined_once(facts, called):
+    if calls_named(facts, called) or not _defined_once(facts, called):
         return None, f"{label}, which is called in this file and from {', '.join(callers)}"
     if name_mentions(facts).get(called, 0) != 1:
         return None, f"{label}, which this file also uses otherwise than by its definition"
