@@ -29,6 +29,8 @@ from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_o
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
+    declares_global,
+    locally_assigned,
     outside_value,
     parameter_names,
     unbound_parameter,
@@ -681,18 +683,9 @@ def _visible_in(
     keeps a loader's check proportional to its function, not to the file."""
     if function is None or "." in name:
         return facts.module
-    memo = facts.memo("declared_nonlocal")
-    if id(function) not in memo:
-        memo[id(function)] = {
-            n.name.value
-            for statement in find_all(function, cst.Global, cst.Nonlocal)
-            for n in statement.names
-        }
-    if name in memo[id(function)]:
+    if declares_global(function, name):
         return facts.module
-    local = name in parameter_names(function) or any(
-        a.target == name for a in facts.in_function("assignments", function)
-    )
+    local = name in parameter_names(function) or locally_assigned(facts, name, function)
     return function if local else facts.module
 
 

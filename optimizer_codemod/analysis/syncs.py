@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
+from optimizer_codemod.analysis.values import declares_global
 from optimizer_codemod.analysis.walk import children, walk
 from optimizer_codemod.analysis.walk import parents as walk_parents
 
@@ -534,15 +535,6 @@ class _NameUses(cst.CSTVisitor):
             self._depth -= 1
 
 
-def _declares(function: cst.FunctionDef, name: str) -> bool:
-    """`global name` or `nonlocal name` in `function` (nested functions included)."""
-    return any(
-        is_name(item.name, name)
-        for statement in find_all(function.body, cst.Global, cst.Nonlocal)
-        for item in statement.names
-    )
-
-
 @dataclass
 class Accumulation:
     """`name += loss.item()` (or `name = name + ...`) in a training loop, and its reads."""
@@ -763,7 +755,7 @@ def _accumulation(
             own_reads.add(statement.value.left)
         if isinstance(statement, cst.AugAssign):
             own_reads.add(statement.target)
-    if isinstance(scope, cst.FunctionDef) and _declares(scope, name):
+    if isinstance(scope, cst.FunctionDef) and declares_global(scope, name):
         result.obstacle = f"`{name}` is declared global or nonlocal"
     for use in name_uses(scope, name):
         if use.nested:

@@ -33,6 +33,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import has_star_args, keyword, positional
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
@@ -250,6 +251,15 @@ def unbound_parameter(
     else:
         why = "which is also used other than by its one call (passed around or stored)"
     return f"`{name}` is a parameter of `{label}`, {why}"
+
+
+def declares_global(function: cst.FunctionDef, name: str) -> bool:
+    """`global name` or `nonlocal name` in `function` (nested functions included)."""
+    return any(
+        item.name.value == name
+        for statement in find_all(function.body, cst.Global, cst.Nonlocal)
+        for item in statement.names
+    )
 
 
 def locally_assigned(facts: "ScriptFacts", name: str, function: cst.FunctionDef) -> bool:
