@@ -34,8 +34,10 @@ from optimizer_codemod.positions import StatementTexts, module_code, positions_a
 from optimizer_codemod.rule import Finding, Rule, Safety
 from optimizer_codemod.sources import (
     check_reproducible,
+    check_nesting,
     check_syntax,
     compile_check,
+    decode_source,
     parse_source,
 )
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
@@ -152,7 +154,9 @@ def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None)
 def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
     """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem."""
     pieces = PieceCache()
-    module = parse_in_pieces(src, pieces) or parse_source(src, path)
+    # Piece by piece, each statement parses however deep the file; the tree must not.
+    check_nesting(src, decode_source(src, path), path)
+    module = parse_in_pieces(src, pieces) or parse_source(src, path, nesting_checked=True)
     return _Fixpoint(src, module, path, options, pieces).run()
 
 

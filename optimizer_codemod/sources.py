@@ -56,10 +56,11 @@ def decode_source(src: bytes, path: str) -> str:
         ) from None
 
 
-def parse_source(src: bytes, path: str) -> cst.Module:
+def parse_source(src: bytes, path: str, nesting_checked: bool = False) -> cst.Module:
     """Parse `src` with LibCST; a syntax error names `path:line:col` as Python reports it."""
     text = decode_source(src, path)
-    check_nesting(src, text, path)
+    if not nesting_checked:
+        check_nesting(src, text, path)
     try:
         return cst.parse_module(src)
     except cst.ParserSyntaxError as exc:

@@ -19,10 +19,11 @@ from typing import List
 import pytest
 
 from conftest import FUSED_LINE, TRAINING_SCRIPT, run_cli
-from optimizer_codemod import runner, sources
+from optimizer_codemod import chunks, runner, sources
 from optimizer_codemod.api import rewrite_source
 from optimizer_codemod.cli import main
 from optimizer_codemod.config import Settings
+from optimizer_codemod.errors import TooDeeplyNestedError
 from optimizer_codemod.noqa import has_skip_file, noqa_lines
 
 ONLY_FUSED = ["--select", "OPT501"]
@@ -187,6 +188,17 @@ def _deep_files(folder: Path) -> None:
     (folder / "long_2000.py").write_bytes(HEADER + b"z = " + b"+".join([b"a"] * 2000) + b"\n")
     (folder / "parens_1000.py").write_bytes(HEADER + b"z = " + b"(" * 1000 + b"1" + b")" * 1000)
     (folder / "zz_good.py").write_bytes(TRAINING_SCRIPT)
+
+
+def test_a_long_file_is_refused_when_too_deep(tmp_path: Path) -> None:
+    # Long files are parsed statement by statement (chunks.py), and each statement parses: the
+    # refusal of a tree too deep for LibCST's visitors must come first all the same.
+    chain = b"if c:\n    pass\n" + b"".join(b"elif c == %d:\n    pass\n" % i for i in range(600))
+    deep = b"else:\n    z = (a)" + b".b" * 1200 + b"\n"
+    path = tmp_path / "deep_long.py"
+    path.write_bytes(HEADER + b"x = 1\n" * (chunks.MIN_LINES + 10) + chain + deep)
+    with pytest.raises(TooDeeplyNestedError, match="too deeply nested for the parser"):
+        rewrite_source(path.read_bytes(), str(path), Settings().options_for(str(path)))
 
 
 def _check_deep_run(done: subprocess.CompletedProcess, folder: Path) -> None:
