@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from optimizer_codemod import linediff
+from optimizer_codemod import chunks, linediff
 from optimizer_codemod.api import rewrite_source
 from optimizer_codemod.config import Settings
 
@@ -64,6 +64,8 @@ def test_four_times_the_code_costs_at_most_about_four_times_the_work(
     monkeypatch.setattr(linediff, "SMALL_REGION", 0)
     monkeypatch.setattr(linediff, "BUDGET_FLOOR", 0)
     monkeypatch.setattr(linediff, "BUDGET_PER_LINE", 0)
+    # Likewise parsing: statement by statement at both sizes, as long files are parsed.
+    monkeypatch.setattr(chunks, "MIN_LINES", 0)
     rewrite_source(build(1).encode(), "train.py", Settings().options_for("train.py"))  # imports
     before = lines_executed(build(small))
     after = lines_executed(build(small * FACTOR))
