@@ -8,6 +8,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange
 
+from optimizer_codemod.add_imports import add_imports
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.rule import Finding, Fix, InsertStatements, Replace
 
@@ -180,32 +181,5 @@ def apply_fixes(
         applier = _EditApplier(replacements, inserts)
         new_module = module.visit(applier)
     if imports:
-        # Imported here: libcst.codemod pulls in libcst.matchers (~150 ms at start-up), and
-        # most runs add no import.
-        from libcst.codemod import CodemodContext
-        from libcst.codemod.visitors import AddImportsVisitor
-
-        context = CodemodContext()
-        for spec in imports:
-            AddImportsVisitor.add_needed_import(context, spec.module, spec.obj, spec.asname)
-        # AddImportsVisitor reads and edits only the import block at the top (after a
-        # docstring) and the statement after it; run over the whole module, its transform
-        # would rebuild every node of the file to change those few.
-        end = _import_block_end(new_module)
-        head = new_module.with_changes(body=new_module.body[: end + 1])
-        head = head.visit(AddImportsVisitor(context))
-        new_module = new_module.with_changes(body=(*head.body, *new_module.body[end + 1 :]))
+        new_module = add_imports(new_module, imports)
     return new_module
-
-
-def _import_block_end(module: cst.Module) -> int:
-    """The index of the first statement but the first that is not a lone import: the top
-    import block ends before it (the first statement may be a docstring)."""
-    for index, statement in enumerate(module.body):
-        if index and not (
-            isinstance(statement, cst.SimpleStatementLine)
-            and len(statement.body) == 1
-            and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))
-        ):
-            return index
-    return len(module.body)
