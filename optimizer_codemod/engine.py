@@ -84,10 +84,16 @@ class RewriteOptions:
 class FileContext:
     """What a rule may ask about the file in the current pass."""
 
-    def __init__(self, path: str, module: cst.Module, options: RewriteOptions):
+    def __init__(self, path: str, module: cst.Module, options: RewriteOptions, source: bytes):
         self.path = path
         self.module = module
         self.options = options
+        # The text `module` was parsed from: a word absent from it is in no node either.
+        self.source = source
+
+    def mentions(self, *words: str) -> bool:
+        """Whether any of `words` occurs anywhere in the file's text (strings, comments too)."""
+        return any(word.encode() in self.source for word in words)
 
     @property
     def target_torch(self) -> TorchVersion:
@@ -247,7 +253,7 @@ class _Fixpoint:
         active = [rule for rule in self.rules if _rule_may_fire(code, rule, project)]
         if not active:
             return []
-        context = FileContext(self.path, module, self.options)
+        context = FileContext(self.path, module, self.options, code)
         rules = [rule(context) for rule in active]
         try:
             _visit_batched(MetadataWrapper(module, unsafe_skip_copy=True), rules)

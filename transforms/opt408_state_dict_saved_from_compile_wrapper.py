@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import List, Optional
 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import callee_name, positional, without_argument
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -135,13 +137,13 @@ class StateDictSavedFromCompileWrapper(Rule):
         Example(SCRIPT.replace('torch.save(model.state_dict(), "model.pt")\n', "")),
     )
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self._wrapper_named = False
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value in WRAPPER_WORDS:
-            self._wrapper_named = True
+    @cached_property
+    def _wrapper_named(self) -> bool:
+        # Searched only when the text has the words: a visitor method would walk every file.
+        return self.context.mentions(*WRAPPER_WORDS) and any(
+            node.attr.value in WRAPPER_WORDS
+            for node in find_all(self.context.module, cst.Attribute)
+        )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import runs_as_script, variable_input_shapes
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Rule, Safety
@@ -91,20 +92,19 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         ),
     )
 
-    def __init__(self, context) -> None:
-        super().__init__(context)
-        self._configured = False
-
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        if any(word in node.value for word in ALLOCATOR_WORDS):
-            self._configured = True
+    def _configured(self) -> bool:
+        """A string names an allocator setting (searched only when the text has the words)."""
+        return self.context.mentions(*ALLOCATOR_WORDS) and any(
+            any(word in node.value for word in ALLOCATOR_WORDS)
+            for node in find_all(self.context.module, cst.SimpleString)
+        )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         shapes = variable_input_shapes(facts)
         if shapes is None or not facts.backward_calls:
             return
-        if self._configured or facts.calls_to(ALLOCATOR_SETTINGS):
+        if self._configured() or facts.calls_to(ALLOCATOR_SETTINGS):
             self.decline(shapes.node, "the script already configures the CUDA allocator")
             return
         if not runs_as_script(facts):

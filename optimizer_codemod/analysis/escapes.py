@@ -173,7 +173,10 @@ def block_escape(
         if word in text:
             return f"the block uses `{word}`"
     inside = set(find_all(body))
-    host = host_names(scope)
+    known_host = facts.memo("host_names")
+    host = known_host.get(scope)
+    if host is None:
+        host = known_host[scope] = host_names(scope)
     bound_inside: Set[str] = set()
     for node in find_all(
         body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.AsName
@@ -228,7 +231,7 @@ def block_escape(
             return f"`{_short(node)}` hands a value from the block to the caller"
     table = None
     for name in sorted(bound_inside - host):
-        for use in name_uses(scope, name):
+        for use in name_uses(scope, name, facts):
             if use.node in inside:
                 continue
             if use.nested:

@@ -6,10 +6,14 @@ what a whole `apply` over a typical project takes; a plain walk over `children` 
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Type
+from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 import libcst as cst
 from optimizer_codemod.analysis.walk import children
+
+# Node classes derive from an abstract base class, so `isinstance` against them goes through
+# ABCMeta's check on every call; which node types match a type tuple is answered once here.
+_MATCHES: Dict[Tuple[type, ...], Dict[type, bool]] = {}
 
 
 def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
@@ -18,10 +22,20 @@ def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
     found: List[cst.CSTNode] = []
     stack = [tree]
     pop, push = stack.pop, stack.extend
+    matches = _MATCHES.get(types) if types else None
+    if types and matches is None:
+        matches = _MATCHES[types] = {}
     while stack:
         node = pop()
-        if not types or isinstance(node, types):
+        if matches is None:
             found.append(node)
+        else:
+            node_type = type(node)
+            hit = matches.get(node_type)
+            if hit is None:
+                hit = matches[node_type] = issubclass(node_type, types)
+            if hit:
+                found.append(node)
         below = children(node)
         if below:
             below.reverse()
