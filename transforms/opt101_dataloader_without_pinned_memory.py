@@ -26,7 +26,9 @@ class DataloaderWithoutPinnedMemory(Rule):
     """
     What it does:
         Adds `pin_memory=torch.cuda.is_available()` to a `torch.utils.data.DataLoader` whose
-        batches the training script copies to an accelerator with `.to(device)` or `.cuda()`.
+        batches the training script copies to an accelerator with `.to(device)`, `.cuda()` or
+        a legacy CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`, or a `Tensor` alias
+        that is one when CUDA is available).
 
     Why is it slow:
         A host-to-device copy from ordinary (pageable) memory is staged by the driver through
@@ -127,7 +129,8 @@ class DataloaderWithoutPinnedMemory(Rule):
                 self.decline(
                     call,
                     "no loop over this loader copies its batches to an accelerator with "
-                    "`.to(device)` or `.cuda()`: pinned memory would speed up nothing",
+                    "`.to(device)`, `.cuda()` or `.type(<CUDA tensor type>)`: pinned memory "
+                    "would speed up nothing",
                 )
                 continue
             kind = dataset_kind(self.facts, site)

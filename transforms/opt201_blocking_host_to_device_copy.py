@@ -20,7 +20,9 @@ _LOADER = (
 class BlockingHostToDeviceCopy(Rule):
     """
     What it does:
-        Adds `non_blocking=True` to `x.to(device)`, `x.to(device, dtype)` and `x.cuda()` when
+        Adds `non_blocking=True` to `x.to(device)`, `x.to(device, dtype)`, `x.cuda()` and
+        `x.type(T)` with `T` a legacy CUDA tensor type (`torch.cuda.FloatTensor`, or an alias
+        `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`) when
         `x` is (part of) a batch from a DataLoader built with `pin_memory=True` (or
         `pin_memory=torch.cuda.is_available()`, which OPT101 adds), inside a training loop,
         and the device is CUDA or chosen at run time between CUDA and the CPU.
@@ -49,7 +51,9 @@ class BlockingHostToDeviceCopy(Rule):
     Fix safety:
         `safe`: the same values arrive; only the host stops waiting. A host-to-CUDA copy is
         ordered before every later kernel on the stream, and a copy to the CPU returns the
-        tensor itself. Only copies of tensors taken from the batch (by unpacking, indexing,
+        tensor itself. `Tensor.type(T, non_blocking=True)` is the same copy as
+        `.to(device, dtype, non_blocking=True)` (with a dtype to convert to, the pinned batch
+        is copied as it is and converted on the GPU). Only copies of tensors taken from the batch (by unpacking, indexing,
         `.items()`/`.values()`, including `{k: v.to(device) for k, v in batch.items()}`,
         `[t.to(device) for t in batch]` and `tuple(t.to(device) for t in batch)`) are
         changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
@@ -91,6 +95,18 @@ class BlockingHostToDeviceCopy(Rule):
             _LOADER + "for x, y in loader:\n"
             "    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
             "    loss = model(x, y)\n"
+            "    loss.backward()\n",
+        ),
+        Example(
+            _LOADER + "Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else "
+            "torch.FloatTensor\n"
+            "for x, y in loader:\n"
+            "    loss = model(x.type(Tensor), y.to(device))\n"
+            "    loss.backward()\n",
+            _LOADER + "Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else "
+            "torch.FloatTensor\n"
+            "for x, y in loader:\n"
+            "    loss = model(x.type(Tensor, non_blocking=True), y.to(device, non_blocking=True))\n"
             "    loss.backward()\n",
         ),
         Example(

@@ -25,7 +25,11 @@ from optimizer_codemod.analysis.calls import (
     with_keyword,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
-from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
+from optimizer_codemod.analysis.devices import (
+    COPY_METHODS,
+    may_live_on_accelerator,
+    places_on_accelerator,
+)
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
@@ -517,13 +521,14 @@ def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
 
 
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
-    """Some loop over this loader copies (parts of) its batches with `.to(device)`/`.cuda()`."""
+    """Some loop over this loader copies (parts of) its batches to an accelerator (`.to(device)`,
+    `.cuda()`, `.type(torch.cuda.FloatTensor)`)."""
     for loop in loops_over(facts, site):
         names = facts.names_derived_in(loop, set(loop.targets))
         for call in facts.loop_calls(loop):
             func = call.node.func
             if (
-                call.method in ("to", "cuda")
+                call.method in COPY_METHODS
                 and isinstance(func, cst.Attribute)
                 and facts.derives_from(func.value, names)
                 and places_on_accelerator(facts, call.node)
