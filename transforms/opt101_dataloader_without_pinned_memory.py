@@ -15,7 +15,7 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     module_name,
-    option_value,
+    option_values,
     options_unknown,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -121,9 +121,8 @@ class DataloaderWithoutPinnedMemory(Rule):
         fixable = []
         for site in self.facts.dataloader_constructions():
             call = site.node
-            if option_value(self.facts, call, "pin_memory") is not None or keyword(
-                call, "pin_memory_device"
-            ):
+            # Chosen on some path (`if use_cuda: options.update(pin_memory=True)` counts).
+            if option_values(self.facts, call, "pin_memory") or keyword(call, "pin_memory_device"):
                 continue
             if not copies_batches_to_accelerator(self.facts, site):
                 self.decline(

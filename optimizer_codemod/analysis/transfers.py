@@ -48,8 +48,7 @@ from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import (
     DEFAULT_COLLATES,
     loops_over,
-    option_value,
-    options_unknown,
+    option_values,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 from optimizer_codemod.analysis.values import name_mentions, parameter_names
@@ -118,16 +117,15 @@ NOT_PINNED = (
 
 
 def _batch_loops(facts: "ScriptFacts") -> List[Tuple[Loop, List[CallSite], bool]]:
-    """Loops over loaders that train (a training loop or one of its enclosing loops), and
-    whether every loader they iterate is pinned."""
-    training: Set[int] = set()
-    for loop in facts.training_loops:
-        training.update(id(outer) for outer in (loop, *loop.ancestors))
+    """Loops over loaders in a script that trains (its training loops and its evaluation
+    loops: each copy runs once per batch either way), and whether every loader they iterate
+    is pinned."""
+    if not facts.trains:
+        return []
     loaders_of: Dict[int, Tuple[Loop, List[CallSite]]] = {}
     for site in facts.dataloader_constructions():
         for loop in loops_over(facts, site):
-            if id(loop) in training:
-                loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
+            loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
     return [
         (loop, loaders, all(facts.is_pinned(loader) for loader in loaders))
         for loop, loaders in loaders_of.values()
@@ -157,12 +155,13 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
 
 
 def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
-    value = option_value(facts, loader.node, "collate_fn")
-    if value is None:
-        return options_unknown(facts, loader.node)  # `**kwargs` may carry one
-    if is_name(value, "None"):
-        return False
-    return facts.qualified_name(value) not in DEFAULT_COLLATES
+    values = option_values(facts, loader.node, "collate_fn")
+    if values is None:
+        return True  # `**kwargs` may carry one
+    return not all(
+        is_name(value, "None") or facts.qualified_name(value) in DEFAULT_COLLATES
+        for value in values
+    )
 
 
 def _batch_copy(
