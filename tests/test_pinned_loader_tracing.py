@@ -45,3 +45,35 @@ def test_an_update_after_the_loader_is_built_does_not_reach_it() -> None:
         "probe = torch.utils.data.DataLoader(ds, **kw)\nkw.update(pin_memory=True)\n"
     )
     assert _values(source) is None
+
+
+UNFOLLOWED = """import torch
+from torch.utils.data import DataLoader
+
+
+class Trainer:
+    def __init__(self, model, dataset):
+        self.model = model.to("cuda")
+        self.train_data = DataLoader(dataset, batch_size=32, pin_memory=True)
+
+    def fit(self, loader, data_iter):
+        for source, targets in loader:
+            source = source.to("cuda")
+            self.model(source).sum().backward()
+        while True:
+            batch = next(data_iter)
+            batch = [t.to("cuda") for t in batch]
+            self.model(batch[0]).sum().backward()
+"""
+
+
+def test_copies_of_batches_the_analysis_cannot_follow_are_declined_with_their_origin() -> None:
+    from optimizer_codemod import rewrite
+    from optimizer_codemod.diagnostics import Status
+
+    result = rewrite(UNFOLLOWED, path="train.py", select=["OPT201"], why_not=True)
+    declined = {d.line: d.message for d in result.diagnostics if d.status is Status.DECLINED}
+    assert not result.changed
+    assert declined[12].startswith("the batch comes from `loader`, which the analysis cannot")
+    assert declined[16].startswith("the batch comes from `next(data_iter)`")
+    assert 7 not in declined  # the model's placement is no batch copy

@@ -93,25 +93,90 @@ def blocking_batch_copies(
     added to it with the reason, in words.
     """
     found: List[BatchCopy] = []
+    examined: Set[int] = set()
     for loop, loaders, pinned in _batch_loops(facts):
         if not pinned and declined is None:
             continue
         names = facts.names_derived_in(loop, set(loop.targets))
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders)
         for call in facts.loop_calls(loop):
+            examined.add(id(call.node))
             copy = _batch_copy(facts, call, loop, names, custom_collate)
             if isinstance(copy, BatchCopy):
                 if pinned:
                     found.append(copy)
                 elif declined is not None:
                     declined.append((call.node, NOT_PINNED))
-            elif copy is not None and declined is not None and pinned:
-                declined.append((call.node, copy))
+            elif copy is not None and declined is not None:
+                declined.append((call.node, copy if pinned else NOT_PINNED))
+    if declined is not None:
+        declined.extend(_unfollowed_copies(facts, examined))
     return found
 
 
+def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[cst.Call, str]]:
+    """Copies to an accelerator, in a script that trains with a DataLoader that is or may be
+    pinned (its options may arrive through `**kwargs`), of a batch taken from something the
+    analysis does not follow to a loader (`self.train_data`, a parameter, `next(data_iter)`,
+    `cycle(dl)`): each with where its batch comes from."""
+    if not facts.trains or not any(
+        facts.is_pinned(site) or option_values(facts, site.node, "pin_memory") is None
+        for site in facts.dataloader_constructions()
+    ):
+        return []
+    unfollowed = []
+    for call in facts.records.calls:
+        node = call.node
+        if call.method not in COPY_METHODS or id(node) in examined or call.site.loop is None:
+            continue
+        origin = _batch_origin(facts, call)
+        if origin is not None and places_on_accelerator(facts, node):
+            unfollowed.append(
+                (
+                    node,
+                    f"the batch comes from `{origin}`, which the analysis cannot follow to a "
+                    "pinned DataLoader: add `non_blocking=True` by hand if it is one and the "
+                    "device is CUDA",
+                )
+            )
+    return unfollowed
+
+
+NEXT_CALLS = frozenset({"next", "__next__"})
+
+
+def _batch_origin(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
+    """Where the copied value is taken from, when it is a batch: the iterable of an enclosing
+    loop that binds it, or a `next(...)` call (directly or through a name bound in the loop,
+    or a comprehension over one)."""
+    source = call.node.func.value
+    name = _base(source)
+    local = _comprehension_iters(call.site.statement, call.node)
+    if name in local:
+        source = local[name]
+        name = _base(source)
+    if _is_next(source):
+        return code_of(source).strip()
+    for loop in reversed(call.site.loops):
+        if name in loop.targets:
+            return code_of(loop.iter).strip()
+        for assignment in facts.assignments_to(name or ""):
+            if loop in assignment.site.loops and _is_next(assignment.value):
+                return code_of(assignment.value).strip()
+    return None
+
+
+def _is_next(node: cst.BaseExpression) -> bool:
+    """`next(it)`, `it.next()`, `it.__next__()`."""
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else dotted_name(func)
+    return name in NEXT_CALLS
+
+
 NOT_PINNED = (
-    "the DataLoader is not built with `pin_memory=True` (OPT101 adds it): a copy from "
+    "the DataLoader is not built with `pin_memory=True` (OPT101 adds it where it can): a copy from "
     "pageable memory cannot overlap with the GPU's work"
 )
 
