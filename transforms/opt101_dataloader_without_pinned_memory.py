@@ -15,7 +15,7 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     module_name,
-    option_value,
+    option_values,
     options_unknown,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -26,7 +26,9 @@ class DataloaderWithoutPinnedMemory(Rule):
     """
     What it does:
         Adds `pin_memory=torch.cuda.is_available()` to a `torch.utils.data.DataLoader` whose
-        batches the training script copies to an accelerator with `.to(device)` or `.cuda()`.
+        batches the training script copies to an accelerator with `.to(device)`, `.cuda()` or
+        a legacy CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`, or a `Tensor` alias
+        that is one when CUDA is available).
 
     Why is it slow:
         A host-to-device copy from ordinary (pageable) memory is staged by the driver through
@@ -119,15 +121,15 @@ class DataloaderWithoutPinnedMemory(Rule):
         fixable = []
         for site in self.facts.dataloader_constructions():
             call = site.node
-            if option_value(self.facts, call, "pin_memory") is not None or keyword(
-                call, "pin_memory_device"
-            ):
+            # Chosen on some path (`if use_cuda: options.update(pin_memory=True)` counts).
+            if option_values(self.facts, call, "pin_memory") or keyword(call, "pin_memory_device"):
                 continue
             if not copies_batches_to_accelerator(self.facts, site):
                 self.decline(
                     call,
                     "no loop over this loader copies its batches to an accelerator with "
-                    "`.to(device)` or `.cuda()`: pinned memory would speed up nothing",
+                    "`.to(device)`, `.cuda()` or `.type(<CUDA tensor type>)`: pinned memory "
+                    "would speed up nothing",
                 )
                 continue
             kind = dataset_kind(self.facts, site)

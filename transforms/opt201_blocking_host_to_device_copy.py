@@ -20,9 +20,13 @@ _LOADER = (
 class BlockingHostToDeviceCopy(Rule):
     """
     What it does:
-        Adds `non_blocking=True` to `x.to(device)`, `x.to(device, dtype)` and `x.cuda()` when
+        Adds `non_blocking=True` to `x.to(device)`, `x.to(device, dtype)`, `x.cuda()` and
+        `x.type(T)` with `T` a legacy CUDA tensor type (`torch.cuda.FloatTensor`, or an alias
+        `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`) when
         `x` is (part of) a batch from a DataLoader built with `pin_memory=True` (or
-        `pin_memory=torch.cuda.is_available()`, which OPT101 adds), inside a training loop,
+        `pin_memory=torch.cuda.is_available()`, which OPT101 adds, or set in an options dict
+        filled under a condition: `if use_cuda: kwargs.update(pin_memory=True)`), inside a
+        loop over the loader (training or evaluation) of a script that trains,
         and the device is CUDA or chosen at run time between CUDA and the CPU.
 
     Why is it slow:
@@ -49,14 +53,19 @@ class BlockingHostToDeviceCopy(Rule):
     Fix safety:
         `safe`: the same values arrive; only the host stops waiting. A host-to-CUDA copy is
         ordered before every later kernel on the stream, and a copy to the CPU returns the
-        tensor itself. Only copies of tensors taken from the batch (by unpacking, indexing,
+        tensor itself. `Tensor.type(T, non_blocking=True)` is the same copy as
+        `.to(device, dtype, non_blocking=True)` (with a dtype to convert to, the pinned batch
+        is copied as it is and converted on the GPU). Where a loader is pinned only on the
+        path that uses CUDA (options filled under `if use_cuda:`), the other path copies to
+        the CPU, where the keyword does nothing; a non-blocking copy from pageable memory is
+        correct anyway, only not faster. Only copies of tensors taken from the batch (by unpacking, indexing,
         `.items()`/`.values()`, including `{k: v.to(device) for k, v in batch.items()}`,
         `[t.to(device) for t in batch]` and `tuple(t.to(device) for t in batch)`) are
         changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
         a name that may already hold a device tensor, since the host could read it before it
         lands), targets that may be MPS or another non-CUDA device (asynchronous copies there
         corrupt data, pytorch/pytorch#139550), dtype-only conversions, models and modules,
-        tensors not from the batch, copies outside the training loop, loaders not pinned,
+        tensors not from the batch, copies outside a loop over the loader (`next(iter(loader))`), loaders not pinned,
         copies that already choose `non_blocking` or pass `*args`/`**kwargs`, sources written
         in place in the loop (the write would race with the copy), and, with a custom
         `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
@@ -91,6 +100,18 @@ class BlockingHostToDeviceCopy(Rule):
             _LOADER + "for x, y in loader:\n"
             "    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
             "    loss = model(x, y)\n"
+            "    loss.backward()\n",
+        ),
+        Example(
+            _LOADER + "Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else "
+            "torch.FloatTensor\n"
+            "for x, y in loader:\n"
+            "    loss = model(x.type(Tensor), y.to(device))\n"
+            "    loss.backward()\n",
+            _LOADER + "Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else "
+            "torch.FloatTensor\n"
+            "for x, y in loader:\n"
+            "    loss = model(x.type(Tensor, non_blocking=True), y.to(device, non_blocking=True))\n"
             "    loss.backward()\n",
         ),
         Example(

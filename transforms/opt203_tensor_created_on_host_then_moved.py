@@ -5,7 +5,11 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, with_keyword
-from optimizer_codemod.analysis.transfers import HostCreation, host_creations_moved
+from optimizer_codemod.analysis.transfers import (
+    HostCreation,
+    host_creations_moved,
+    legacy_type_conversions,
+)
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -23,8 +27,11 @@ class TensorCreatedOnHostThenMoved(Rule):
         moves into `zeros`, `ones`, `empty` and `eye`. Random factories (`rand`, `randn`,
         `randint`, `randperm`, `normal` and the `_like` forms) are rewritten the same way at
         `behavior` level, and `torch.tensor(data).to(device)` inside a loop becomes
-        `torch.tensor(data, device=device)`. Only code that runs more than once is touched:
-        a loop, or a function (a model's `forward`, a sampling step).
+        `torch.tensor(data, device=device)`. With a legacy CUDA tensor type (`Tensor =
+        torch.cuda.FloatTensor if cuda else torch.FloatTensor`), `Tensor(np.ones((n, *s)))`
+        becomes `Tensor(n, *s).fill_(1.0)` (and `np.zeros`, `fill_(0.0)`). Only code that
+        runs more than once is touched: a loop, or a function (a model's `forward`, a
+        sampling step).
 
     Why is it slow:
         The tensor is first allocated and filled in host memory; `.to(device)` then
@@ -50,7 +57,13 @@ class TensorCreatedOnHostThenMoved(Rule):
         ```
 
     Fix safety:
-        `safe` for the deterministic factories: the same values, dtype, shape and strides
+        `safe` for the deterministic factories and for `Tensor(np.ones(shape))`: the type
+        makes the tensor on the device it would have copied it to, in its own dtype (numpy's
+        float64 ones and zeros convert exactly), contiguous as before; the shape is
+        rewritten only where the type cannot read it as data instead of sizes (a single
+        element must be an int for sure: a literal, `x.size(0)`, `x.shape[0]`), and numpy's
+        random draws stay (on the device they would be other numbers). The other
+        deterministic factories: the same values, dtype, shape and strides
         (`_like` forms keep the source's layout both ways) arrive on the same device. A dtype
         moves into the call only where the values cannot depend on it (0, 1, uninitialised,
         an identity matrix): `torch.full(n, 0.1).to(device, torch.half)` rounds 0.1 twice
@@ -96,7 +109,7 @@ class TensorCreatedOnHostThenMoved(Rule):
     target_devices = ("cuda",)
     # Every finding is a factory call followed, in the same expression, by `.to(` or `.cuda(`.
     triggers = (r"\b(?:zeros|ones|empty|eye|full|arange|rand\w*|randperm|normal|tensor)\s*\(",)
-    requires = (r"\.\s*(?:to|cuda)\s*\(",)
+    requires = (r"\.\s*(?:to|cuda)\s*\(|\bcuda\.\w*Tensor\b",)
     examples = (
         Example(
             _SETUP + "def init_hidden(batch):\n"
@@ -115,6 +128,20 @@ class TensorCreatedOnHostThenMoved(Rule):
             "    loss.backward()\n",
         ),
         Example(
+            "import numpy as np\nimport torch\n"
+            "Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor\n"
+            "for x, y in loader:\n"
+            "    valid = Tensor(np.ones((x.size(0), 1)))\n"
+            "    loss = criterion(model(x.type(Tensor)), valid)\n"
+            "    loss.backward()\n",
+            "import numpy as np\nimport torch\n"
+            "Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor\n"
+            "for x, y in loader:\n"
+            "    valid = Tensor(x.size(0), 1).fill_(1.0)\n"
+            "    loss = criterion(model(x.type(Tensor)), valid)\n"
+            "    loss.backward()\n",
+        ),
+        Example(
             _SETUP + "def scale(x):\n"
             "    return torch.full((4,), 0.1).to(device, torch.float16) * x\n"
         ),
@@ -122,6 +149,23 @@ class TensorCreatedOnHostThenMoved(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        for conversion in legacy_type_conversions(self.facts):
+            call = conversion.call.node
+            if isinstance(conversion.sizes, str):
+                self.decline(call, conversion.sizes)
+                continue
+            value = f"{conversion.fill}.0" if conversion.floating else str(conversion.fill)
+            made = cst.Call(call.func, args=conversion.sizes)
+            fixed = cst.Call(
+                cst.Attribute(made, cst.Name("fill_")), args=[cst.Arg(cst.parse_expression(value))]
+            ).with_changes(lpar=call.lpar, rpar=call.rpar)
+            self.report(
+                call,
+                Fix((Replace(call, fixed),)),
+                message=f"`{excerpt(conversion.array)}` is filled on the host, then converted and "
+                "copied to the device by the tensor type",
+                fix_title="Make it on the device: `Tensor(*shape).fill_(value)`",
+            )
         for creation in host_creations_moved(self.facts):
             random = creation.kind == "random"
             message = f"`{excerpt(creation.factory)}` is created on the host, then copied"

@@ -25,6 +25,10 @@ DTYPES = frozenset(
         "int64 long bool complex64 cfloat complex128 cdouble float8_e4m3fn float8_e5m2"
     ).split()
 )
+# Tensor methods that may copy their tensor to another device: `.to(device)`, `.cuda()` and
+# `.type(torch.cuda.FloatTensor)` (places_on_accelerator says whether a call does).
+COPY_METHODS = frozenset({"to", "cuda", "type"})
+FLOATING_KINDS = frozenset({"Float", "Double", "Half", "BFloat16"})
 ACCELERATOR_PREFIXES = ("cuda", "mps", "xpu", "hpu", "npu", "xla", "meta")
 # Calls that return plain Python values, whatever they are called on.
 HOST_METHODS = frozenset({"item", "tolist", "size", "numel", "dim", "nelement", "element_size"})
@@ -185,6 +189,96 @@ def _device_string_prefix(node: cst.BaseExpression) -> Optional[str]:
     return None
 
 
+# Legacy tensor types (`torch.cuda.FloatTensor`): a type names a device and a dtype at once, so
+# `x.type(torch.cuda.FloatTensor)` is a copy to the GPU and `torch.cuda.FloatTensor(2, 3)` a
+# tensor made there. `torch.Tensor` is the default type: the CPU, the default dtype.
+LEGACY_TYPE_DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Byte": "uint8",
+    "Char": "int8",
+    "Short": "int16",
+    "Int": "int32",
+    "Long": "int64",
+    "Bool": "bool",
+}
+LEGACY_TENSOR_TYPES = {
+    "torch.Tensor": "cpu",
+    **{f"torch.{kind}Tensor": "cpu" for kind in LEGACY_TYPE_DTYPES},
+    **{f"torch.cuda.{kind}Tensor": "cuda" for kind in LEGACY_TYPE_DTYPES},
+}
+FLOATING_TENSOR_TYPES = frozenset(
+    name
+    for name in LEGACY_TENSOR_TYPES
+    if name == "torch.Tensor" or name.rsplit(".", 1)[-1][: -len("Tensor")] in FLOATING_KINDS
+)
+
+
+def tensor_types(
+    facts: "ScriptFacts", node: Optional[cst.BaseExpression], depth: int = 0
+) -> Optional[FrozenSet[str]]:
+    """The legacy tensor types (`torch.cuda.FloatTensor`...) `node` may be, following names
+    (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`) and type strings
+    (`"torch.cuda.FloatTensor"`); None when it may be anything else (a dtype, a class)."""
+    if node is None or depth > MAX_DEPTH:
+        return None
+    return _memoized(facts, "tensor_types", (node, depth), _tensor_types, node, depth)
+
+
+def _tensor_types(
+    facts: "ScriptFacts", node: cst.BaseExpression, depth: int
+) -> Optional[FrozenSet[str]]:
+    if isinstance(node, _STRINGS):
+        text = literal(node, None)
+        return frozenset({text}) if text in LEGACY_TENSOR_TYPES else None
+    if isinstance(node, cst.IfExp):
+        body = tensor_types(facts, node.body, depth + 1)
+        orelse = tensor_types(facts, node.orelse, depth + 1)
+        return body | orelse if body is not None and orelse is not None else None
+    qualname = facts.imports.qualified_name(node)
+    if qualname is not None:
+        return frozenset({qualname}) if qualname in LEGACY_TENSOR_TYPES else None
+    name = dotted_name(node)
+    if name is None:
+        return None
+    return _memoized(facts, "name_tensor_types", (name, depth), _name_tensor_types, name, depth)
+
+
+def _name_tensor_types(facts: "ScriptFacts", name: str, depth: int) -> Optional[FrozenSet[str]]:
+    assignments = facts.assignments_to(name)
+    if not assignments or any(a.unpacked or a.augmented for a in assignments):
+        return None
+    found: FrozenSet[str] = frozenset()
+    for assignment in assignments:
+        types = tensor_types(facts, assignment.value, depth + 1)
+        if types is None:
+            return None
+        found |= types
+    return found
+
+
+def tensor_type_devices(
+    facts: "ScriptFacts", node: Optional[cst.BaseExpression]
+) -> Optional[FrozenSet[str]]:
+    """The device types a legacy tensor type `node` may put its tensors on (`cuda`, `cpu`)."""
+    types = tensor_types(facts, node)
+    return None if types is None else frozenset(LEGACY_TENSOR_TYPES[t] for t in types)
+
+
+def type_conversion_target(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """The type of `x.type(T)` (positional or `dtype=`), or None for another call."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value != "type":
+        return None
+    target = keyword(call, "dtype")
+    args = positional(call)
+    if target is None and args:
+        target = args[0]
+    return target.value if target is not None else None
+
+
 def copy_target(facts: "ScriptFacts", call: cst.Call) -> Optional[cst.BaseExpression]:
     """The device argument of `x.to(...)`, or None when the call converts only the dtype."""
     device = keyword(call, "device")
@@ -216,6 +310,10 @@ def _places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> bool:
     if isinstance(func, cst.Attribute) and func.attr.value == "to":
         target = copy_target(facts, call)
         return target is not None and device_kind(facts, target) is not DeviceKind.CPU
+    if isinstance(func, cst.Attribute) and func.attr.value == "type":
+        return "cuda" in (tensor_type_devices(facts, type_conversion_target(call)) or ())
+    if "cuda" in (tensor_type_devices(facts, func) or ()):
+        return True  # `Tensor(n, 1)` with `Tensor = torch.cuda.FloatTensor`
     device = keyword(call, "device")
     return device is not None and device_kind(facts, device.value) is not DeviceKind.CPU
 

@@ -25,12 +25,17 @@ from optimizer_codemod.analysis.calls import (
     with_keyword,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
-from optimizer_codemod.analysis.devices import may_live_on_accelerator, places_on_accelerator
+from optimizer_codemod.analysis.devices import (
+    COPY_METHODS,
+    may_live_on_accelerator,
+    places_on_accelerator,
+)
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
     declares_global,
     locally_assigned,
+    name_mentions,
     outside_value,
     parameter_names,
     unbound_parameter,
@@ -421,8 +426,11 @@ def loops_over(facts: "ScriptFacts", site: CallSite) -> List[Loop]:
         for loop in facts.records.loops:
             if not isinstance(loop.node, cst.For):
                 continue
-            direct = facts.loader_of(loop)
-            loaders = [direct] if direct is not None else _loaders_through_parameter(facts, loop)
+            # A parameter is what its callers pass, whatever the file binds to the same name
+            # elsewhere (`def train(train_loader)` called with `test_loader` too).
+            loaders = _loaders_through_parameter(facts, loop)
+            direct = facts.loader_of(loop) if not loaders else None
+            loaders = [direct] if direct is not None else loaders
             for loader in loaders:
                 table.setdefault(id(loader), []).append(loop)
         _LOOPS[facts] = table
@@ -517,13 +525,14 @@ def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
 
 
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
-    """Some loop over this loader copies (parts of) its batches with `.to(device)`/`.cuda()`."""
+    """Some loop over this loader copies (parts of) its batches to an accelerator (`.to(device)`,
+    `.cuda()`, `.type(torch.cuda.FloatTensor)`)."""
     for loop in loops_over(facts, site):
         names = facts.names_derived_in(loop, set(loop.targets))
         for call in facts.loop_calls(loop):
             func = call.node.func
             if (
-                call.method in ("to", "cuda")
+                call.method in COPY_METHODS
                 and isinstance(func, cst.Attribute)
                 and facts.derives_from(func.value, names)
                 and places_on_accelerator(facts, call.node)
@@ -823,12 +832,22 @@ def options_dict(facts: "ScriptFacts", call: cst.Call) -> Optional[OptionsDict]:
     its function, to `dict(key=value, ...)` or a `{"key": value}` literal. Its `problem`
     says when the dict is changed or used otherwise than as `**name` of DataLoaders and
     `name["key"]` reads (then its options are as unknown as those of any `**kwargs`)."""
+    assignment = _options_assignment(facts, call)
+    entries = _entries(facts, assignment.value) if assignment is not None else None
+    if assignment is None or entries is None:
+        return None
+    loaders, problem, _ = _options_uses(facts, assignment)
+    return OptionsDict(assignment.target, assignment.value, entries, loaders, problem)
+
+
+def _options_assignment(facts: "ScriptFacts", call: cst.Call):
+    """The one assignment of the `name` of a loader's only `**name` (no `*args`), at module
+    level or before the call in its function; None otherwise."""
     stars = [a for a in call.args if a.star == "**"]
     if has_star_args(call) or len(stars) != 1 or not isinstance(stars[0].value, cst.Name):
         return None
-    name = stars[0].value.value
     site = facts.call_site_of.get(call)
-    assignments = facts.assignments_to(name)
+    assignments = facts.assignments_to(stars[0].value.value)
     if site is None or len(assignments) != 1:
         return None
     assignment = assignments[0]
@@ -839,15 +858,73 @@ def options_dict(facts: "ScriptFacts", call: cst.Call) -> Optional[OptionsDict]:
         or (assignment.site.function is not None and assignment.site.order > site.site.order)
     ):
         return None
-    entries = _entries(facts, assignment.value)
-    if entries is None:
-        return None
+    return assignment
+
+
+def _options_uses(facts: "ScriptFacts", assignment):
     memo = facts.memo("options_dict")
     if id(assignment.value) not in memo:
         scope = assignment.site.function or facts.module
-        memo[id(assignment.value)] = _dict_uses(facts, scope, name, assignment)
-    loaders, problem = memo[id(assignment.value)]
-    return OptionsDict(name, assignment.value, entries, loaders, problem)
+        memo[id(assignment.value)] = _dict_uses(facts, scope, assignment.target, assignment)
+    return memo[id(assignment.value)]
+
+
+def option_values(
+    facts: "ScriptFacts", call: cst.Call, name: str
+) -> Optional[List[cst.BaseExpression]]:
+    """Every value DataLoader option `name` may take, when the file shows them all: from the
+    call, from its `**options` dict, from each branch of a dict chosen by a condition
+    (`{"pin_memory": True} if use_cuda else {}`) and from each `options.update({...})` before
+    the call (pytorch/examples fills its loaders' options so under `if use_accel:`). [] when
+    nothing sets it (its default); None when the options cannot all be read."""
+    arg = option(call, name)
+    if arg is not None:
+        return [arg.value]
+    if not options_hidden(call):
+        return []
+    assignment = _options_assignment(facts, call)
+    if assignment is None:
+        return None
+    value = assignment.value
+    dicts = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+    _, problem, updates = _options_uses(facts, assignment)
+    if problem is not None and updates is None:
+        return None
+    site = facts.call_site_of[call]
+    for update in updates or ():
+        update_site = facts.call_site_of.get(update)
+        if update_site is None or update_site.site.order > site.site.order:
+            return None  # an update after the call does not reach this loader
+        if update.args and update.args[0].keyword is None:
+            if len(update.args) != 1 or update.args[0].star:
+                return None
+            dicts.append(_only_merged_dict(facts, update.args[0].value))
+        else:  # `options.update(pin_memory=True)`
+            dicts.append(cst.Call(cst.Name("dict"), args=update.args))
+    values = []
+    for node in dicts:
+        entries = _entries(facts, node) if node is not None else None
+        if entries is None:
+            return None
+        if name in entries:
+            values.append(entries[name])
+    return values
+
+
+def _only_merged_dict(facts: "ScriptFacts", node: cst.BaseExpression):
+    """The dict literal `node` is, or the one a name is bound to when it is only ever merged
+    into others (`options.update(cuda_kwargs)`); None otherwise."""
+    if not isinstance(node, cst.Name):
+        return node
+    assignments = facts.assignments_to(node.value)
+    if len(assignments) != 1 or assignments[0].unpacked or assignments[0].augmented:
+        return None
+    merges = sum(
+        1
+        for update in facts.method_calls("update")
+        if len(update.node.args) == 1 and is_name(update.node.args[0].value, node.value)
+    )
+    return assignments[0].value if name_mentions(facts).get(node.value) == merges + 1 else None
 
 
 def _entries(
@@ -889,20 +966,32 @@ def _dict_uses(facts: "ScriptFacts", scope: cst.CSTNode, name: str, assignment):
     stored: Set[int] = set()
     for node in find_all(scope, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del):
         stored.update(id(n) for n in find_all(node.target, cst.Subscript))
-    problem = None
+    changes = []
     for node in find_all(scope, cst.Subscript, cst.Attribute):
         if not is_name(node.value, name):
             continue
         if isinstance(node, cst.Subscript) and id(node) not in stored:
             allowed.add(id(node.value))
         elif isinstance(node, cst.Subscript) or node.attr.value in DICT_MUTATORS:
-            problem = f"`{name}` is changed after it is built, by `{excerpt(node)}`"
-    if problem is None:
-        for node in find_all(scope, cst.Name):
-            if node.value == name and id(node) not in allowed:
-                problem = f"`{name}` is also used otherwise than as `**{name}` of a DataLoader"
-                break
-    return tuple(loaders), problem
+            changes.append(node)
+    problem = (
+        f"`{name}` is changed after it is built, by `{excerpt(changes[-1])}`" if changes else None
+    )
+    # Changed only by `name.update(...)` calls: option_values can still read every value.
+    updates = None
+    if all(isinstance(n, cst.Attribute) and n.attr.value == "update" for n in changes):
+        allowed.update(id(n.value) for n in changes)
+        calls = {id(c.node.func): c.node for c in facts.method_calls("update")}
+        updates = tuple(calls[id(n)] for n in changes if id(n) in calls)
+        updates = updates if len(updates) == len(changes) else None
+    for node in find_all(scope, cst.Name):
+        if node.value == name and id(node) not in allowed:
+            problem = (
+                problem or f"`{name}` is also used otherwise than as `**{name}` of a DataLoader"
+            )
+            updates = None
+            break
+    return tuple(loaders), problem, updates
 
 
 def option_value(facts: "ScriptFacts", call: cst.Call, name: str) -> Optional[cst.BaseExpression]:

@@ -271,15 +271,19 @@ class ScriptFacts:
         return self.calls_to(DATALOADER)
 
     def is_pinned(self, loader: CallSite) -> bool:
-        """The DataLoader pins its batches: `pin_memory=True` or `=torch.cuda.is_available()`.
+        """The DataLoader pins its batches: `pin_memory=True` or `=torch.cuda.is_available()`
+        (on every path that sets it: where the option is left out, the copy it speeds up is
+        still correct, only not faster).
 
         The one test of pinning that every rule shares (OPT101 adds exactly the second form,
         OPT201 relies on either). A name is followed when all its assignments qualify.
         """
-        from optimizer_codemod.analysis.loaders import option_value
+        from optimizer_codemod.analysis.loaders import option_values
 
-        value = option_value(self, loader.node, "pin_memory")  # also from a `**options` dict
-        return value is not None and self._pins(value, 0)
+        # Also from a `**options` dict, and from one filled under a condition (`if use_cuda:
+        # options.update(pin_memory=True)`): pinned where it is set, never set otherwise.
+        values = option_values(self, loader.node, "pin_memory")
+        return bool(values) and all(self._pins(value, 0) for value in values)
 
     def _pins(self, node: cst.BaseExpression, depth: int) -> bool:
         if literal(node, None) is True:

@@ -23,6 +23,7 @@ from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
     code_of,
+    excerpt,
     has_double_star,
     has_star_args,
     keyword,
@@ -31,19 +32,23 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
 from optimizer_codemod.analysis.devices import (
+    COPY_METHODS,
     DeviceKind,
     copy_target,
     device_kind,
     device_types,
     is_dtype,
     places_on_accelerator,
+    FLOATING_TENSOR_TYPES,
+    tensor_type_devices,
+    tensor_types,
+    type_conversion_target,
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import (
     DEFAULT_COLLATES,
     loops_over,
-    option_value,
-    options_unknown,
+    option_values,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 from optimizer_codemod.analysis.values import name_mentions, parameter_names
@@ -88,40 +93,104 @@ def blocking_batch_copies(
     added to it with the reason, in words.
     """
     found: List[BatchCopy] = []
+    examined: Set[int] = set()
     for loop, loaders, pinned in _batch_loops(facts):
         if not pinned and declined is None:
             continue
         names = facts.names_derived_in(loop, set(loop.targets))
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders)
         for call in facts.loop_calls(loop):
+            examined.add(id(call.node))
             copy = _batch_copy(facts, call, loop, names, custom_collate)
             if isinstance(copy, BatchCopy):
                 if pinned:
                     found.append(copy)
                 elif declined is not None:
                     declined.append((call.node, NOT_PINNED))
-            elif copy is not None and declined is not None and pinned:
-                declined.append((call.node, copy))
+            elif copy is not None and declined is not None:
+                declined.append((call.node, copy if pinned else NOT_PINNED))
+    if declined is not None:
+        declined.extend(_unfollowed_copies(facts, examined))
     return found
 
 
+def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[cst.Call, str]]:
+    """Copies to an accelerator, in a script that trains with a DataLoader that is or may be
+    pinned (its options may arrive through `**kwargs`), of a batch taken from something the
+    analysis does not follow to a loader (`self.train_data`, a parameter, `next(data_iter)`,
+    `cycle(dl)`): each with where its batch comes from."""
+    if not facts.trains or not any(
+        facts.is_pinned(site) or option_values(facts, site.node, "pin_memory") is None
+        for site in facts.dataloader_constructions()
+    ):
+        return []
+    unfollowed = []
+    for call in facts.records.calls:
+        node = call.node
+        if call.method not in COPY_METHODS or id(node) in examined or call.site.loop is None:
+            continue
+        origin = _batch_origin(facts, call)
+        if origin is not None and places_on_accelerator(facts, node):
+            unfollowed.append(
+                (
+                    node,
+                    f"the batch comes from `{origin}`, which the analysis cannot follow to a "
+                    "pinned DataLoader: add `non_blocking=True` by hand if it is one and the "
+                    "device is CUDA",
+                )
+            )
+    return unfollowed
+
+
+NEXT_CALLS = frozenset({"next", "__next__"})
+
+
+def _batch_origin(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
+    """Where the copied value is taken from, when it is a batch: the iterable of an enclosing
+    loop that binds it, or a `next(...)` call (directly or through a name bound in the loop,
+    or a comprehension over one)."""
+    source = call.node.func.value
+    name = _base(source)
+    local = _comprehension_iters(call.site.statement, call.node)
+    if name in local:
+        source = local[name]
+        name = _base(source)
+    if _is_next(source):
+        return code_of(source).strip()
+    for loop in reversed(call.site.loops):
+        if name in loop.targets:
+            return code_of(loop.iter).strip()
+        for assignment in facts.assignments_to(name or ""):
+            if loop in assignment.site.loops and _is_next(assignment.value):
+                return code_of(assignment.value).strip()
+    return None
+
+
+def _is_next(node: cst.BaseExpression) -> bool:
+    """`next(it)`, `it.next()`, `it.__next__()`."""
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else dotted_name(func)
+    return name in NEXT_CALLS
+
+
 NOT_PINNED = (
-    "the DataLoader is not built with `pin_memory=True` (OPT101 adds it): a copy from "
+    "the DataLoader is not built with `pin_memory=True` (OPT101 adds it where it can): a copy from "
     "pageable memory cannot overlap with the GPU's work"
 )
 
 
 def _batch_loops(facts: "ScriptFacts") -> List[Tuple[Loop, List[CallSite], bool]]:
-    """Loops over loaders that train (a training loop or one of its enclosing loops), and
-    whether every loader they iterate is pinned."""
-    training: Set[int] = set()
-    for loop in facts.training_loops:
-        training.update(id(outer) for outer in (loop, *loop.ancestors))
+    """Loops over loaders in a script that trains (its training loops and its evaluation
+    loops: each copy runs once per batch either way), and whether every loader they iterate
+    is pinned."""
+    if not facts.trains:
+        return []
     loaders_of: Dict[int, Tuple[Loop, List[CallSite]]] = {}
     for site in facts.dataloader_constructions():
         for loop in loops_over(facts, site):
-            if id(loop) in training:
-                loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
+            loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
     return [
         (loop, loaders, all(facts.is_pinned(loader) for loader in loaders))
         for loop, loaders in loaders_of.values()
@@ -151,12 +220,13 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
 
 
 def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
-    value = option_value(facts, loader.node, "collate_fn")
-    if value is None:
-        return options_unknown(facts, loader.node)  # `**kwargs` may carry one
-    if is_name(value, "None"):
-        return False
-    return facts.qualified_name(value) not in DEFAULT_COLLATES
+    values = option_values(facts, loader.node, "collate_fn")
+    if values is None:
+        return True  # `**kwargs` may carry one
+    return not all(
+        is_name(value, "None") or facts.qualified_name(value) in DEFAULT_COLLATES
+        for value in values
+    )
 
 
 def _batch_copy(
@@ -164,7 +234,7 @@ def _batch_copy(
 ) -> Union[BatchCopy, str, None]:
     """The copy, or why a copy of the batch to an accelerator is left out (None: not one)."""
     node = call.node
-    if call.method not in ("to", "cuda") or not isinstance(node.func, cst.Attribute):
+    if call.method not in COPY_METHODS or not isinstance(node.func, cst.Attribute):
         return None
     source = node.func.value
     if not facts.derives_from(source, names) or not places_on_accelerator(facts, node):
@@ -191,11 +261,12 @@ def _batch_copy(
             f"`{text}` or the batch it comes from is written in the loop, and the write "
             "could race with an asynchronous copy still reading it"
         )
-    types = (
-        frozenset({"cuda"})
-        if call.method == "cuda"
-        else _target_types(facts, copy_target(facts, node), call)
-    )
+    if call.method == "cuda":
+        types: Optional[FrozenSet[str]] = frozenset({"cuda"})
+    elif call.method == "type":  # `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`
+        types = tensor_type_devices(facts, type_conversion_target(node))
+    else:
+        types = _target_types(facts, copy_target(facts, node), call)
     if types is not None and not types <= ASYNC_SOUND_TYPES:
         return (
             "the copy may go to MPS or another accelerator that is not CUDA, where "
@@ -212,6 +283,8 @@ def _plain_arguments(facts: "ScriptFacts", call: cst.Call, method: str) -> bool:
     args = positional(call)
     if method == "cuda":  # cuda(device=None, non_blocking=False, memory_format=...)
         return len(args) <= 1 and keywords <= CUDA_KEYWORDS
+    if method == "type":  # type(dtype=None, non_blocking=False, **kwargs)
+        return len(args) + len(keywords) == 1 and keywords <= {"dtype"}
     # to(device, dtype, non_blocking, copy) or to(other, non_blocking, copy)
     if not keywords <= TO_KEYWORDS or len(args) > 2:
         return False
@@ -682,3 +755,104 @@ def _names_device(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) ->
         not a.unpacked and not a.augmented and _names_device(facts, a.value, depth + 1)
         for a in assignments
     )
+
+
+# Host arrays converted by a legacy CUDA tensor type ---------------------------------------------
+# `Tensor(np.ones(shape))` with `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`:
+# numpy fills a float64 array on the host, the type converts it and copies it to the GPU (a
+# blocking copy from pageable memory), every step. The numpy factories whose values the type
+# can make on its own device, by the value each fills in.
+NUMPY_FILLS = {"numpy.ones": 1, "numpy.zeros": 0}
+
+
+@dataclass(frozen=True)
+class LegacyTypeConversion:
+    """`Tensor(np.ones(shape))`: a numpy array made on the host, converted to a tensor type
+    that may be a CUDA one (and so copied to the GPU)."""
+
+    call: CallSite  # `Tensor(...)`
+    array: cst.Call  # `np.ones(shape)`
+    fill: int  # the value of every element
+    # `shape` as the type's size arguments (`Tensor(n, *rest)`), or why the type cannot make
+    # the array itself.
+    sizes: Union[Tuple[cst.Arg, ...], str]
+    floating: bool  # every type it may be is a floating-point one (`fill_(1.0)`, not `1`)
+
+
+def legacy_type_conversions(facts: "ScriptFacts") -> List[LegacyTypeConversion]:
+    """Every `T(np.ones(shape))`/`T(np.zeros(shape))` in a loop or function, where `T` may be
+    a CUDA tensor type (`torch.cuda.FloatTensor`, or a name bound to it on some branch), and
+    the conversions of numpy's random arrays, which the type cannot make: on the device they
+    would be other numbers."""
+    found: List[LegacyTypeConversion] = []
+    for call in facts.records.calls:
+        node = call.node
+        if call.site.loop is None and call.site.function is None:
+            continue  # runs once
+        if len(node.args) != 1 or node.args[0].keyword is not None or node.args[0].star:
+            continue
+        array = node.args[0].value
+        qualname = facts.qualified_name(array.func) if isinstance(array, cst.Call) else None
+        if not (qualname or "").startswith("numpy.") or not isinstance(array, cst.Call):
+            continue
+        types = tensor_types(facts, node.func)
+        if types is None or "cuda" not in tensor_type_devices(facts, node.func):
+            continue
+        shape = positional(array)
+        if qualname in NUMPY_FILLS and len(array.args) == len(shape) == 1:
+            sizes: Union[Tuple[cst.Arg, ...], str] = _size_arguments(shape[0].value)
+        elif qualname in NUMPY_FILLS:
+            sizes = f"`{excerpt(array)}` passes options that the rewrite does not carry over"
+        elif qualname.startswith("numpy.random."):
+            sizes = (
+                f"`{code_of(array.func).strip()}` draws its numbers from numpy's generator on "
+                "the host: drawn on the device they would be other numbers"
+            )
+        else:
+            continue  # data: converting it is a copy whichever way it is written
+        fill = NUMPY_FILLS.get(qualname, 0)
+        found.append(LegacyTypeConversion(call, array, fill, sizes, types <= FLOATING_TENSOR_TYPES))
+    return found
+
+
+def _size_arguments(shape: cst.BaseExpression) -> Union[Tuple[cst.Arg, ...], str]:
+    """`shape` as size arguments of a tensor type: `(n, *rest)` gives `n, *rest`.
+
+    A type called with one argument that is not an int reads it as data (`T(t)` copies a
+    tensor `t`, `T((2, 3))` is the vector [2, 3]), so a lone size must be an int for sure;
+    with two or more, only sizes can match.
+    """
+    parts = list(shape.elements) if isinstance(shape, cst.Tuple) else [cst.Element(shape)]
+    text = code_of(shape).strip()
+    if not parts or isinstance(parts[0], cst.StarredElement):
+        return f"the shape `{text}` may be empty or start with a sequence: no size arguments"
+    plain = [part for part in parts if not isinstance(part, cst.StarredElement)]
+    if len(plain) < 2 and not _an_int(parts[0].value):
+        return (
+            f"the shape `{text}` may be a sequence or a tensor rather than a number of "
+            "elements, which the tensor type would read as data instead of sizes"
+        )
+    return tuple(
+        cst.Arg(part.value, star="*" if isinstance(part, cst.StarredElement) else "")
+        for part in parts
+    )
+
+
+def _an_int(node: cst.BaseExpression) -> bool:
+    """An int for sure: a literal, `x.size(i)`, `x.shape[i]`, `len(...)`."""
+    if isinstance(node, cst.Integer):
+        return True
+    if isinstance(node, cst.Subscript):  # `x.shape[0]`, not `x.shape[1:]`
+        value = node.value
+        return (
+            isinstance(value, cst.Attribute)
+            and value.attr.value == "shape"
+            and len(node.slice) == 1
+            and isinstance(node.slice[0].slice, cst.Index)
+        )
+    if isinstance(node, cst.Call):
+        func = node.func
+        if is_name(func, "len"):
+            return True
+        return isinstance(func, cst.Attribute) and func.attr.value == "size" and len(node.args) == 1
+    return False
