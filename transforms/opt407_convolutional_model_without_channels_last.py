@@ -126,7 +126,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         dropout (`nn.Dropout2d`, `F.dropout2d`, `FeatureAlphaDropout`) draws one value per
         (sample, channel), whatever the layout, and keeps the fix `numerics`.
 
-        Never applied when the trained model is not known (several models, or one the
+        With the files rewritten together, a model class of another module of the run
+        counts with the layers it is built from (docs/projects.md): its `.view` calls, 3-D
+        convolutions and dropout as above; a layer built only under a conditional
+        expression is not taken for what the model is. Never applied when the trained
+        model is not known (several models, or one the
         analysis does not follow), when it has no 2-D convolution (`Conv1d` models have no
         4-D tensors to convert), when it also has a 3-D convolution (5-D weights make
         `.to(memory_format=torch.channels_last)` raise; `channels_last_3d` is another
