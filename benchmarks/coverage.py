@@ -41,18 +41,21 @@ anchor does not match its line, or no file could be read.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import os
 import platform
+import posixpath
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for scripts.ecosystem
 from scripts import ecosystem  # noqa: E402  (corpus loading, reading and running are shared)
@@ -80,6 +83,8 @@ TOLERANCE = 1  # lines: a finding reported on the first line of a multi-line cal
 OUTCOMES = ("applied", "reported", "declined", "silent")
 _RANK = {"fixed": 0, "unsafe": 0, "reported": 1, "declined": 2}
 VERDICTS = ("wrong", "questionable", "harmless")
+# The figures of the other mode printed beside the main ones.
+COMPARED = ("places", "applied", "applied_fraction", "explained_fraction", "silent")
 
 
 # -- the list -----------------------------------------------------------------------------------
@@ -419,6 +424,7 @@ def _pct(x: float) -> str:
 def render_table(summary: dict) -> str:
     s = summary
     out = [
+        f"mode: {_mode_words(s)}",
         f"places: {s['places']} in {s['files']} files",
         f"applied: {s['applied']} ({_pct(s['applied_fraction'])}); "
         f"with reports of report-only rules: {_pct(s['applied_or_report_only_fraction'])}",
@@ -428,6 +434,12 @@ def render_table(summary: dict) -> str:
         f"fixes at places not in the list: {s['unlisted_fixes']} unreviewed, "
         + ", ".join(f"{n} {v}" for v, n in s["reviewed_fixes"].items()),
         f"wrong edits: {len(s['wrong_edits'])}",
+        *(
+            [f"fixes in modules read for context (not scored): {s['context_fixes']}"]
+            if s.get("mode") == "project"
+            else []
+        ),
+        *([_comparison(s)] if s.get("per_file_mode") else []),
         "",
         f"{'rule':8s} {'places':>6s} {'applied':>7s} {'reported':>8s} {'declined':>8s} "
         f"{'silent':>6s}",
@@ -440,11 +452,35 @@ def render_table(summary: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _mode_words(summary: dict) -> str:
+    if summary.get("mode") == "per-file":
+        return "each pinned file rewritten on its own (`--per-file`)"
+    return (
+        "one run per repository over its pinned files and the local modules they import, "
+        "in their layout (as `apply repo/`)"
+    )
+
+
+def _comparison(summary: dict) -> str:
+    other = summary["per_file_mode"]
+    return (
+        f"each file on its own (--per-file) for comparison: applied {other['applied']} "
+        f"({_pct(other['applied_fraction'])}), explained {_pct(other['explained_fraction'])}, "
+        f"silent {other['silent']}"
+    )
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(summary: dict, matches: Sequence[FileMatch], header: dict) -> str:
+def render_markdown(
+    summary: dict,
+    matches: Sequence[FileMatch],
+    header: dict,
+    context_fixes: Sequence["ContextFix"] = (),
+    read: Optional[Dict[str, dict]] = None,
+) -> str:
     s = summary
     md = [
         "# Coverage benchmark: places an expert would optimize, and what `apply` does there",
@@ -458,8 +494,9 @@ def render_markdown(summary: dict, matches: Sequence[FileMatch], header: dict) -
             else ", a clean working tree"
         )
         + ".",
-        f"- Command: `{header['command']}`; each file rewritten on its own with "
-        "`apply --unsafe-fixes --output-format json -j 1 --why-not FILE` (as scripts/ecosystem.py).",
+        f"- Command: `{header['command']}`; {_mode_words(s)}, with "
+        "`apply --unsafe-fixes --output-format json -j 1 --why-not PATH`.",
+        *([f"- {_comparison(s)}."] if s.get("per_file_mode") else []),
         "- The list: `benchmarks/coverage_expected.toml`, written by reading the files pinned in "
         "`scripts/ecosystem.toml` (conventions in its header); a place matches a finding of its "
         f"rule on a listed line or within {TOLERANCE} line (OPT301, OPT401, OPT410: anywhere in "
@@ -555,7 +592,198 @@ def render_markdown(summary: dict, matches: Sequence[FileMatch], header: dict) -
         for f, r in m.reviewed
     ]
     md += rows or ["None."]
+    if read is not None:
+        md += [
+            "",
+            "## Fixes in the modules read for context (not scored)",
+            "",
+            "Local modules the pinned files import, rewritten in the same run; no place is "
+            "listed there, so these fixes are shown for review, not counted.",
+            "",
+        ]
+        md += [
+            f"- {c.finding.code} {c.repo}:{c.path}:{c.finding.line}: {_cell(c.finding.message)}"
+            for c in context_fixes
+        ] or ["None."]
+        md += ["", "Modules read for context, per repository:", ""]
+        md += [
+            f"- {repo}: {len(info['context_files'])}"
+            + (f" (cut at {MAX_CONTEXT_FILES})" if info["truncated"] else "")
+            + (f": {', '.join(info['context_files'])}" if info["context_files"] else "")
+            for repo, info in sorted(read.items())
+        ]
     return "\n".join(md) + "\n"
+
+
+# -- a repository as its user has it -------------------------------------------------------------
+
+MAX_CONTEXT_FILES = 80  # local modules read beside a repository's pinned files, at most
+
+
+class RepoFiles:
+    """The files of one repository at its pinned commit: a git mirror, or a checkout cache."""
+
+    def __init__(self, entry: Entry, mirrors: Sequence[Path], caches: Sequence[Path]):
+        self.entry, self.caches = entry, caches
+        self.git_dir: Optional[Path] = None
+        self.paths: Set[str] = set()
+        for cache in caches:
+            root = cache / entry.key
+            if root.is_dir():
+                self.paths = {
+                    p.relative_to(root).as_posix() for p in root.rglob("*.py") if p.is_file()
+                }
+                return
+        for git_dir in ecosystem._git_dirs(entry, mirrors):
+            listing = subprocess.run(
+                [
+                    "git",
+                    f"--git-dir={ecosystem._dot_git(git_dir)}",
+                    "ls-tree",
+                    "-r",
+                    "--name-only",
+                    entry.commit,
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if listing.returncode == 0:
+                self.git_dir = git_dir
+                self.paths = {p for p in listing.stdout.splitlines() if p.endswith(".py")}
+                return
+
+    def read(self, path: str) -> Optional[bytes]:
+        for cache in self.caches:
+            candidate = cache / self.entry.key / path
+            if candidate.is_file():
+                return candidate.read_bytes()
+        if self.git_dir is None:
+            return None
+        shown = subprocess.run(
+            [
+                "git",
+                f"--git-dir={ecosystem._dot_git(self.git_dir)}",
+                "show",
+                f"{self.entry.commit}:{path}",
+            ],
+            capture_output=True,
+        )
+        return shown.stdout if shown.returncode == 0 else None
+
+
+def _module_files(base: str, parts: Sequence[str], paths: Set[str]) -> List[str]:
+    """The files an import of `parts` from folder `base` runs: the packages on the way
+    (their `__init__.py`; a folder without one is a namespace package) and the module
+    itself, when it is a file of the repository."""
+    found = []
+    for i in range(1, len(parts) + 1):
+        stem = posixpath.join(base, *parts[:i])
+        init = posixpath.join(stem, "__init__.py")
+        if i == len(parts) and stem + ".py" in paths:
+            found.append(stem + ".py")
+        elif init in paths:
+            found.append(init)
+        elif not any(p.startswith(stem + "/") for p in paths):
+            return []
+    return found
+
+
+def _search_bases(path: str, paths: Set[str]) -> List[str]:
+    """Where an absolute import in `path` is looked up: its own folder (a script's folder is
+    on sys.path), the folder above its top package, and the repository root (a project
+    installed with `pip install -e .` or run from its root)."""
+    folder = posixpath.dirname(path)
+    top = folder
+    while top and posixpath.join(top, "__init__.py") in paths:
+        top = posixpath.dirname(top)
+    return list(dict.fromkeys([folder, top, ""]))
+
+
+def local_imports(path: str, source: bytes, paths: Set[str]) -> List[str]:
+    """The files of the repository (`paths`) that the imports of `path` name; imports of
+    anything else (the standard library, torch, other packages) are left out."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    found: List[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                for base in _search_bases(path, paths):
+                    files = _module_files(base, parts, paths)
+                    if files:
+                        found += files
+                        break
+        elif isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".") if node.module else []
+            if node.level:
+                base = posixpath.dirname(path)
+                for _ in range(node.level - 1):
+                    base = posixpath.dirname(base)
+                bases = [base]
+            else:
+                bases = _search_bases(path, paths)
+            for base in bases:
+                files = _module_files(base, parts, paths) if parts else []
+                package = posixpath.join(base, *parts)
+                submodules = [
+                    f
+                    for alias in node.names
+                    if alias.name != "*"
+                    for f in _module_files(package, [alias.name], paths)
+                ]
+                if files or submodules:
+                    found += files + submodules
+                    break
+    return list(dict.fromkeys(f for f in found if f != path))
+
+
+def project_files(
+    repo: RepoFiles, pinned: Dict[str, bytes], limit: int = MAX_CONTEXT_FILES
+) -> Tuple[Dict[str, bytes], bool]:
+    """The repository's local modules that its pinned files import, transitively (pinned
+    files left out), at most `limit` of them; and whether the limit cut the search short."""
+    context: Dict[str, bytes] = {}
+    pending = list(pinned.items())
+    while pending:
+        path, source = pending.pop(0)
+        for imported in local_imports(path, source, repo.paths):
+            if imported in pinned or imported in context:
+                continue
+            if len(context) >= limit:
+                return context, True
+            text = repo.read(imported)
+            if text is not None:
+                context[imported] = text
+                pending.append((imported, text))
+    return context, False
+
+
+def apply_project(
+    key: str,
+    pinned: Dict[str, bytes],
+    context: Dict[str, bytes],
+    workdir: Path,
+    command: Sequence[str],
+) -> Tuple[Dict[str, List[Finding]], Optional[str]]:
+    """Materialise the files in their layout and rewrite them in one run, as `apply repo/`:
+    the findings by path inside the repository, or an error."""
+    root = workdir / key
+    for path, source in {**context, **pinned}.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source)
+    run = run_apply(command, root, "--why-not", cwd=workdir)
+    if run.returncode not in (0, 1):
+        return {}, (run.stderr or run.stdout)[-2000:]
+    found: Dict[str, List[Finding]] = defaultdict(list)
+    report = run.report()
+    for record, finding in zip(report.get("findings", []), findings_from_report(report)):
+        path = Path(record["filename"]).resolve().relative_to(root.resolve()).as_posix()
+        found[path].append(finding)
+    return dict(found), None
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -594,6 +822,90 @@ def _torch_version() -> str:
         return "not installed"
 
 
+@dataclass
+class ContextFix:
+    """A fix the tool made in a local module read only as context (not pinned, not scored)."""
+
+    repo: str
+    path: str
+    finding: Finding
+
+
+Outcome = Tuple[List[Finding], Optional[str]]
+
+
+def run_per_file(
+    expected: Sequence[FileExpectation],
+    by_key: Dict[Tuple[str, str], Entry],
+    sources: Dict[Tuple[str, str], bytes],
+    workdir: Path,
+    jobs: int,
+) -> List[Outcome]:
+    """Each pinned file rewritten on its own (the ecosystem check's way)."""
+
+    def run(item: FileExpectation) -> Outcome:
+        entry = by_key[(item.repo, item.path)]
+        return apply_findings(entry, sources[(item.repo, item.path)], workdir, DEFAULT_COMMAND)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(run, expected))
+
+
+def run_projects(
+    expected: Sequence[FileExpectation],
+    by_key: Dict[Tuple[str, str], Entry],
+    sources: Dict[Tuple[str, str], bytes],
+    mirrors: Sequence[Path],
+    caches: Sequence[Path],
+    workdir: Path,
+    jobs: int,
+) -> Tuple[List[Outcome], List[ContextFix], Dict[str, dict]]:
+    """One `apply` per repository over its pinned files and the local modules they import,
+    in their layout: the pinned files' outcomes, the fixes made in the modules read for
+    context, and per repository which modules were read."""
+    repos: Dict[str, List[FileExpectation]] = defaultdict(list)
+    for item in expected:
+        repos[item.repo].append(item)
+
+    def run(repo: str):
+        items = repos[repo]
+        entry = by_key[(repo, items[0].path)]
+        pinned = {i.path: sources[(repo, i.path)] for i in items}
+        context, truncated = project_files(RepoFiles(entry, mirrors, caches), pinned)
+        findings, error = apply_project(entry.key, pinned, context, workdir, DEFAULT_COMMAND)
+        return findings, error, context, truncated
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = dict(zip(repos, pool.map(run, list(repos))))
+    outcomes: List[Outcome] = []
+    for item in expected:
+        findings, error, _context, _truncated = runs[item.repo]
+        outcomes.append((findings.get(item.path, []), error))
+    context_fixes = [
+        ContextFix(repo, path, finding)
+        for repo, (findings, _error, context, _truncated) in runs.items()
+        for path in sorted(context)
+        for finding in findings.get(path, [])
+        if finding.status == "fixed"
+    ]
+    read = {
+        repo: {"context_files": sorted(context), "truncated": truncated}
+        for repo, (_findings, _error, context, truncated) in runs.items()
+    }
+    return outcomes, context_fixes, read
+
+
+def _matches(
+    expected: Sequence[FileExpectation], outcomes: Sequence[Outcome]
+) -> Tuple[List[FileMatch], List[str]]:
+    matches, errors = [], []
+    for item, (findings, error) in zip(expected, outcomes):
+        if error:
+            errors.append(f"{item.repo}:{item.path}: {error}")
+        matches.append(match_file(item.places, findings, item.reviewed, item.repo, item.path))
+    return matches, errors
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--expected", type=Path, default=DEFAULT_EXPECTED)
@@ -602,7 +914,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cache", type=Path, action="append", default=[])
     parser.add_argument("--json", type=Path, help="write the results here (and .md beside it)")
     parser.add_argument("--only", help="only files whose repo:path contains this")
-    parser.add_argument("-j", "--jobs", type=int, default=2, help="files rewritten at once")
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="runs at once")
+    parser.add_argument(
+        "--per-file",
+        action="store_true",
+        help="rewrite each pinned file on its own (no project index), as the ecosystem check",
+    )
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="in project mode, skip the per-file run whose figures are printed beside",
+    )
     args = parser.parse_args(argv)
     mirrors = args.mirror if args.mirror is not None else list(ecosystem.DEFAULT_MIRRORS)
 
@@ -618,6 +940,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commit, uncommitted = ecosystem._git_commit(), ecosystem._uncommitted_tool_files()
     workdir = Path(tempfile.mkdtemp(prefix="optcodemod-coverage-"))
     sources: Dict[Tuple[str, str], bytes] = {}
+    context_fixes: List[ContextFix] = []
+    read: Dict[str, dict] = {}
+    compared: Optional[dict] = None
     try:
         for item in expected:
             source, origin = read_entry(by_key[(item.repo, item.path)], mirrors, args.cache)
@@ -629,22 +954,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if problems:
             print("anchors do not match:", *problems, sep="\n  ", file=sys.stderr)
             return 2
-
-        def run(item: FileExpectation):
-            entry = by_key[(item.repo, item.path)]
-            return apply_findings(entry, sources[(item.repo, item.path)], workdir, DEFAULT_COMMAND)
-
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            outcomes = list(pool.map(run, expected))
+        if args.per_file:
+            outcomes = run_per_file(expected, by_key, sources, workdir / "files", args.jobs)
+        else:
+            outcomes, context_fixes, read = run_projects(
+                expected, by_key, sources, mirrors, args.cache, workdir / "projects", args.jobs
+            )
+            if not args.no_compare:
+                alone = run_per_file(expected, by_key, sources, workdir / "files", args.jobs)
+                compared = summarise(_matches(expected, alone)[0])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    matches, errors = [], []
-    for item, (findings, error) in zip(expected, outcomes):
-        if error:
-            errors.append(f"{item.repo}:{item.path}: {error}")
-        matches.append(match_file(item.places, findings, item.reviewed, item.repo, item.path))
+    matches, errors = _matches(expected, outcomes)
     summary = summarise(matches)
     summary["tool_errors"] = errors
+    summary["mode"] = "per-file" if args.per_file else "project"
+    summary["context_fixes"] = len(context_fixes)
+    if compared is not None:
+        summary["per_file_mode"] = {k: compared[k] for k in COMPARED}
     sys.stdout.write(render_table(summary))
     for error in errors:
         print(f"tool error: {error}", file=sys.stderr)
@@ -658,7 +985,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "uncommitted_tool_files": uncommitted,
             "optcodemod_version": ecosystem._tool_version(DEFAULT_COMMAND),
             "command": "python benchmarks/coverage.py --json "
-            + os.path.relpath(args.json, Path.cwd()),
+            + os.path.relpath(args.json, Path.cwd())
+            + (" --per-file" if args.per_file else ""),
         }
         places = [
             {**asdict(r.place), "outcome": r.outcome, "finding": r.finding and asdict(r.finding)}
@@ -668,10 +996,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         unlisted = [
             {"file": f"{m.repo}:{m.path}", **asdict(f)} for m in matches for f in m.unlisted
         ]
-        document = {**header, "summary": summary, "places": places, "unlisted_fixes": unlisted}
+        document = {
+            **header,
+            "summary": summary,
+            "places": places,
+            "unlisted_fixes": unlisted,
+            "context_files": read,
+            "context_fixes": [asdict(c) for c in context_fixes],
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1) + "\n")
-        args.json.with_suffix(".md").write_text(render_markdown(summary, matches, header))
+        args.json.with_suffix(".md").write_text(
+            render_markdown(summary, matches, header, context_fixes, read)
+        )
     return 0
 
 

@@ -140,11 +140,21 @@ def _rule_may_fire(src: bytes, rule: type, project: Any = None) -> bool:
     if getattr(rule, "process_wide", False) and _runs_loops_elsewhere(project):
         return True  # a script whose training loops are in other modules (project.py)
     required, triggers = _required_regexes(rule)
-    return triggers.search(src) is not None and all(r.search(src) for r in required)
+    if not all(r.search(src) for r in required):
+        return False
+    return bool(triggers.search(src) or triggers.search(_imported_layers(project)))
 
 
 def _runs_loops_elsewhere(project: Any) -> bool:
     return project is not None and getattr(project, "loops", None) is not None
+
+
+def _imported_layers(project: Any) -> bytes:
+    """The layers of the model classes this file imports from other modules of the run
+    (project.ImportedClass), as text a rule's triggers may match: `GeneratorResNet()` from
+    models.py is a convolution the file's own text never spells."""
+    classes = getattr(project, "imported_classes", ()) if project is not None else ()
+    return "\n".join(layer for c in classes for layer in c.possible_layers).encode()
 
 
 def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None) -> bool:
@@ -152,9 +162,12 @@ def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None)
     the project index says `project` about)?"""
     if _runs_loops_elsewhere(project) and any(getattr(r, "process_wide", False) for r in rules):
         return True
-    if not rules or _trigger_regex(tuple(rules)).search(src) is None:
+    if not rules:
+        return False
+    combined = _trigger_regex(tuple(rules))
+    if combined.search(src) is None and combined.search(_imported_layers(project)) is None:
         return False  # one combined search settles most files
-    return any(_rule_may_fire(src, rule) for rule in rules)
+    return any(_rule_may_fire(src, rule, project) for rule in rules)
 
 
 def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:

@@ -250,3 +250,30 @@ def test_the_benchmark_matches_the_tools_own_findings_on_a_synthetic_script(tmp_
     assert len(match.unlisted) == len(others)
     rewritten = (tmp_path / entry.key / entry.path).read_text()
     assert "fused=True" in rewritten
+
+
+def test_local_imports_follow_the_projects_own_modules_only():
+    paths = {
+        "train.py",
+        "models/__init__.py",
+        "models/resnet.py",
+        "util/misc.py",  # a namespace package: no __init__.py
+        "pkg/__init__.py",
+        "pkg/trainer.py",
+        "pkg/sub/helpers.py",
+    }
+    source = (
+        b"import torch\nimport util.misc\nfrom models import *\nfrom pkg.trainer import Trainer\n"
+    )
+    assert coverage.local_imports("train.py", source, paths) == [
+        "util/misc.py",
+        "models/__init__.py",
+        "pkg/__init__.py",
+        "pkg/trainer.py",
+    ]
+    relative = b"from .resnet import *\nfrom . import resnet\n"
+    assert coverage.local_imports("models/__init__.py", relative, paths) == ["models/resnet.py"]
+    assert coverage.local_imports("pkg/sub/helpers.py", b"from ..trainer import T\n", paths) == [
+        "pkg/trainer.py"
+    ]
+    assert coverage.local_imports("train.py", b"def broken(:\n", paths) == []

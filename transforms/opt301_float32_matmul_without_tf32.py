@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.precision import (
     first_backward,
     float32_precision_configured,
     float64_model,
+    imported_by_others,
     loops_elsewhere,
     runs_as_script,
     setting_placement,
@@ -197,6 +198,10 @@ class Float32MatmulWithoutTF32(Rule):
                 "(no `.cuda()`, `.to(device)`, `device=`, device API or launcher): it trains "
                 "on the CPU, where the setting changes nothing",
             )
+            return
+        imported_by = imported_by_others(facts)
+        if imported_by is not None:
+            self.decline(anchor.node, imported_by)
             return
         message = None
         if backward is None:

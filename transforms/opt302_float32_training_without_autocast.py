@@ -9,14 +9,17 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import uses_reduced_precision
+from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     TrainedModel,
     TrainingStep,
     device_type_code,
     device_type_code_in,
+    RECURRENT_LAYERS,
     evaluation_forwards,
     gradient_clipping,
+    imported_layer,
     is_expression_statement,
     loop_method_calls,
     model_built,
@@ -43,7 +46,6 @@ from optimizer_codemod.torch_version import TorchVersion
 
 # Under CUDA autocast these raise ("unsafe to autocast"); the logits versions are safe.
 BINARY_CROSS_ENTROPY = ("torch.nn.BCELoss", "torch.nn.functional.binary_cross_entropy")
-AUTOGRAD_FUNCTION = "torch.autograd.Function"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # `torch.amp.GradScaler(device_type)` (float16 on any device) is 2.3's.
 GRAD_SCALER_SINCE = TorchVersion(2, 3)
@@ -218,7 +220,7 @@ class Float32TrainingWithoutAutocast(Rule):
             )
             return
         anchor = steps[0].forward[0]
-        if self._reports_hazard(anchor):
+        if self._reports_hazard(anchor) or self._reports_hazard_elsewhere(model, anchor):
             return
         placement = model_placement(facts, model)
         home = placement[1] if placement is not None else None
@@ -233,10 +235,16 @@ class Float32TrainingWithoutAutocast(Rule):
             return
         dtype = DTYPES[self.context.precision]
         recurrent = model_recurrent_layers(facts, model)
-        if recurrent and dtype == "bfloat16":
+        elsewhere = imported_layer(facts, model, RECURRENT_LAYERS.__contains__)
+        if (recurrent or elsewhere is not None) and dtype == "bfloat16":
+            shown = (
+                f"`{excerpt(recurrent[0].node)}`"
+                if recurrent
+                else f"`{elsewhere[0]}` in {elsewhere[1].module}"
+            )
             self.decline(
                 anchor,
-                f"`{model.name}` has a cuDNN recurrent layer (`{excerpt(recurrent[0].node)}`): "
+                f"`{model.name}` has a cuDNN recurrent layer ({shown}): "
                 "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
                 "autocast would train it in float16 without a GradScaler (set precision to "
                 "fp16, which adds one)",
@@ -317,7 +325,7 @@ class Float32TrainingWithoutAutocast(Rule):
         functions = [
             info.node
             for info in facts.classes.values()
-            if AUTOGRAD_FUNCTION in info.bases or "torch.autograd.function.Function" in info.bases
+            if any(base in AUTOGRAD_FUNCTION_BASES for base in info.bases)
         ]
         if functions:
             self.report(
@@ -329,6 +337,28 @@ class Float32TrainingWithoutAutocast(Rule):
             )
             return True
         return False
+
+    def _reports_hazard_elsewhere(self, model: TrainedModel, anchor: cst.CSTNode) -> bool:
+        """The hazards of _reports_hazard in the model's classes from other modules."""
+        found = imported_layer(
+            self.facts, model, lambda q: q in BINARY_CROSS_ENTROPY or q == AUTOGRAD_FUNCTION
+        )
+        if found is None:
+            return False
+        layer, imported = found
+        self.report(
+            anchor,
+            message=f"Float32 training without autocast, but `{model.name}` calls `{layer}` in "
+            f"{imported.module}, which "
+            + (
+                "would receive 16-bit inputs under autocast: decorate its forward with "
+                "`torch.amp.custom_fwd(device_type=...)` and backward with `custom_bwd`"
+                if layer == AUTOGRAD_FUNCTION
+                else "raises under CUDA autocast: use the logits version"
+            )
+            + ", then add autocast",
+        )
+        return True
 
     def _loss_scaling(
         self,

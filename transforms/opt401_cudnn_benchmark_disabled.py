@@ -10,6 +10,9 @@ from optimizer_codemod.analysis.precision import (
     determinism_requested,
     entry_call,
     entry_points_elsewhere,
+    imported_by_others,
+    imported_convolutions,
+    imported_variable_shapes,
     loops_elsewhere,
     runs_as_script,
     setting_placement,
@@ -113,7 +116,8 @@ class CudnnBenchmarkDisabled(Rule):
         elsewhere = loops_elsewhere(facts)
         imported = elsewhere.imported if elsewhere is not None else None
         convolutions = convolution_sites(facts)
-        anchor = convolutions[0] if convolutions else None
+        # A model class of another module of the run built with convolutions counts too.
+        anchor = convolutions[0] if convolutions else imported_convolutions(facts)
         if imported is not None and imported.convolutions:
             anchor = anchor or entry_call(facts)
         if anchor is None or not (facts.trains or elsewhere is not None):
@@ -123,7 +127,7 @@ class CudnnBenchmarkDisabled(Rule):
         if imported is not None and (imported.cudnn_configured or imported.determinism):
             return
         first = anchor.node
-        varying = variable_input_shapes(facts)
+        varying = variable_input_shapes(facts) or imported_variable_shapes(facts)
         if varying is not None or (imported is not None and imported.variable_shapes):
             self.report(
                 first,
@@ -147,8 +151,12 @@ class CudnnBenchmarkDisabled(Rule):
                 "`torch.backends.cudnn.benchmark = True` in the script that runs it",
             )
             return
+        imported_by = imported_by_others(facts)
+        if imported_by is not None:
+            self.decline(first, imported_by)
+            return
         message = None
-        if not convolutions:
+        if not convolutions and elsewhere is not None:
             message = (
                 f"Convolutional training (the loop in {', '.join(elsewhere.modules)}) "
                 "without the cuDNN autotuner (`cudnn.benchmark`)"

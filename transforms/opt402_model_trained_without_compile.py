@@ -7,7 +7,9 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
+    RECURRENT_LAYERS,
     compiles,
+    imported_layer,
     device_type_code,
     model_built,
     model_device,
@@ -171,9 +173,15 @@ class ModelTrainedWithoutCompile(Rule):
     def _why_compile_would_not_pay(self, model) -> "str | None":
         """Dynamo graph-breaks around what it cannot trace, leaving most of the step eager."""
         recurrent = model_recurrent_layers(self.facts, model)
-        if recurrent:
+        elsewhere = imported_layer(self.facts, model, RECURRENT_LAYERS.__contains__)
+        if recurrent or elsewhere is not None:
+            shown = (
+                f"`{excerpt(recurrent[0].node)}`"
+                if recurrent
+                else f"`{elsewhere[0]}` in {elsewhere[1].module}"
+            )
             return (
-                f"`{model.name}` has a recurrent layer (`{excerpt(recurrent[0].node)}`): Dynamo "
+                f"`{model.name}` has a recurrent layer ({shown}): Dynamo "
                 "graph-breaks on RNN, GRU and LSTM modules (`torch._dynamo.config.allow_rnn` "
                 "is False), so that layer stays eager and compiling the rest buys little"
             )

@@ -11,9 +11,12 @@ from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import CONVOLUTIONS, TORCHVISION_MODELS
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
+    imported_layer,
+    is_elementwise_dropout,
     model_built,
     model_classes,
     model_dropout_calls,
+    model_imported_classes,
     model_layer_calls,
     model_output_names,
     the_trained_model,
@@ -123,7 +126,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         dropout (`nn.Dropout2d`, `F.dropout2d`, `FeatureAlphaDropout`) draws one value per
         (sample, channel), whatever the layout, and keeps the fix `numerics`.
 
-        Never applied when the trained model is not known (several models, or one the
+        With the files rewritten together, a model class of another module of the run
+        counts with the layers it is built from (docs/projects.md): its `.view` calls, 3-D
+        convolutions and dropout as above; a layer built only under a conditional
+        expression is not taken for what the model is. Never applied when the trained
+        model is not known (several models, or one the
         analysis does not follow), when it has no 2-D convolution (`Conv1d` models have no
         4-D tensors to convert), when it also has a 3-D convolution (5-D weights make
         `.to(memory_format=torch.channels_last)` raise; `channels_last_3d` is another
@@ -182,7 +189,10 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         model = the_trained_model(facts)
         if model is None:
             return
+        # Classes from other modules of the run count with the layers they are built from.
+        imported = model_imported_classes(facts, model)
         qualnames = [call.qualname or "" for call in model_layer_calls(facts, model)]
+        qualnames += [q for c in imported for q in c.layers]
         if not any(_planar_convolution(q) for q in qualnames):
             return
         anchor = model_built(facts, model)
@@ -213,6 +223,16 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 "`.to(memory_format=torch.channels_last)`",
             )
             return
+        elsewhere = next((c for c in imported if c.view), None)
+        if elsewhere is not None and anchor is not None:
+            self.report(
+                anchor,
+                message=f"Convolutional model `{model.name}` could train in channels_last, but "
+                f"`{elsewhere.view}` in {elsewhere.module} would raise on a channels_last "
+                "tensor: use `torch.flatten` or `.reshape` there, then convert the model with "
+                "`.to(memory_format=torch.channels_last)`",
+            )
+            return
         torch = facts.imports.name_for_module("torch")
         if anchor is None:
             return
@@ -225,16 +245,21 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         imports = () if torch else (ImportSpec("torch"),)
         message = f"Convolutional model `{model.name}` trained in the NCHW memory format"
         dropout = model_dropout_calls(facts, model)
+        dropout_elsewhere = imported_layer(facts, model, is_elementwise_dropout)
         if dropout:
+            shown = f"`{cst.Module([]).code_for_node(dropout[0].node.func)}`"
+        elif dropout_elsewhere is not None:
+            shown = f"`{dropout_elsewhere[0]}` in {dropout_elsewhere[1].module}"
+        if dropout or dropout_elsewhere is not None:
             message += (
-                f" (it applies dropout, `{cst.Module([]).code_for_node(dropout[0].node.func)}`:"
-                " in channels_last a seeded run drops other elements)"
+                f" (it applies dropout, {shown}: in channels_last a seeded run drops other "
+                "elements)"
             )
         self.report(
             anchor,
             Fix((InsertStatements(anchor, after=(statement,)),), imports),
             message=message,
-            safety=Safety.BEHAVIOR if dropout else None,
+            safety=Safety.BEHAVIOR if dropout or dropout_elsewhere is not None else None,
         )
 
     def _views(self, model) -> List[cst.Call]:

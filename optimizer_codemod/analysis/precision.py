@@ -16,6 +16,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal, receiver
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import builds_module
+from optimizer_codemod.analysis.values import imported_module_class
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
@@ -58,6 +59,9 @@ CONVOLUTIONS = frozenset(
 # embedding). Detection models resize every image keeping its aspect ratio (variable shapes).
 TORCHVISION_MODELS = "torchvision.models."
 VARIABLE_SHAPE_MODELS = ("torchvision.models.detection.",)
+# Box operations are detection code (DETR, Faster R-CNN): its images are resized keeping
+# their aspect ratio and batched padded to the largest, so shapes change every step.
+DETECTION_OPS = ("torchvision.ops.boxes.", "torchvision.ops.roi_align", "torchvision.ops.nms")
 # Batches padded to their longest sequence change shape from one step to the next.
 VARIABLE_LENGTH_BATCHING = (
     "torch.nn.utils.rnn.pad_sequence",
@@ -273,18 +277,59 @@ def float64_model(facts: "ScriptFacts") -> bool:
 def convolution_sites(facts: "ScriptFacts") -> List["CallSite"]:
     """Convolution layers or calls built in this file (torchvision model builders included),
     in source order."""
-    return [
-        call
-        for call in facts.records.calls
-        if call.qualname in CONVOLUTIONS or (call.qualname or "").startswith(TORCHVISION_MODELS)
-    ]
+    return [call for call in facts.records.calls if is_convolution(call.qualname or "")]
 
 
 def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """A call showing batches change shape from step to step (padding to the longest
-    sequence, detection models that resize each image): each new shape is autotuned again."""
+    sequence, detection models that resize each image, box operations of detection code):
+    each new shape is autotuned again."""
     for call in facts.records.calls:
-        qualname = call.qualname or ""
-        if qualname in VARIABLE_LENGTH_BATCHING or qualname.startswith(VARIABLE_SHAPE_MODELS):
+        if varies_shapes(call.qualname or ""):
             return call
     return None
+
+
+def varies_shapes(qualname: str) -> bool:
+    return qualname in VARIABLE_LENGTH_BATCHING or qualname.startswith(
+        VARIABLE_SHAPE_MODELS + DETECTION_OPS
+    )
+
+
+def is_convolution(qualname: str) -> bool:
+    return qualname in CONVOLUTIONS or qualname.startswith(TORCHVISION_MODELS)
+
+
+# Model classes of other modules of the run ---------------------------------------------------
+def imported_convolutions(facts: "ScriptFacts") -> Optional["CallSite"]:
+    """The first call in this file of an nn.Module class from another module of the run that
+    is built with convolutions (`GeneratorResNet(...)` after `from models import *`)."""
+    return _first_imported_class_call(facts, is_convolution)
+
+
+def imported_variable_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
+    """As variable_input_shapes, for the classes this file builds from other modules."""
+    return _first_imported_class_call(facts, varies_shapes)
+
+
+def _first_imported_class_call(facts: "ScriptFacts", wanted) -> Optional["CallSite"]:
+    project = getattr(facts, "project", None)
+    if project is None or not project.imported_classes:
+        return None
+    names = {c.name for c in project.imported_classes if any(wanted(q) for q in c.layers)}
+    for call in facts.records.calls:
+        if dotted_name(call.node.func) in names and imported_module_class(facts, call.node.func):
+            return call
+    return None
+
+
+def imported_by_others(facts: "ScriptFacts") -> Optional[str]:
+    """Why a process-wide setting may not go at the top of this file, which other files of
+    the run import (project.py): it would run in each of them; else None."""
+    project = getattr(facts, "project", None)
+    if project is None or not project.importers:
+        return None
+    return (
+        "the setting is process-wide and this file is imported by "
+        f"{', '.join(project.importers)}: at its top it would change their numerics too"
+    )

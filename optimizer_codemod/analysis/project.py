@@ -21,8 +21,12 @@ a small picklable `ProjectFacts` (part of its cache key):
 - `loops`: for such a script, the loops it runs elsewhere (`LoopsElsewhere`): which calls run
   them, and what the modules it imports decide about precision, determinism and
   convolutions, so that OPT301/OPT401 insert their settings as for a loop of its own;
-- `module_classes`: the names it imports that are nn.Module classes of other modules
-  (`from model import TinyLM`), so that `TinyLM()` builds a module.
+- `imported_classes`: the names it imports that are nn.Module classes of other modules
+  (`from model import TinyLM`, also through `from models import *` and a package's
+  `__init__` that re-exports), so that `TinyLM()` builds a module, with the layers the
+  class is built from (per-model rules ask whether it convolves, recurs, calls `.view`);
+- `importers`: the files of the run that import it: a process-wide setting at its top
+  would run in each of them.
 
 Cost: files are first read as text; only files whose imports name another module of the
 run are parsed (with those modules), so a single script, or files that import nothing
@@ -67,6 +71,8 @@ from optimizer_codemod.analysis.script import BACKWARD_CALL
 _IMPORT_LINE = re.compile(
     rb"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import\b|import[ \t]+([^\n#;]+))", re.MULTILINE
 )
+AUTOGRAD_FUNCTION = "torch.autograd.Function"
+AUTOGRAD_FUNCTION_BASES = (AUTOGRAD_FUNCTION, "torch.autograd.function.Function")
 MAX_ROUNDS = 4  # callers of callers: train.py -> runner.py -> trainer.py -> ...
 
 
@@ -138,16 +144,45 @@ class LoopsElsewhere:
 
 
 @dataclass(frozen=True)
+class ImportedClass:
+    """An nn.Module class another module of the run defines and this one imports."""
+
+    name: str  # as this module spells it: `TinyLM`, `models.ResNet`
+    module: str  # the file that defines it
+    # Qualified names of the calls its methods make, with those of its bases and of the
+    # classes it builds (in its file and the files that file imports) and of the functions
+    # of its file they call: the layers it may be built from.
+    layers: Tuple[str, ...]
+    view: str  # the first `.view(...)`/`.view_as(...)` among those calls, "" when none
+    # Layers built only under a condition (`nn.Conv2d(...) if talking_heads else None`):
+    # they count for hazards (a layer that may be there), not as what the model is.
+    optional: Tuple[str, ...] = ()
+
+    @property
+    def possible_layers(self) -> Tuple[str, ...]:
+        return self.layers + self.optional
+
+
+@dataclass(frozen=True)
 class ProjectFacts:
     """What the other modules of the run tell one file (picklable, part of its cache key)."""
 
     calls: Tuple[IncomingCall, ...] = ()
     entry_points: Tuple[str, ...] = ()
     loops: Optional[LoopsElsewhere] = None
-    module_classes: Tuple[str, ...] = ()
+    imported_classes: Tuple[ImportedClass, ...] = ()
+    importers: Tuple[str, ...] = ()  # the files of the run that import this one
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
+
+    @property
+    def module_classes(self) -> Tuple[str, ...]:
+        """The names it imports that are nn.Module classes of other modules."""
+        return tuple(c.name for c in self.imported_classes)
+
+    def imported_class(self, name: str) -> Optional[ImportedClass]:
+        return next((c for c in self.imported_classes if c.name == name), None)
 
 
 # Stored as JSON (the results cache keeps the index of an unchanged run) ----------------------
@@ -182,12 +217,18 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             imported=Settings(**record["imported"]),
         )
 
+    def imported_class(record) -> ImportedClass:
+        return ImportedClass(
+            **{**record, "layers": tuple(record["layers"]), "optional": tuple(record["optional"])}
+        )
+
     return {
         path: ProjectFacts(
             calls=tuple(call(c) for c in record["calls"]),
             entry_points=tuple(record["entry_points"]),
             loops=loops(record["loops"]),
-            module_classes=tuple(record["module_classes"]),
+            imported_classes=tuple(imported_class(c) for c in record["imported_classes"]),
+            importers=tuple(record["importers"]),
         )
         for path, record in data.items()
     }
@@ -208,6 +249,11 @@ class _Module:
     runs: Optional[Set[str]] = None  # files whose loops it runs as a script, once asked
     uses: Optional[Set[str]] = None  # imported names used otherwise than called, once asked
     import_nodes: List[cst.CSTNode] = field(default_factory=list)  # its import statements
+    stars: List[str] = field(default_factory=list)  # files it imports `*` from
+    starred: bool = False  # its `*` imports are bound
+    summaries: Dict[str, Tuple[Set[str], Set[str], str]] = field(default_factory=dict)
+    calls_by_name: Optional[Dict[str, list]] = None  # calls of each class and function
+    conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
 
 
 def _search_roots(path: str) -> List[str]:
@@ -292,9 +338,13 @@ def _bind_imports(module: "_Module", files: Dict[str, "_Module"]) -> None:
                 else:
                     module.modules[name] = target
             continue
-        if isinstance(node.names, cst.ImportStar):
-            continue
         level = len(node.relative)
+        if isinstance(node.names, cst.ImportStar):
+            name = dotted_name(node.module) if node.module is not None else ""
+            target, _ = _resolve(module.path, name or "", level, files)
+            if target is not None:
+                module.stars.append(target)
+            continue
         name = dotted_name(node.module) if node.module is not None else ""
         target, folders = _resolve(module.path, name or "", level, files)
         for alias in node.names:
@@ -310,6 +360,45 @@ def _bind_imports(module: "_Module", files: Dict[str, "_Module"]) -> None:
                 module.modules[bound] = submodule
             elif target is not None:
                 module.objects[bound] = (target, imported)
+
+
+def _bind_stars(module: "_Module", files: Dict[str, "_Module"], depth: int = 0) -> None:
+    """The names `from pkg import *` binds: the public classes and functions of the module,
+    and what it imports or re-exports itself (`from .resnet import *` in `__init__.py`);
+    its `__all__` when it spells one out as a list of strings."""
+    if module.starred or depth > MAX_ROUNDS:
+        return
+    module.starred = True
+    for path in module.stars:
+        source = files.get(path)
+        if source is None or source.facts is None:
+            continue
+        _bind_stars(source, files, depth + 1)
+        names = _public_names(source)
+        for name in names:
+            if name not in module.objects and name not in module.modules:
+                module.objects[name] = (path, name)
+
+
+def _public_names(module: "_Module") -> List[str]:
+    facts = module.facts
+    listed = _all_names(facts)
+    if listed is not None:
+        return listed
+    names = [*facts.classes, *facts.records.functions, *module.objects]
+    return [n for n in dict.fromkeys(names) if not n.startswith("_")]
+
+
+def _all_names(facts) -> Optional[List[str]]:
+    """The strings of a module-level `__all__ = [...]`, when that is how it is written."""
+    for assignment in facts.assignments_to("__all__"):
+        value = assignment.value
+        if isinstance(value, (cst.List, cst.Tuple)) and all(
+            isinstance(e.value, cst.SimpleString) for e in value.elements
+        ):
+            return [e.value.evaluated_value for e in value.elements]
+        return []
+    return None
 
 
 def _shadowed(facts, name: str) -> bool:
@@ -381,9 +470,14 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
         if module.facts is not None:
             _bind_imports(module, files)
     for target in {
-        t for m in importers for t in (*m.modules.values(), *(o[0] for o in m.objects.values()))
+        t
+        for m in importers
+        for t in (*m.modules.values(), *(o[0] for o in m.objects.values()), *m.stars)
     }:
         _parse(files[target])
+    for module in importers:
+        if module.facts is not None:
+            _bind_stars(module, files)
     parsed = [m for m in files.values() if m.facts is not None]
     if not any(m.objects or m.modules for m in parsed):
         return {}
@@ -392,7 +486,15 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
     for module in parsed:
         for path in _runs(module, files):
             scripts.setdefault(path, []).append(module.label)
-    facts = {m.path: _own_facts(m, files, scripts.get(m.path, [])) for m in parsed}
+    importers_of: Dict[str, Set[str]] = {}
+    for module in parsed:
+        for path in _imports_of(module):
+            if path != module.path:
+                importers_of.setdefault(path, set()).add(module.label)
+    facts = {
+        m.path: _own_facts(m, files, scripts.get(m.path, []), importers_of.get(m.path, set()))
+        for m in parsed
+    }
     # Callers' arguments, read with what their own callers tell them (a chain of calls): a
     # module's calls are read again only when what it is told changed.
     outgoing: Dict[str, List[Tuple[str, IncomingCall]]] = {}
@@ -566,13 +668,18 @@ def _settings(facts) -> Settings:
     )
 
 
+def _imports_of(module: _Module) -> Set[str]:
+    """The files of the run `module` imports directly."""
+    return {*module.modules.values(), *(o[0] for o in module.objects.values()), *module.stars}
+
+
 def _imported_files(module: _Module, files: Dict[str, _Module]) -> Set[str]:
     """The files of the run `module` imports, transitively (itself left out)."""
     seen: Set[str] = set()
     pending = [module]
     while pending:
         current = pending.pop()
-        for path in {*current.modules.values(), *(o[0] for o in current.objects.values())}:
+        for path in _imports_of(current):
             if path not in seen and path != module.path:
                 seen.add(path)
                 if path in files:
@@ -580,25 +687,126 @@ def _imported_files(module: _Module, files: Dict[str, _Module]) -> Set[str]:
     return seen
 
 
-def _own_facts(module: _Module, files: Dict[str, _Module], scripts: List[str]) -> ProjectFacts:
-    """What `module` is told apart from incoming calls: the module classes it imports, and,
-    for a script, the loops of other modules it runs."""
+def _own_facts(
+    module: _Module, files: Dict[str, _Module], scripts: List[str], importers: Set[str]
+) -> ProjectFacts:
+    """What `module` is told apart from incoming calls: the module classes it imports, the
+    files that import it, and, for a script, the loops of other modules it runs."""
     from optimizer_codemod.analysis.training import is_module_class
 
     classes = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
         if defined is not None and is_module_class(defined[0].facts, defined[1]):
-            classes.append(name)
+            classes.append(_imported_class(name, *defined, files))
     for spelling, path in module.modules.items():
         owner = files.get(path)
         for name in owner.facts.classes if owner is not None and owner.facts else ():
             if is_module_class(owner.facts, name):
-                classes.append(f"{spelling}.{name}")
+                classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
     loops = _loops_elsewhere(module, files)
     return ProjectFacts(
-        entry_points=tuple(sorted(scripts)), loops=loops, module_classes=tuple(sorted(classes))
+        entry_points=tuple(sorted(scripts)),
+        loops=loops,
+        imported_classes=tuple(sorted(classes, key=lambda c: c.name)),
+        importers=tuple(sorted(importers)),
     )
+
+
+def _imported_class(
+    spelling: str, owner: _Module, name: str, files: Dict[str, _Module]
+) -> ImportedClass:
+    layers, optional, view = _class_layers(owner, name, files, 0)
+    return ImportedClass(
+        spelling, owner.label, tuple(sorted(layers)), view, tuple(sorted(optional - layers))
+    )
+
+
+def _class_layers(
+    owner: _Module, name: str, files: Dict[str, _Module], depth: int
+) -> Tuple[Set[str], Set[str], str]:
+    """(qualified names of the calls class `name` of `owner` makes, those it makes only
+    under a conditional expression, the first `.view` among them), memoised per class: its
+    methods, its bases and the classes it builds in the same file or, through imports, in
+    other files of the run, and the functions of its file those methods call."""
+    if name in owner.summaries:
+        return owner.summaries[name]
+    owner.summaries[name] = (set(), set(), "")  # a class that builds itself ends here
+    facts = owner.facts
+    if owner.calls_by_name is None:
+        owner.calls_by_name = _calls_by_name(facts)
+    by_class = owner.calls_by_name
+    layers: Set[str] = set()
+    optional: Set[str] = set()
+    views: List[str] = []
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        info = facts.classes.get(current)
+        if info is not None:
+            pending.extend(b for b in info.bases if b in facts.classes)
+        for call in by_class.get(current, ()):
+            layer = _custom_function(facts, call.node.func) or call.qualname or ""
+            (optional if id(call.node) in _conditional_calls(owner, call) else layers).add(layer)
+            if call.method in ("view", "view_as") and not views:
+                views.append(excerpt(call.node))
+            called = call.node.func.value if isinstance(call.node.func, cst.Name) else None
+            if called in facts.classes or called in facts.records.functions:
+                pending.append(called)
+                continue
+            found = _imported_object(owner, call.node.func) if depth < MAX_ROUNDS else None
+            defined = _defined(files, *found) if found is not None else None
+            if defined is not None and defined[1] in defined[0].facts.classes:
+                more, maybe, view = _class_layers(defined[0], defined[1], files, depth + 1)
+                layers |= more
+                optional |= maybe
+                if view and not views:
+                    views.append(view)
+    layers.discard("")
+    optional.discard("")
+    owner.summaries[name] = (layers, optional, views[0] if views else "")
+    return owner.summaries[name]
+
+
+def _conditional_calls(owner: _Module, call) -> Set[int]:
+    """Ids of the calls of `call`'s statement made in a branch of a conditional expression,
+    memoised per statement."""
+    statement = call.site.statement
+    if statement is None:
+        return set()
+    found = owner.conditional.get(id(statement))
+    if found is None:
+        found = owner.conditional[id(statement)] = {
+            id(inner)
+            for branch in find_all(statement, cst.IfExp)
+            for part in (branch.body, branch.orelse)
+            for inner in find_all(part, cst.Call)
+        }
+    return found
+
+
+def _custom_function(facts, func: cst.BaseExpression) -> Optional[str]:
+    """AUTOGRAD_FUNCTION for `MyFunction.apply` of a custom autograd Function of the file:
+    the layer that autocast would hand 16-bit inputs."""
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "apply"):
+        return None
+    info = facts.classes.get(dotted_name(func.value) or "")
+    bases = info.bases if info is not None else ()
+    return AUTOGRAD_FUNCTION if any(b in AUTOGRAD_FUNCTION_BASES for b in bases) else None
+
+
+def _calls_by_name(facts) -> Dict[str, List[object]]:
+    """The calls of each class's methods and of each module-level function, by its name."""
+    found: Dict[str, List[object]] = {}
+    for call in facts.records.calls:
+        if call.site.class_name is not None:
+            found.setdefault(call.site.class_name, []).append(call)
+        elif call.site.function is not None:
+            found.setdefault(call.site.function.name.value, []).append(call)
+    return found
 
 
 def _runs(module: _Module, files: Dict[str, _Module]) -> Set[str]:

@@ -10,7 +10,7 @@ rule leaves the script alone or reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -38,9 +38,12 @@ from optimizer_codemod.analysis.values import (
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite, Loop
     from optimizer_codemod.analysis.parameter_loops import ParameterUpdateLoop
+    from optimizer_codemod.analysis.project import ImportedClass
     from optimizer_codemod.analysis.script import ScriptFacts
 
 MAX_DEPTH = 4
+# Methods that switch a module's mode or clear its gradients: not a forward pass.
+MODE_METHODS = frozenset({"train", "eval", "zero_grad", "requires_grad_"})
 MODULE_BASE = "torch.nn.Module"
 # Calls that return a model from outside this file.
 MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "timm.models.")
@@ -686,7 +689,12 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
         # forward (and of the autocast a rule puts around it): it runs on float32 weights.
         start = max((i + 1 for i in range(last) if _holds_loop(block[i], updates)), default=0)
         first = next(
-            (i for i in range(start, last + 1) if any(_mentions(block[i], n) for n in model_names)),
+            (
+                i
+                for i in range(start, last + 1)
+                if any(_mentions(block[i], n) for n in model_names)
+                and not _switches_mode(block[i], model_names)
+            ),
             None,
         )
         if first is None:
@@ -695,6 +703,19 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
             TrainingStep(loop, backward, loss, scaler, block, tuple(block[first : last + 1]))
         )
     return steps
+
+
+def _switches_mode(statement: cst.CSTNode, names: Set[str]) -> bool:
+    """`model.train()` alone on its line: a mode switch before the forward pass, not part
+    of it."""
+    body = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
+    call = body[0].value if len(body) == 1 and isinstance(body[0], cst.Expr) else None
+    func = call.func if isinstance(call, cst.Call) else None
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value in MODE_METHODS
+        and dotted_name(func.value) in names
+    )
 
 
 def _holds_loop(statement: cst.CSTNode, loops: Set[int]) -> bool:
@@ -889,6 +910,42 @@ def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
     return classes
 
 
+def model_imported_classes(facts: "ScriptFacts", model: TrainedModel) -> List["ImportedClass"]:
+    """nn.Module classes of other modules of the run that `model`'s construction calls
+    (`G = GeneratorResNet(...)` after `from models import *`), with the layers the project
+    index found them built from (project.ImportedClass)."""
+    project = getattr(facts, "project", None)
+    if project is None or not project.imported_classes:
+        return []
+    found = []
+    for expression in _model_expressions(facts, model):
+        for call in find_all(expression, cst.Call):
+            name = dotted_name(call.func)
+            imported = (
+                project.imported_class(name) if imported_module_class(facts, call.func) else None
+            )
+            if imported is not None and imported not in found:
+                found.append(imported)
+    return found
+
+
+def imported_layer(
+    facts: "ScriptFacts", model: TrainedModel, wanted: Callable[[str], bool]
+) -> Optional[Tuple[str, "ImportedClass"]]:
+    """The first layer (qualified name) `wanted` among those `model`'s classes from other
+    modules of the run (model_imported_classes) may build, optional ones included (for
+    hazards), with its class."""
+    for imported in model_imported_classes(facts, model):
+        layer = next((q for q in imported.possible_layers if wanted(q)), None)
+        if layer is not None:
+            return layer, imported
+    return None
+
+
+def is_elementwise_dropout(qualname: str) -> bool:
+    return qualname in ELEMENTWISE_DROPOUT or qualname.startswith(SPATIAL_DROPOUT_MODELS)
+
+
 def model_layer_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
     """Calls that may build `model`'s layers: inside the expressions that build it, and in
     every method of its classes of this file (see model_classes), in source order."""
@@ -913,8 +970,7 @@ def model_dropout_calls(facts: "ScriptFacts", model: TrainedModel) -> List["Call
     return [
         call
         for call in model_layer_calls(facts, model)
-        if call.qualname in ELEMENTWISE_DROPOUT
-        or (call.qualname or "").startswith(SPATIAL_DROPOUT_MODELS)
+        if is_elementwise_dropout(call.qualname or "")
     ]
 
 
