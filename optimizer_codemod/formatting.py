@@ -297,15 +297,19 @@ _UNSPLITTABLE_TOKENS = {
 def _written_width(text: str) -> int:
     """The longest line of `text` that black would have split had it been too long: lines
     holding a comment or a string (a docstring, a long message) are left long by black, so
-    they do not say the file is written to a wider limit."""
+    they do not say the file is written to a wider limit. Below DEFAULT_LINE_LIMIT, where
+    the caller's limit is the default anyway, simply the longest line."""
     rows = split_lines(text)
+    longest = max((len(line) for line in rows), default=0)
+    if longest <= DEFAULT_LINE_LIMIT:
+        return longest  # nothing to tell apart under the default limit: no tokenizing
     unsplittable = set()
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type in _UNSPLITTABLE_TOKENS:
                 unsplittable.update(range(tok.start[0], tok.end[0] + 1))
     except (tokenize.TokenError, SyntaxError):
-        return max((len(line) for line in rows), default=0)
+        return longest
     return max((len(line) for n, line in enumerate(rows, 1) if n not in unsplittable), default=0)
 
 
