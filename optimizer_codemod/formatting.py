@@ -580,7 +580,8 @@ class _Planner:
 def _chain_dots(node: cst.CSTNode) -> List[cst.Attribute]:
     """The `.name` links of a method chain that follow a closing bracket, outermost first:
     where black splits a chain. Empty unless the chain starts from a plain name or dotted
-    name (`x.f(a).g()`, `F.sdpa(q, k, v).transpose(1, 2)`)."""
+    name (`x.f(a).g()`, `F.sdpa(q, k, v).transpose(1, 2)`) or from an expression in
+    parentheses (`(a == b).float().mean()`: each dot follows a closing bracket)."""
     dots: List[cst.Attribute] = []
     current = node
     while not current.lpar or current is node:
@@ -594,7 +595,7 @@ def _chain_dots(node: cst.CSTNode) -> List[cst.Attribute]:
             current = current.value
         else:
             break
-    if node.lpar or not isinstance(current, cst.Name):
+    if node.lpar or not (isinstance(current, cst.Name) or current.lpar):
         return []
     return dots
 

@@ -392,6 +392,8 @@ CHAIN_OLD = "def forward(self, q, k, v):\n    if self.flash:\n        pass\n"
         "y = model(key_states, value_states, query_states, attention_mask, position_ids)"
         ".to(device, non_blocking=True).reshape(batch_size, sequence_length, heads, head_dim,"
         " extra_dimension)",
+        # links after an expression in parentheses (OPT201 on an evaluation loop's accuracy)
+        "accuracy = (logits.argmax(1) == labels.to(device, non_blocking=True)).float().mean()",
     ],
 )
 def test_a_method_chain_made_too_long_is_split_as_black_splits_it(statement: str) -> None:
