@@ -113,7 +113,9 @@ def test_an_update_before_the_forward_stays_out_of_the_step() -> None:
     model = the_trained_model(facts)
     (step,) = training_steps(facts, model)
     first = cst.Module([]).code_for_node(step.forward[0]).strip()
-    assert first == "model.zero_grad()"
+    # The step starts at the forward: neither the update nor `model.zero_grad()` (no
+    # forward computation) is in the region autocast would wrap.
+    assert first == "out = model(x)"
     assert not any(isinstance(s, cst.With) for s in step.forward)
 
 

@@ -138,7 +138,9 @@ def evaluate(model, loader, device):
     correct = total = 0
     with torch.inference_mode():
         for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
+            images, labels = images.to(device, non_blocking=True), labels.to(
+                device, non_blocking=True
+            )
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 correct += (model(images).argmax(dim=1) == labels).sum().item()
             total += labels.size(0)
