@@ -14,11 +14,12 @@ from optimizer_codemod.analysis.loaders import (
     dataset_parameter,
     fixes_every_loader,
     hidden_options_reason,
+    loaders_run_elsewhere,
     module_name,
     option_values,
     options_unknown,
 )
-from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 
 
@@ -64,6 +65,11 @@ class DataloaderWithoutPinnedMemory(Rule):
         the file does not show in full (they may carry `pin_memory`; a dict changed after it is
         built, or passed elsewhere too) and when the dataset or collate function is defined in
         another module, where the analysis cannot see whether its items are on the host.
+        Declined, with the reason, in a script that trains in another module of the run and
+        hands its loaders there (`train_one_epoch(model, loader, ...)` from engine.py): the
+        copies, and whether a custom batch type from `collate_fn` can be pinned at all
+        (DataLoader pins an object only through its own `pin_memory()` method; otherwise it
+        passes it on unpinned), are not followed into that module.
 
     Expected gain:
         The host-to-device copy time of each batch. PyTorch's CUDA notes ("Use pinned memory
@@ -86,7 +92,8 @@ class DataloaderWithoutPinnedMemory(Rule):
     target_devices = ("cuda",)
     # A construction is a call of the class, or of the alias an import gives it.
     triggers = (r"\bDataLoader\s*(?:\(|as\b)",)
-    requires = (BACKWARD_CALL,)  # only a script that trains gets pinned batches
+    # Only a script that trains gets pinned batches: its own loop (a backward) or, through
+    # the project index, a loop of another module it hands its loaders to.
     examples = (
         Example(
             "import torch\n"
@@ -117,6 +124,19 @@ class DataloaderWithoutPinnedMemory(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self.facts.trains:
+            for call, runner, trains in loaders_run_elsewhere(self.facts):
+                if not option_values(self.facts, call.node, "pin_memory"):
+                    modules = ", ".join(loops_elsewhere(self.facts).modules)
+                    where = f"a training loop in {modules}" if trains else "an imported function"
+                    self.decline(
+                        call.node,
+                        f"its batches go to `{runner}`, {where}, which this rule does not "
+                        "follow: it cannot tell whether they are copied to an "
+                        "accelerator, nor whether a custom batch type from `collate_fn` can be "
+                        "pinned (DataLoader pins an object only through its own `pin_memory()` "
+                        "method); add `pin_memory=torch.cuda.is_available()` by hand if both "
+                        "hold",
+                    )
             return
         fixable = []
         for site in self.facts.dataloader_constructions():

@@ -117,10 +117,14 @@ class Records:
         default_factory=list
     )
     has_main_guard: bool = False
-    # How many times each name is written anywhere in the file, and how many `def`/`class`
-    # statements define each name (values.py: a function named more often than it is called
-    # is passed around).
+    # How many times each name is written as a variable anywhere in the file (not a keyword
+    # argument `f(train=True)`, not an attribute `model.train`), how many times each name is
+    # written as an attribute (`x.train`), and how many `def`/`class` statements define each
+    # name (values.py: a function named more often than it is called is passed around).
+    # Import statements count every name they spell, dotted parts included: project.py
+    # subtracts exactly those.
     name_counts: Dict[str, int] = field(default_factory=dict)
+    attribute_counts: Dict[str, int] = field(default_factory=dict)
     definition_counts: Dict[str, int] = field(default_factory=dict)
 
 
@@ -163,6 +167,8 @@ class Collector(cst.CSTVisitor):
         self._stores: Set[cst.CSTNode] = set()
         self._pending_calls: List[cst.Call] = []
         self._suites: List[cst.CSTNode] = []
+        self._imports = 0  # depth of import statements being visited
+        self._not_variables: Set[int] = set()  # ids of Name nodes that name no variable
 
     # Context ---------------------------------------------------------------------------
     def _site(self) -> Site:
@@ -285,11 +291,19 @@ class Collector(cst.CSTVisitor):
     # Imports and bindings --------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> None:
         self.records.imports.add_import(node, top_level=not self._functions and not self._classes)
+        self._imports += 1
+
+    def leave_Import(self, original_node: cst.Import) -> None:
+        self._imports -= 1
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         self.records.imports.add_import_from(
             node, top_level=not self._functions and not self._classes
         )
+        self._imports += 1
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom) -> None:
+        self._imports -= 1
 
     def visit_Assign(self, node: cst.Assign) -> None:
         site = self._site()
@@ -361,11 +375,21 @@ class Collector(cst.CSTVisitor):
             )
         )
 
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_variables.add(id(node.keyword))
+
     def visit_Name(self, node: cst.Name) -> None:
+        if id(node) in self._not_variables:
+            return
         counts = self.records.name_counts
         counts[node.value] = counts.get(node.value, 0) + 1
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if not self._imports:
+            self._not_variables.add(id(node.attr))
+            counts = self.records.attribute_counts
+            counts[node.attr.value] = counts.get(node.attr.value, 0) + 1
         if node.attr.value == "grad" and node not in self._stores:
             self.records.grad_reads.append(AttributeRead(node, self._site()))
 

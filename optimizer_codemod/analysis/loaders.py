@@ -31,6 +31,7 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
     declares_global,
@@ -491,6 +492,35 @@ def _callers(facts: "ScriptFacts", function: cst.FunctionDef) -> List[CallSite]:
     if params and params[0].name.value in ("self", "cls"):
         return list(table.get(name, []))
     return [call for call in table.get(name, []) if isinstance(call.node.func, cst.Name)]
+
+
+def loaders_run_elsewhere(facts: "ScriptFacts") -> List[Tuple[CallSite, str, bool]]:
+    """The DataLoaders of a script that runs training loops of other modules of the run (as
+    the project index found) and hands them to such a loop (`train_one_epoch(model,
+    data_loader_train, ...)` from engine.py) or to another function it imports
+    (`evaluate(...)`), each with that call as written and whether it runs a training loop."""
+    loops = loops_elsewhere(facts)
+    if loops is None:
+        return []
+    found: List[Tuple[CallSite, str, bool]] = []
+    for site in facts.dataloader_constructions():
+        for call in facts.records.calls:
+            written = dotted_name(call.node.func)
+            runs_loop = written in loops.functions or call.method in loops.methods
+            imported = (call.qualname or "").partition(".")[0] not in ("", "torch")
+            if not (runs_loop or imported):
+                continue
+            if any(_is_loader(facts, arg.value, site) for arg in call.node.args):
+                found.append((site, written or call.method or "", runs_loop))
+                break
+    return found
+
+
+def _is_loader(facts: "ScriptFacts", node: cst.BaseExpression, site: CallSite) -> bool:
+    if node is site.node:
+        return True
+    name = dotted_name(node)
+    return name is not None and facts.loader_named(name) is site
 
 
 def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:

@@ -51,7 +51,7 @@ from optimizer_codemod.analysis.loaders import (
     option_values,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
-from optimizer_codemod.analysis.values import name_mentions, parameter_names
+from optimizer_codemod.analysis.values import attribute_mentions, name_mentions, parameter_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -485,16 +485,17 @@ def _target_types(
     return device_types(facts, target)
 
 
-def _calls_by_callee(facts: "ScriptFacts") -> Dict[str, List[CallSite]]:
-    """Calls `f(...)` by `f`, and `self.f(...)`/`cls.f(...)` by `f`, in source order."""
+def _calls_by_callee(facts: "ScriptFacts") -> Dict[Tuple[bool, str], List[CallSite]]:
+    """Calls `f(...)` by (False, `f`), and `self.f(...)`/`cls.f(...)` by (True, `f`), in
+    source order."""
     memo = facts.memo("calls_by_callee")
     if "table" not in memo:
-        table: Dict[str, List[CallSite]] = {}
+        table: Dict[Tuple[bool, str], List[CallSite]] = {}
         for call in facts.records.calls:
             if isinstance(call.node.func, cst.Name):
-                table.setdefault(call.node.func.value, []).append(call)
+                table.setdefault((False, call.node.func.value), []).append(call)
             elif call.method is not None and call.receiver in ("self", "cls"):
-                table.setdefault(call.method, []).append(call)
+                table.setdefault((True, call.method), []).append(call)
         memo["table"] = table
     return memo["table"]
 
@@ -519,11 +520,16 @@ def parameter_values(
         ),
         None,
     )
-    callers = list(_calls_by_callee(facts).get(function.name.value, ()))
-    if not callers or facts.assignments_to(function.name.value):
+    called = function.name.value
+    callers = list(_calls_by_callee(facts).get((method, called), ()))
+    if not callers or facts.assignments_to(called):
         return None
-    # Used other than by these calls (passed to a thread, stored): its callers are unknown.
-    if name_mentions(facts).get(function.name.value, 0) > len(callers) + 1:
+    # Used other than by these calls (passed to a thread, stored): its callers are unknown. A
+    # method may also be called through an instance (`trainer.fit(...)`): any `.fit` counts.
+    mentions = name_mentions(facts).get(called, 0)
+    if method:
+        mentions += attribute_mentions(facts).get(called, 0)
+    if mentions > len(callers) + 1:
         return None
     values: List[cst.BaseExpression] = []
     for caller in callers:

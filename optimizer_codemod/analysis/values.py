@@ -158,9 +158,15 @@ def calls_named(facts: "ScriptFacts", name: str) -> List["CallSite"]:
 
 
 def name_mentions(facts: "ScriptFacts") -> Dict[str, int]:
-    """How many times each name is written in the file (counted by the facts' one walk): a
-    function named once more than it is called is passed around or stored somewhere."""
+    """How many times each name is written as a variable in the file (counted by the facts'
+    one walk; keyword names and attributes are not variables): a function named once more
+    than it is called is passed around or stored somewhere."""
     return facts.records.name_counts
+
+
+def attribute_mentions(facts: "ScriptFacts") -> Dict[str, int]:
+    """How many times each name is written as an attribute (`x.train`, any `x`) in the file."""
+    return facts.records.attribute_counts
 
 
 def _defined_once(facts: "ScriptFacts", name: str) -> bool:
