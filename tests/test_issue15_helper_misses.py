@@ -1,0 +1,78 @@
+"""Issue 15, sites in helpers, decorators and micro-step loops: each owning rule now fixes
+them where sound, or says why not (`--why-not`) instead of leaving them silently."""
+
+from __future__ import annotations
+
+from test_issue15_misses import run  # rewrite with --unsafe-fixes: (result, declines)
+
+# 1. `@torch.no_grad()` as a decorator --------------------------------------------------------
+LIBRARY_GENERATE = """import torch
+import torch.nn as nn
+
+
+class GPT(nn.Module):
+    def forward(self, idx):
+        return self.head(idx)
+
+    @torch.no_grad()
+    def generate(self, idx, steps):
+        for _ in range(steps):
+            idx = torch.cat((idx, self(idx)[:, -1:].argmax(-1)), dim=1)
+        return idx
+"""
+
+
+def test_a_decorated_function_returning_a_tensor_says_why_even_in_a_library_module() -> None:
+    # No backward in this file: the decorated method is still examined.
+    result, declined = run(LIBRARY_GENERATE, "OPT403", why_not=True)
+    assert not result.changed
+    reason = declined[("OPT403", 9)]
+    assert "`generate()` cannot run under `torch.inference_mode()`" in reason
+    assert "it returns `idx`, maybe a tensor, to callers" in reason
+
+
+def test_a_library_module_keeps_its_no_grad_blocks_unexamined() -> None:
+    # Blocks (not decorators) in a file that does not train are still left out, silently.
+    source = LIBRARY_GENERATE + "\n\ndef copy_weights(a, b):\n    with torch.no_grad():\n"
+    source += "        a.weight.copy_(b.weight)\n"
+    _, declined = run(source, "OPT403", why_not=True)
+    assert sorted(declined) == [("OPT403", 9)]
+
+
+TRAINED_EVALUATE = """import torch
+from torch import no_grad
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@no_grad()
+def accuracy(batches):
+    model.eval()
+    hits = 0
+    for x, y in batches:
+        hits += (model(x).argmax(1) == y).sum().item()
+    model.train()
+    return hits / len(batches)
+
+
+for x, y in [(torch.randn(3, 4), torch.tensor([0, 1, 0]))] * 4:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    print(accuracy([(x, y)]))
+"""
+
+
+def test_a_decorated_evaluation_imported_by_name_gets_inference_mode_and_its_import() -> None:
+    result, _ = run(TRAINED_EVALUATE, "OPT403")
+    assert "@inference_mode()\ndef accuracy" in result.source
+    assert "from torch import inference_mode, no_grad" in result.source
+
+
+def test_a_decorator_with_arguments_or_another_name_is_not_taken_for_no_grad() -> None:
+    for decorator in ("@no_grad(False)", "@my.no_grad()"):
+        source = TRAINED_EVALUATE.replace("@no_grad()", decorator)
+        result, declined = run(source, "OPT403", why_not=True)
+        assert decorator + "\ndef accuracy" in result.source, decorator
+        assert ("OPT403", 8) not in declined, decorator
