@@ -3,6 +3,8 @@ them where sound, or says why not (`--why-not`) instead of leaving them silently
 
 from __future__ import annotations
 
+from optimizer_codemod import rewrite
+
 from test_issue15_misses import run  # rewrite with --unsafe-fixes: (result, declines)
 
 # 1. `@torch.no_grad()` as a decorator --------------------------------------------------------
@@ -76,3 +78,75 @@ def test_a_decorator_with_arguments_or_another_name_is_not_taken_for_no_grad() -
         result, declined = run(source, "OPT403", why_not=True)
         assert decorator + "\ndef accuracy" in result.source, decorator
         assert ("OPT403", 8) not in declined, decorator
+
+
+# 2. Syncs in a helper the step calls ---------------------------------------------------------
+DIFFUSION_LOOP = """import torch
+
+device = "cuda"
+model = torch.nn.Linear(4, 4).to(device)
+opt = torch.optim.Adam(model.parameters())
+
+
+class Trainer:
+    def forward_backward(self, batch):
+        for micro in batch.split(2):
+            losses = {"mse": (model(micro) - micro).pow(2).mean(1)}
+            log_loss_dict(losses)
+            losses["mse"].mean().backward()
+        self.log_grad_norm()
+
+    def log_grad_norm(self):
+        sqsum = 0.0
+        for p in model.parameters():
+            sqsum += (p.grad ** 2).sum().item()
+        print(sqsum)
+
+
+def log_loss_dict(losses):
+    for key, values in losses.items():
+        print(key, values.mean().item())
+"""
+
+
+def test_a_helper_of_the_training_loop_is_read_and_one_outside_it_is_not() -> None:
+    # log_loss_dict runs on every micro-step; log_grad_norm is called after the loop, from
+    # a function that is no training step (its backward is inside its own loop).
+    result = rewrite(DIFFUSION_LOOP, path="train.py", select=["OPT204"])
+    reported = {(d.line, d.message.split(" in ")[0]) for d in result.diagnostics}
+    assert reported == {(25, "`values.mean().item()`")}
+
+
+def test_helpers_are_followed_two_levels_from_the_step_and_no_further() -> None:
+    step = """import torch
+
+device = "cuda"
+model = torch.nn.Linear(4, 4).to(device)
+opt = torch.optim.Adam(model.parameters())
+
+
+def step(x):
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    log(x)
+
+
+def log(x):
+    report(x)
+
+
+def report(x):
+    print(x.norm().item())
+    deeper(x)
+
+
+def deeper(x):
+    print(x.sum().item())
+
+
+for x in torch.randn(10, 2, 4):
+    step(x.to(device))
+"""
+    result = rewrite(step, path="train.py", select=["OPT204"])
+    assert [d.line for d in result.diagnostics] == [20]

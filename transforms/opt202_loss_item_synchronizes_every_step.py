@@ -12,6 +12,8 @@ from optimizer_codemod.analysis.syncs import (
     LOSS_ACCUMULATION,
     device_total_term,
     every_iteration,
+    helper_sync_message,
+    helper_syncs,
     host_read,
     loss_items,
 )
@@ -34,7 +36,9 @@ class LossItemSynchronizesEveryStep(Rule):
         loop) into an accumulation on the device, `running += loss.detach().float()`, and
         turns every place that reads the total into `float(running)`. A `.item()` of the loss
         that runs on every step for another reason (`print(loss.item())`,
-        `losses.append(loss.item())`) is reported, not rewritten.
+        `losses.append(loss.item())`) is reported, not rewritten. So is `return loss.item()`
+        in a function that is one training step (it calls `loss.backward()` outside any loop
+        of its own, and a loop of the file calls it): the loop reads it every step.
 
     Why is it slow:
         `.item()` copies the value to the host, so the host must wait until the device has
@@ -178,6 +182,9 @@ class LossItemSynchronizesEveryStep(Rule):
                         message=f"`{code_of(item.node)}` on every step waits for the device; "
                         "read the loss less often (every N steps) or accumulate it detached",
                     )
+        for sync in helper_syncs(self.facts):
+            if sync.loss:
+                self.report(sync.node, message=helper_sync_message(sync))
 
 
 def _remaining_sync(plan) -> Optional[str]:

@@ -556,20 +556,26 @@ def backward_losses(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     scalar floating tensors."""
     found: Set[str] = set()
     for call in facts.calls_directly_in(loop):
-        if call.method != "backward" or call.node.args:
-            continue
-        receiver = call.node.func.value
-        if (
-            isinstance(receiver, cst.Call)
-            and method_name(receiver) == "scale"
-            and len(receiver.args) == 1
-            and receiver.args[0].keyword is None
-            and not receiver.args[0].star
-        ):
-            receiver = receiver.args[0].value
-        if isinstance(receiver, cst.Name):
-            found.add(receiver.value)
+        name = _backward_loss_name(call)
+        if name is not None:
+            found.add(name)
     return found
+
+
+def _backward_loss_name(call: CallSite) -> Optional[str]:
+    """`x` for a bare `x.backward()` or `scaler.scale(x).backward()`; None otherwise."""
+    if call.method != "backward" or call.node.args:
+        return None
+    receiver = call.node.func.value
+    if (
+        isinstance(receiver, cst.Call)
+        and method_name(receiver) == "scale"
+        and len(receiver.args) == 1
+        and receiver.args[0].keyword is None
+        and not receiver.args[0].star
+    ):
+        receiver = receiver.args[0].value
+    return receiver.value if isinstance(receiver, cst.Name) else None
 
 
 def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
@@ -584,6 +590,138 @@ def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
         and isinstance(call.node.func, cst.Attribute)
         and isinstance(call.node.func.value, cst.Name)
     ]
+
+
+# Syncs in functions that every step runs --------------------------------------------------
+@dataclass(frozen=True)
+class HelperSync:
+    """`.item()` or `.tolist()` in a function of the file that runs on every training step:
+    the step itself (a function calling backward outside any loop of its own, called from a
+    loop), or a function that a training loop or such a step calls on every iteration."""
+
+    node: cst.Call
+    function: cst.FunctionDef
+    caller: CallSite  # the per-step call that runs `function`
+    step: bool  # `function` is the training step itself
+    loss: bool  # the value read is the loss the step calls backward on
+
+
+# How far calls are followed from the step: the step's helpers, and theirs.
+HELPER_DEPTH = 2
+
+
+def helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
+    """Every HelperSync of the file, once per pass. Functions are matched by name (`f(...)`,
+    `self.f(...)`) when the file defines that name once; calls under a periodic `if` (a test
+    with `%`: `if step % 100 == 0:`) do not run every step, and code inside a training loop
+    is left to that loop's own analysis (HostSyncs.sites)."""
+    memo = facts.memo("helper_syncs")
+    if "all" not in memo:
+        memo["all"] = _helper_syncs(facts) if facts.host_syncs.accelerated else []
+    return memo["all"]
+
+
+def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
+    records = facts.records
+    defined = {
+        name: function
+        for name, function in records.functions.items()
+        if records.definition_counts.get(name) == 1
+    }
+    calls_of: Dict[str, List[CallSite]] = {}
+    for call in records.calls:
+        name = _local_callee(call, defined)
+        if name is not None:
+            calls_of.setdefault(name, []).append(call)
+    training = {id(loop) for loop in facts.training_loops}
+    queue: List[Tuple[cst.FunctionDef, CallSite, int, bool]] = []
+    for backward in facts.backward_calls:
+        function = backward.site.function
+        if function is None or any(loop.function is function for loop in backward.site.loops):
+            continue
+        if defined.get(function.name.value) is not function:
+            continue
+        in_loop = [c for c in calls_of.get(function.name.value, ()) if c.site.loops]
+        if in_loop:
+            queue.append((function, in_loop[0], 0, True))
+    for loop in facts.training_loops:
+        per_step = every_iteration(loop)
+        for call in facts.calls_directly_in(loop):
+            name = _local_callee(call, defined)
+            if name is not None and call.site.statement in per_step:
+                queue.append((defined[name], call, 1, False))
+    found: List[HelperSync] = []
+    seen: Set[int] = set()
+    while queue:
+        function, caller, depth, step = queue.pop(0)
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        periodic = _periodic_statements(facts, function)
+        losses = {
+            name
+            for call in facts.in_function("calls", function)
+            for name in (_backward_loss_name(call),)
+            if name is not None and step
+        }
+        for call in facts.in_function("calls", function):
+            if id(call.site.statement) in periodic or any(
+                id(loop) in training for loop in call.site.loops
+            ):
+                continue
+            name = _local_callee(call, defined)
+            if name is not None and depth < HELPER_DEPTH:
+                queue.append((defined[name], call, depth + 1, False))
+            elif (
+                call.qualname is None
+                and call.method in ("item", "tolist")
+                and not positional(call.node)
+                and not _off_device(facts, call.node.func.value)
+            ):
+                loss = call.method == "item" and call.receiver in losses
+                found.append(HelperSync(call.node, function, caller, step, loss))
+    return found
+
+
+def helper_sync_message(sync: HelperSync) -> str:
+    """What the sync costs, and where the step runs it from."""
+    name = f"`{sync.function.name.value}()`"
+    where = (
+        f"{name}, one training step (run by `{excerpt(sync.caller.node, 40)}` in a loop),"
+        if sync.step
+        else f"{name}, which runs on every training step (`{excerpt(sync.caller.node, 40)}`),"
+    )
+    return (
+        f"`{excerpt(sync.node)}` in {where} copies a device value to the host, so the host "
+        "waits for the device on every step; read it every N steps, or keep it on the device"
+    )
+
+
+def _local_callee(call: CallSite, defined: Dict[str, cst.FunctionDef]) -> Optional[str]:
+    """The name of the function of this file that `call` runs: `f(...)` or `self.f(...)`."""
+    func = call.node.func
+    if isinstance(func, cst.Name):
+        name = func.value
+    elif isinstance(func, cst.Attribute) and is_name(func.value, "self"):
+        name = func.attr.value
+    else:
+        return None
+    return name if name in defined else None
+
+
+def _periodic_statements(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[int]:
+    """ids of the statements of `function` in the body of an `if` whose test has a `%`."""
+    memo = facts.memo("periodic_statements")
+    key = id(function)
+    if key not in memo:
+        found: Set[int] = set()
+        for branch in find_all(function.body, cst.If):
+            if id(branch) in found or not find_all(branch.test, cst.Modulo):
+                continue
+            # Its `else` runs on most steps.
+            found.update(map(id, find_all(branch.body, cst.BaseStatement)))
+        memo[key] = found
+    return memo[key]
 
 
 def _accumulated(statement: cst.CSTNode) -> Optional[tuple]:
