@@ -150,3 +150,32 @@ for x in torch.randn(10, 2, 4):
 """
     result = rewrite(step, path="train.py", select=["OPT204"])
     assert [d.line for d in result.diagnostics] == [20]
+
+
+# 3. Checkpoints saved around a micro-step loop -----------------------------------------------
+ACCUMULATION = """import torch
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100):
+    for micro in range(4):
+        model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    if step % 10 == 0:
+        torch.save(model.state_dict(), "ckpt.pt")
+"""
+
+
+def test_the_loop_around_a_micro_step_loop_is_the_step_loop() -> None:
+    result = rewrite(ACCUMULATION, path="train.py", select=["OPT602"])
+    assert [d.line for d in result.diagnostics] == [10]
+
+
+def test_an_outer_loop_that_does_not_step_stays_an_epoch_loop() -> None:
+    # The optimizer steps in the inner loop: the save in the outer loop runs once an epoch.
+    source = ACCUMULATION.replace(
+        "        model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n",
+        "        model(torch.randn(8, 4)).sum().backward()\n        opt.step()\n",
+    )
+    result = rewrite(source, path="train.py", select=["OPT602"])
+    assert not result.diagnostics

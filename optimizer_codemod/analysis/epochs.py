@@ -83,6 +83,29 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
     return found
 
 
+def step_loops(facts: "ScriptFacts") -> List[Loop]:
+    """Loops that run one optimizer step per iteration: each training loop, except that a
+    micro-step loop (gradient accumulation: backward in an inner loop with no `.step()` in
+    it, and the `.step()` right in the body of the loop around it, in the same function)
+    gives way to the loop around it."""
+    memo = facts.memo("step_loops")
+    if "all" not in memo:
+        found: List[Loop] = []
+        for loop in facts.training_loops:
+            outer = loop.parent
+            if (
+                outer is not None
+                and outer.function is loop.function
+                and not any(call.method == "step" for call in facts.loop_calls(loop))
+                and any(call.method == "step" for call in facts.calls_directly_in(outer))
+            ):
+                loop = outer
+            if loop not in found:
+                found.append(loop)
+        memo["all"] = found
+    return memo["all"]
+
+
 def stranded_blocks(facts: "ScriptFacts") -> List[StrandedBlock]:
     found = []
     for loop in epoch_loops(facts):

@@ -12,9 +12,10 @@ rewriting them.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -32,7 +33,7 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
-from optimizer_codemod.analysis.values import declares_global
+from optimizer_codemod.analysis.values import declares_global, local_function
 from optimizer_codemod.analysis.walk import children, walk
 from optimizer_codemod.analysis.walk import parents as walk_parents
 
@@ -622,38 +623,30 @@ def helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
 
 
 def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
-    records = facts.records
-    defined = {
-        name: function
-        for name, function in records.functions.items()
-        if records.definition_counts.get(name) == 1
-    }
-    calls_of: Dict[str, List[CallSite]] = {}
-    for call in records.calls:
-        name = _local_callee(call, defined)
-        if name is not None:
-            calls_of.setdefault(name, []).append(call)
+    calls_of: Dict[int, List[CallSite]] = {}
+    for call in facts.records.calls:
+        function = local_function(facts, call)
+        if function is not None:
+            calls_of.setdefault(id(function), []).append(call)
     training = {id(loop) for loop in facts.training_loops}
-    queue: List[Tuple[cst.FunctionDef, CallSite, int, bool]] = []
+    queue: Deque[Tuple[cst.FunctionDef, CallSite, int, bool]] = deque()
     for backward in facts.backward_calls:
         function = backward.site.function
         if function is None or any(loop.function is function for loop in backward.site.loops):
             continue
-        if defined.get(function.name.value) is not function:
-            continue
-        in_loop = [c for c in calls_of.get(function.name.value, ()) if c.site.loops]
+        in_loop = [c for c in calls_of.get(id(function), ()) if c.site.loops]
         if in_loop:
             queue.append((function, in_loop[0], 0, True))
     for loop in facts.training_loops:
         per_step = every_iteration(loop)
         for call in facts.calls_directly_in(loop):
-            name = _local_callee(call, defined)
-            if name is not None and call.site.statement in per_step:
-                queue.append((defined[name], call, 1, False))
+            helper = local_function(facts, call)
+            if helper is not None and call.site.statement in per_step:
+                queue.append((helper, call, 1, False))
     found: List[HelperSync] = []
     seen: Set[int] = set()
     while queue:
-        function, caller, depth, step = queue.pop(0)
+        function, caller, depth, step = queue.popleft()
         if id(function) in seen:
             continue
         seen.add(id(function))
@@ -669,9 +662,9 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
                 id(loop) in training for loop in call.site.loops
             ):
                 continue
-            name = _local_callee(call, defined)
-            if name is not None and depth < HELPER_DEPTH:
-                queue.append((defined[name], call, depth + 1, False))
+            helper = local_function(facts, call)
+            if helper is not None and depth < HELPER_DEPTH:
+                queue.append((helper, call, depth + 1, False))
             elif (
                 call.qualname is None
                 and call.method in ("item", "tolist")
@@ -695,18 +688,6 @@ def helper_sync_message(sync: HelperSync) -> str:
         f"`{excerpt(sync.node)}` in {where} copies a device value to the host, so the host "
         "waits for the device on every step; read it every N steps, or keep it on the device"
     )
-
-
-def _local_callee(call: CallSite, defined: Dict[str, cst.FunctionDef]) -> Optional[str]:
-    """The name of the function of this file that `call` runs: `f(...)` or `self.f(...)`."""
-    func = call.node.func
-    if isinstance(func, cst.Name):
-        name = func.value
-    elif isinstance(func, cst.Attribute) and is_name(func.value, "self"):
-        name = func.attr.value
-    else:
-        return None
-    return name if name in defined else None
 
 
 def _periodic_statements(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[int]:
