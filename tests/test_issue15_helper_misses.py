@@ -3,7 +3,12 @@ them where sound, or says why not (`--why-not`) instead of leaving them silently
 
 from __future__ import annotations
 
+import libcst as cst
+import pytest
+
 from optimizer_codemod import rewrite
+from optimizer_codemod.analysis import ScriptFacts
+from optimizer_codemod.analysis.debugging import is_device_check
 
 from test_issue15_misses import run  # rewrite with --unsafe-fixes: (result, declines)
 
@@ -179,3 +184,27 @@ def test_an_outer_loop_that_does_not_step_stays_an_epoch_loop() -> None:
     )
     result = rewrite(source, path="train.py", select=["OPT602"])
     assert not result.diagnostics
+
+
+# 4. Singles -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "test, checks",
+    [
+        ('args.device.startswith("cuda")', True),
+        ("torch.cuda.is_available()", True),
+        ('device == "cuda"', True),
+        ('device.type != "cpu"', True),
+        ('"cuda" in device', True),
+        ("x.is_cuda", True),
+        ('not torch.cuda.is_available() and device == "mps"', True),
+        ('args.device.startswith("cuda") and args.sync', False),
+        ("args.sync", False),
+        ('device.startswith("cuda", 1)', False),
+        ('name == "resnet"', False),
+    ],
+)
+def test_a_device_check_is_told_from_a_switch(test: str, checks: bool) -> None:
+    module = cst.parse_module(f"import torch\nif {test}:\n    pass\n")
+    facts = ScriptFacts.of(module)
+    branch = module.body[1]
+    assert is_device_check(facts, branch.test) is checks
