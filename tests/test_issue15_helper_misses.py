@@ -208,3 +208,41 @@ def test_a_device_check_is_told_from_a_switch(test: str, checks: bool) -> None:
     facts = ScriptFacts.of(module)
     branch = module.body[1]
     assert is_device_check(facts, branch.test) is checks
+
+
+ACCELERATED = """import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model = torch.nn.Linear(16, 1)
+optim = torch.optim.Adam(model.parameters(), lr=1e-4)
+for i in range(1000):
+    total_loss = 0.0
+    for _ in range(4):
+        loss = model(torch.randn(8, 16, device=accelerator.device)).pow(2).mean()
+        total_loss += loss.item()
+        accelerator.backward(loss / 4)
+    optim.step()
+    if i % 100 == 0:
+        print(total_loss)
+"""
+
+
+def test_a_loss_run_through_accelerator_backward_is_the_loss() -> None:
+    result = rewrite(ACCELERATED, path="train.py", select=["OPT202"], unsafe_fixes=True)
+    assert "        total_loss += loss.detach().float()\n" in result.source
+    assert "        print(float(total_loss))\n" in result.source
+
+
+def test_a_total_read_on_every_optimizer_step_is_left_with_the_reason() -> None:
+    source = ACCELERATED.replace("    if i % 100 == 0:\n        print", "    print")
+    result = rewrite(source, path="train.py", select=["OPT202"], unsafe_fixes=True)
+    assert not result.changed
+    (finding,) = result.diagnostics
+    assert "`total_loss` is read on every step" in finding.message
+
+
+def test_backward_of_an_object_that_is_no_accelerator_is_not_a_loss() -> None:
+    source = ACCELERATED.replace("accelerator = Accelerator()", "accelerator = make_runner()")
+    result = rewrite(source, path="train.py", select=["OPT202"], unsafe_fixes=True)
+    assert not result.changed and not result.diagnostics

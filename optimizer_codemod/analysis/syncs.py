@@ -21,6 +21,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt, method_name, positional
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
+from optimizer_codemod.analysis.epochs import step_loop_of
 from optimizer_codemod.analysis.devices import (
     OFF_DEVICE_METHODS,
     DeviceKind,
@@ -557,17 +558,26 @@ def backward_losses(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     scalar floating tensors."""
     found: Set[str] = set()
     for call in facts.calls_directly_in(loop):
-        name = _backward_loss_name(call)
+        name = _backward_loss_name(facts, call)
         if name is not None:
             found.add(name)
     return found
 
 
-def _backward_loss_name(call: CallSite) -> Optional[str]:
-    """`x` for a bare `x.backward()` or `scaler.scale(x).backward()`; None otherwise."""
-    if call.method != "backward" or call.node.args:
+def _backward_loss_name(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
+    """`x` for a bare `x.backward()`, `scaler.scale(x).backward()`, or a trainer library's
+    `accelerator.backward(x)` (also of `x / n`); None otherwise."""
+    if call.method != "backward":
         return None
     receiver = call.node.func.value
+    if call.node.args:
+        args = positional(call.node)
+        if len(call.node.args) != 1 or len(args) != 1 or not _is_backward_runner(facts, receiver):
+            return None
+        loss = args[0].value
+        if isinstance(loss, cst.BinaryOperation) and isinstance(loss.operator, cst.Divide):
+            loss = loss.left
+        return loss.value if isinstance(loss, cst.Name) else None
     if (
         isinstance(receiver, cst.Call)
         and method_name(receiver) == "scale"
@@ -577,6 +587,22 @@ def _backward_loss_name(call: CallSite) -> Optional[str]:
     ):
         receiver = receiver.args[0].value
     return receiver.value if isinstance(receiver, cst.Name) else None
+
+
+# Objects whose `backward(loss)` runs the loss's backward (scaling it as configured).
+BACKWARD_RUNNERS = frozenset(
+    {"accelerate.Accelerator", "lightning.Fabric", "lightning.fabric.Fabric"}
+)
+
+
+def _is_backward_runner(facts: "ScriptFacts", receiver: cst.BaseExpression) -> bool:
+    """`accelerator` in `accelerator.backward(loss)`: every binding of the name (or of the
+    `self.` attribute) builds an Accelerator or a Fabric."""
+    name = dotted_name(receiver)
+    values = [a.value for a in facts.assignments_to(name)] if name else []
+    return bool(values) and all(
+        isinstance(v, cst.Call) and facts.qualified_name(v.func) in BACKWARD_RUNNERS for v in values
+    )
 
 
 def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
@@ -654,7 +680,7 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
         losses = {
             name
             for call in facts.in_function("calls", function)
-            for name in (_backward_loss_name(call),)
+            for name in (_backward_loss_name(facts, call),)
             if name is not None and step
         }
         for call in facts.in_function("calls", function):
@@ -738,7 +764,7 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
     found: List[Accumulation] = []
     seen: Set[tuple] = set()
     for loop in facts.training_loops:
-        per_step = every_iteration(loop)
+        per_step = _reads_every_step(facts, loop)
         items = loss_items(facts, loop)
         for item in items:
             small = _small_statement(item)
@@ -751,6 +777,36 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
                 continue
             seen.add(key)
             found.append(_accumulation(facts, loop, name, items, per_step))
+    return found
+
+
+def _reads_every_step(facts: "ScriptFacts", loop: Loop) -> Set[cst.CSTNode]:
+    """Statements that run on every iteration of `loop`, and, when it is a micro-step loop,
+    of the loop around it that steps the optimizer: a read there syncs on every step."""
+    step = step_loop_of(facts, loop)
+    found = every_iteration(loop)
+    return found | every_iteration(step) if step is not loop else found
+
+
+def step_loss_items(facts: "ScriptFacts") -> List[CallSite]:
+    """`loss.item()` on every iteration of the loop around a micro-step loop (the step loop
+    of gradient accumulation), on a name the micro-step loop calls backward on."""
+    found: List[CallSite] = []
+    for loop in facts.training_loops:
+        step = step_loop_of(facts, loop)
+        if step is loop:
+            continue
+        losses = backward_losses(facts, loop)
+        per_step = every_iteration(step)
+        found.extend(
+            call
+            for call in facts.calls_directly_in(step)
+            if call.method == "item"
+            and not call.node.args
+            and call.receiver in losses
+            and call.site.statement in per_step
+            and call not in found
+        )
     return found
 
 
@@ -835,7 +891,13 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
         for name, kinds in types.items():
             found.append(
                 _accumulation(
-                    facts, loop, name, items, per_step, "a metric", counts=kinds == {"int"}
+                    facts,
+                    loop,
+                    name,
+                    items,
+                    _reads_every_step(facts, loop),
+                    "a metric",
+                    counts=kinds == {"int"},
                 )
             )
     return found
