@@ -3,6 +3,8 @@ them where sound, or says why not (`--why-not`) instead of leaving them silently
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 import pytest
 
@@ -246,3 +248,20 @@ def test_backward_of_an_object_that_is_no_accelerator_is_not_a_loss() -> None:
     source = ACCELERATED.replace("accelerator = Accelerator()", "accelerator = make_runner()")
     result = rewrite(source, path="train.py", select=["OPT202"], unsafe_fixes=True)
     assert not result.changed and not result.diagnostics
+
+
+def test_accumulation_through_a_loss_scaler_helper_says_why_it_is_left() -> None:
+    path = (
+        Path(__file__).parent.parent
+        / "fixtures/OPT601/keep_accumulation_in_a_loss_scaler_helper.py"
+    )
+    _, declined = run(path.read_text(), "OPT601", why_not=True)
+    reason = declined[("OPT601", 22)]
+    assert "through `loss_scaler(..., update_grad=...)`" in reason
+    assert "run the micro-batches that do not update under `model.no_sync()`" in reason
+    # A literal flag is no accumulation, and a file choosing `no_sync` itself is left alone.
+    for change in ("update_grad=True", "update_grad=model.no_sync() is None"):
+        source = path.read_text().replace(
+            "update_grad=(data_iter_step + 1) % accum_iter == 0", change
+        )
+        assert ("OPT601", 22) not in run(source, "OPT601", why_not=True)[1], change
