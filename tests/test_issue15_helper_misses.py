@@ -11,6 +11,7 @@ import pytest
 from optimizer_codemod import rewrite
 from optimizer_codemod.analysis import ScriptFacts
 from optimizer_codemod.analysis.debugging import is_device_check
+from optimizer_codemod.analysis.precision import variable_input_shapes
 
 from test_issue15_misses import run  # rewrite with --unsafe-fixes: (result, declines)
 
@@ -265,3 +266,23 @@ def test_accumulation_through_a_loss_scaler_helper_says_why_it_is_left() -> None
             "update_grad=(data_iter_step + 1) % accum_iter == 0", change
         )
         assert ("OPT601", 22) not in run(source, "OPT601", why_not=True)[1], change
+
+
+@pytest.mark.parametrize(
+    "call, varies",
+    [
+        ('tokenizer.pad(examples, padding="longest")', True),
+        ("tokenizer.pad(examples, padding=True)", True),
+        ("self.tokenizer(texts, padding=True)", True),
+        ("DataCollatorWithPadding(tokenizer)", True),
+        ('DataCollatorWithPadding(tokenizer, padding="max_length")', False),
+        ("tokenizer(texts, padding=False)", False),
+        ("nn.Conv2d(3, 8, 3, padding=True)", False),
+    ],
+)
+def test_padding_to_the_longest_sequence_is_told_from_a_fixed_length(call, varies) -> None:
+    source = (
+        "import torch.nn as nn\nfrom transformers import DataCollatorWithPadding\n" f"x = {call}\n"
+    )
+    facts = ScriptFacts.of(cst.parse_module(source))
+    assert (variable_input_shapes(facts) is not None) is varies

@@ -282,9 +282,25 @@ def convolution_sites(facts: "ScriptFacts") -> List["CallSite"]:
 
 def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """A call showing batches change shape from step to step (padding to the longest
-    sequence, detection models that resize each image): each new shape is autotuned again."""
+    sequence, by torch or by a Hugging Face tokenizer or collator; detection models that
+    resize each image): each new shape is autotuned again."""
     for call in facts.records.calls:
         qualname = call.qualname or ""
         if qualname in VARIABLE_LENGTH_BATCHING or qualname.startswith(VARIABLE_SHAPE_MODELS):
             return call
+        if _pads_to_longest(call, qualname):
+            return call
     return None
+
+
+def _pads_to_longest(call: "CallSite", qualname: str) -> bool:
+    """`tokenizer.pad(batch, padding="longest")`, `tokenizer(texts, padding=True)` (True
+    means "longest" there), `DataCollatorWithPadding(tokenizer)` (longest by default)."""
+    padding = keyword(call.node, "padding")
+    value = literal(padding.value, None) if padding is not None else None
+    if qualname.endswith(".DataCollatorWithPadding"):
+        return padding is None or value in (True, "longest")
+    if value == "longest":
+        return True
+    name = callee_name(call.node) or ""
+    return value is True and (call.method == "pad" or "token" in name.lower())
