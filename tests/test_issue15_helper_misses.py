@@ -286,3 +286,28 @@ def test_padding_to_the_longest_sequence_is_told_from_a_fixed_length(call, varie
     )
     facts = ScriptFacts.of(cst.parse_module(source))
     assert (variable_input_shapes(facts) is not None) is varies
+
+
+CALLBACK = """import torch
+from mingpt.trainer import Trainer
+
+trainer = Trainer(config, model, dataset)
+
+
+def batch_end_callback(trainer):
+    if trainer.iter_num % 500 == 0:
+        with torch.no_grad():
+            print(model.generate(x, 50)[0].tolist())
+
+
+trainer.set_callback("on_batch_end", batch_end_callback)
+trainer.run()
+"""
+
+
+def test_a_no_grad_block_in_a_callback_for_an_imported_trainer_says_why() -> None:
+    _, declined = run(CALLBACK, "OPT403", why_not=True)
+    assert "`batch_end_callback()`, which this file hands to a call" in declined[("OPT403", 9)]
+    # A function that is not handed over is library code: not examined.
+    source = CALLBACK.replace('trainer.set_callback("on_batch_end", batch_end_callback)\n', "")
+    assert not run(source, "OPT403", why_not=True)[1]

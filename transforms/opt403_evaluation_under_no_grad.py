@@ -86,7 +86,10 @@ class EvaluationUnderNoGrad(Rule):
         or `load_state_dict` on the trained model, `m.reset_parameters()`,
         `param.materialize(...)` (new parameters made there would be inference tensors).
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
-        to the graph. The model's own `forward` is assumed not to keep its inputs.
+        to the graph, nor in a callback that the file hands to a trainer of another module
+        (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
+        out of sight; the decline says so. The model's own `forward` is assumed not to
+        keep its inputs.
         Wrapping a loop that had autograd on is `behavior`, applied only with
         `--unsafe-fixes`: the analysis sees the loop, not the model's `forward`, which might
         want gradients itself (`torch.autograd.grad` on its inputs); the loop's own target
@@ -120,7 +123,8 @@ class EvaluationUnderNoGrad(Rule):
     # The block must call a model the training loop also calls: the file trains. A function
     # decorated with `no_grad` is examined (and its decline explained) in any file: library
     # modules hold `generate`/`evaluate` functions that training scripts call.
-    requires = (BACKWARD_CALL + r"|@[ \t]*(?:torch\.(?:autograd\.)?)?no_grad\b",)
+    # Callbacks handed to a trainer of another module are examined too (and explained).
+    requires = (BACKWARD_CALL + r"|@[ \t]*(?:torch\.(?:autograd\.)?)?no_grad\b|callback",)
     examples = (
         Example(
             _TRAIN + "correct = 0\n"
@@ -145,7 +149,10 @@ class EvaluationUnderNoGrad(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         self._decorated_functions(original_node)
         if not self.facts.trains:
-            return  # a library module: only its decorated functions are examined
+            # A library module, or a script whose training loop is in another module: only
+            # its decorated functions, and blocks in callbacks it hands over, are examined.
+            self._blocks_in_callbacks()
+            return
         training = set(map(id, self.facts.training_loops))
         self._evaluation_without_no_grad(training)
         for item, site in self.facts.records.with_items:
@@ -174,6 +181,33 @@ class EvaluationUnderNoGrad(Rule):
                 )
                 continue
             self.report(call, _inference_mode_fix(call, call.func))
+
+    def _blocks_in_callbacks(self) -> None:
+        """`with torch.no_grad():` in a function this file hands to another call
+        (`trainer.set_callback("on_batch_end", batch_end_callback)`): it runs inside a
+        training loop this file does not show, so what its tensors meet is unknown."""
+        handed = {
+            arg.value.value
+            for call in self.facts.records.calls
+            for arg in call.node.args
+            if isinstance(arg.value, cst.Name)
+        }
+        for item, site in self.facts.records.with_items:
+            call = item.item
+            function = site.function
+            if (
+                function is None
+                or function.name.value not in handed
+                or not isinstance(call, cst.Call)
+                or self.facts.qualified_name(call.func) not in NO_GRAD
+            ):
+                continue
+            self.decline(
+                call,
+                f"the block is in `{function.name.value}()`, which this file hands to a call "
+                "as a callback: it runs inside a training loop of another module, where the "
+                "analysis cannot tell whether tensors it makes meet the graph",
+            )
 
     def _decorated_functions(self, module: cst.Module) -> None:
         """`@torch.no_grad()` on a function: `@torch.inference_mode()` when its body is a

@@ -56,7 +56,7 @@ PURE_METHODS = (
         "sort topk eq ne lt gt le ge logical_not masked_fill float double half bfloat16 long "
         "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
         "permute transpose contiguous expand gather index_select split chunk round "
-        "items keys values get format join eval".split()
+        "items keys values get format join eval parameters named_parameters".split()
     )
 )
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
