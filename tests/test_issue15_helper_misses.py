@@ -311,3 +311,22 @@ def test_a_no_grad_block_in_a_callback_for_an_imported_trainer_says_why() -> Non
     # A function that is not handed over is library code: not examined.
     source = CALLBACK.replace('trainer.set_callback("on_batch_end", batch_end_callback)\n', "")
     assert not run(source, "OPT403", why_not=True)[1]
+
+
+def test_a_function_that_steps_the_optimizer_each_step_runs_its_helpers_every_step() -> None:
+    # improved-diffusion's TrainLoop: run_step() in the loop calls optimize(), which steps
+    # the optimizer outside any loop and logs the gradient norm parameter by parameter.
+    source = DIFFUSION_LOOP.replace(
+        "        self.log_grad_norm()\n",
+        "\n    def run_step(self, batch):\n        self.forward_backward(batch)\n"
+        "        self.optimize()\n\n    def optimize(self):\n        self.log_grad_norm()\n"
+        "        opt.step()\n\n    def run_loop(self, data):\n        for batch in data:\n"
+        "            self.run_step(batch)\n",
+    )
+    result = rewrite(source, path="train.py", select=["OPT204"])
+    messages = {d.line: d.message for d in result.diagnostics}
+    assert "in `log_grad_norm()`, which runs on every training step" in messages[30]
+    # A scheduler's step is no optimizer step: the same helper called from it is not read.
+    source = source.replace("        opt.step()\n", "        scheduler.step()\n")
+    result = rewrite(source, path="train.py", select=["OPT204"])
+    assert 30 not in {d.line for d in result.diagnostics}

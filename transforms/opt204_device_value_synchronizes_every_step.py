@@ -60,7 +60,8 @@ class DeviceValueSynchronizesEveryStep(Rule):
         do not run every step and are left alone.
         The step's helpers count too: `.item()` and `.tolist()` in a function of the file
         that a training loop calls on every iteration, or that a training step calls (a
-        function running backward outside any loop of its own, called from a loop), and in
+        function running backward, or stepping an optimizer of the file, outside any loop
+        of its own, and called from a loop or from a function called in one), and in
         the functions those call in turn (two levels), are reported where they are (`return
         loss.item(), acc.item()` in a `test()` run after every step). Calls under an `if`
         whose test has a `%` (`if step % 100 == 0:`) do not run every step.

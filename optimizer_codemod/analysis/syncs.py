@@ -656,13 +656,13 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
             calls_of.setdefault(id(function), []).append(call)
     training = {id(loop) for loop in facts.training_loops}
     queue: Deque[Tuple[cst.FunctionDef, CallSite, int, bool]] = deque()
-    for backward in facts.backward_calls:
-        function = backward.site.function
-        if function is None or any(loop.function is function for loop in backward.site.loops):
+    for call in [*facts.backward_calls, *_optimizer_steps(facts)]:
+        function = call.site.function
+        if function is None or any(loop.function is function for loop in call.site.loops):
             continue
-        in_loop = [c for c in calls_of.get(id(function), ()) if c.site.loops]
-        if in_loop:
-            queue.append((function, in_loop[0], 0, True))
+        caller = _called_in_a_loop(function, calls_of)
+        if caller is not None:
+            queue.append((function, caller, 0, True))
     for loop in facts.training_loops:
         per_step = every_iteration(loop)
         for call in facts.calls_directly_in(loop):
@@ -702,11 +702,37 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
     return found
 
 
+def _optimizer_steps(facts: "ScriptFacts") -> List[CallSite]:
+    """`opt.step()` on a name bound to a `torch.optim` optimizer built in this file."""
+    names = set()
+    for construction in facts.optimizer_constructions():
+        assignment = facts.assignment_of(construction.node)
+        if assignment is not None:
+            names.add(assignment.target)
+    return [call for call in facts.method_calls("step") if call.receiver in names]
+
+
+def _called_in_a_loop(
+    function: cst.FunctionDef, calls_of: Dict[int, List[CallSite]]
+) -> Optional[CallSite]:
+    """A call of `function` in a loop, or in a function called in a loop (`run_step()`
+    calling `optimize()` each step): the call nearest `function`."""
+    calls = calls_of.get(id(function), ())
+    for call in calls:
+        if call.site.loops:
+            return call
+    for call in calls:
+        outer = call.site.function
+        if outer is not None and any(c.site.loops for c in calls_of.get(id(outer), ())):
+            return call
+    return None
+
+
 def helper_sync_message(sync: HelperSync) -> str:
     """What the sync costs, and where the step runs it from."""
     name = f"`{sync.function.name.value}()`"
     where = (
-        f"{name}, one training step (run by `{excerpt(sync.caller.node, 40)}` in a loop),"
+        f"{name}, one training step (run by `{excerpt(sync.caller.node, 40)}`),"
         if sync.step
         else f"{name}, which runs on every training step (`{excerpt(sync.caller.node, 40)}`),"
     )
