@@ -623,8 +623,9 @@ def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
 @dataclass(frozen=True)
 class HelperSync:
     """`.item()` or `.tolist()` in a function of the file that runs on every training step:
-    the step itself (a function calling backward outside any loop of its own, called from a
-    loop), or a function that a training loop or such a step calls on every iteration."""
+    the step itself (a function calling backward or stepping an optimizer outside any loop of
+    its own, called from a loop or from a function called in one), or a function that a
+    training loop or such a step calls on every iteration."""
 
     node: cst.Call
     function: cst.FunctionDef
