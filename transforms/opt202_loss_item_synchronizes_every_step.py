@@ -12,8 +12,11 @@ from optimizer_codemod.analysis.syncs import (
     LOSS_ACCUMULATION,
     device_total_term,
     every_iteration,
+    helper_sync_message,
+    helper_syncs,
     host_read,
     loss_items,
+    step_loss_items,
 )
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -34,7 +37,15 @@ class LossItemSynchronizesEveryStep(Rule):
         loop) into an accumulation on the device, `running += loss.detach().float()`, and
         turns every place that reads the total into `float(running)`. A `.item()` of the loss
         that runs on every step for another reason (`print(loss.item())`,
-        `losses.append(loss.item())`) is reported, not rewritten.
+        `losses.append(loss.item())`) is reported, not rewritten. So is `return loss.item()`
+        in a function that is one training step (it calls `loss.backward()` outside any loop
+        of its own, and a loop of the file calls it): the loop reads it every step.
+        The loss is what `loss.backward()`, `scaler.scale(loss).backward()` or a trainer
+        library's `accelerator.backward(loss)` (Accelerate's `Accelerator`, Lightning's
+        `Fabric`) runs backward on. With gradient accumulation (backward in an inner
+        micro-step loop, the optimizer step after it), a read in the loop around it runs
+        on every optimizer step: a total read there is left alone (reported), and a
+        `loss.item()` there is reported.
 
     Why is it slow:
         `.item()` copies the value to the host, so the host must wait until the device has
@@ -178,6 +189,16 @@ class LossItemSynchronizesEveryStep(Rule):
                         message=f"`{code_of(item.node)}` on every step waits for the device; "
                         "read the loss less often (every N steps) or accumulate it detached",
                     )
+        for item in step_loss_items(self.facts):
+            self.report(
+                item.node,
+                message=f"`{code_of(item.node)}` on every optimizer step (after the "
+                "micro-step loop) waits for the device; read the loss less often (every N "
+                "steps) or accumulate it detached",
+            )
+        for sync in helper_syncs(self.facts):
+            if sync.loss:
+                self.report(sync.node, message=helper_sync_message(sync))
 
 
 def _remaining_sync(plan) -> Optional[str]:

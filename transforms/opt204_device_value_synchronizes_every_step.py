@@ -10,6 +10,8 @@ from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
     METRIC_ACCUMULATION,
     StepSync,
+    helper_sync_message,
+    helper_syncs,
     device_total_term,
     host_read,
     loss_items,
@@ -56,6 +58,13 @@ class DeviceValueSynchronizesEveryStep(Rule):
         (`int(correct)`). Device values are those computed from the loss, its criterion's
         inputs, model outputs and tensors moved with `.to(device)`; statements under an `if`
         do not run every step and are left alone.
+        The step's helpers count too: `.item()` and `.tolist()` in a function of the file
+        that a training loop calls on every iteration, or that a training step calls (a
+        function running backward, or stepping an optimizer of the file, outside any loop
+        of its own, and called from a loop or from a function called in one), and in
+        the functions those call in turn (two levels), are reported where they are (`return
+        loss.item(), acc.item()` in a `test()` run after every step). Calls under an `if`
+        whose test has a `%` (`if step % 100 == 0:`) do not run every step.
 
     Why is it slow:
         Reading a device value on the host makes the host wait until the device has
@@ -174,6 +183,9 @@ class DeviceValueSynchronizesEveryStep(Rule):
             for sync in syncs.sites(loop):
                 if sync.certain and sync.node not in handled and sync.kind in WAITS:
                     self.report(sync.node, message=_message(sync))
+        for sync in helper_syncs(self.facts):
+            if not sync.loss:
+                self.report(sync.node, message=helper_sync_message(sync))
 
 
 def _message(sync: StepSync) -> str:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from typing import Set
+from typing import List, Optional, Set
 
-from optimizer_codemod.analysis.escapes import block_escape, evaluation_loops
+from optimizer_codemod.analysis.escapes import (
+    block_escape,
+    evaluation_loops,
+    host_names,
+    is_host_value,
+)
+from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.training import no_grad_regions
@@ -80,13 +86,19 @@ class EvaluationUnderNoGrad(Rule):
         or `load_state_dict` on the trained model, `m.reset_parameters()`,
         `param.materialize(...)` (new parameters made there would be inference tensors).
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
-        to the graph. The model's own `forward` is assumed not to keep its inputs.
+        to the graph, nor in a callback that the file hands to a trainer of another module
+        (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
+        out of sight; the decline says so. The model's own `forward` is assumed not to
+        keep its inputs.
         Wrapping a loop that had autograd on is `behavior`, applied only with
         `--unsafe-fixes`: the analysis sees the loop, not the model's `forward`, which might
         want gradients itself (`torch.autograd.grad` on its inputs); the loop's own target
         and iterable are covered, since the loader's batches become inference tensors too.
-        `@torch.no_grad()` decorators are left alone: their function's callers are not
-        analysed. A `no_grad` block in the fallback branch of a feature check (the `else` of
+        A function decorated with `@torch.no_grad()` (or `@torch.no_grad`) gets
+        `@torch.inference_mode()` on the same conditions, its whole body taken as the block,
+        and only when what it returns is a plain Python value: its callers are not analysed
+        (they may be in other modules), so a returned tensor could be saved for backward.
+        A `no_grad` block in the fallback branch of a feature check (the `else` of
         `if hasattr(torch, "inference_mode")`, an old-torch version branch) stays: it runs
         where `inference_mode` is missing (analysis/guards.py).
 
@@ -108,8 +120,11 @@ class EvaluationUnderNoGrad(Rule):
     min_torch = TorchVersion(1, 9)
     # `no_grad` blocks, and loops after `model.eval()` that run without one.
     triggers = (r"\bno_grad\b", r"\.eval\s*\(\s*\)")
-    # The block must call a model the training loop also calls: the file trains.
-    requires = (BACKWARD_CALL,)
+    # The block must call a model the training loop also calls: the file trains. A function
+    # decorated with `no_grad` is examined (and its decline explained) in any file: library
+    # modules hold `generate`/`evaluate` functions that training scripts call.
+    # Callbacks handed to a trainer of another module are examined too (and explained).
+    requires = (BACKWARD_CALL + r"|@[ \t]*(?:torch\.(?:autograd\.)?)?no_grad\b|callback",)
     examples = (
         Example(
             _TRAIN + "correct = 0\n"
@@ -132,6 +147,12 @@ class EvaluationUnderNoGrad(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        self._decorated_functions(original_node)
+        if not self.facts.trains:
+            # A library module, or a script whose training loop is in another module: only
+            # its decorated functions, and blocks in callbacks it hands over, are examined.
+            self._blocks_in_callbacks()
+            return
         training = set(map(id, self.facts.training_loops))
         self._evaluation_without_no_grad(training)
         for item, site in self.facts.records.with_items:
@@ -159,15 +180,55 @@ class EvaluationUnderNoGrad(Rule):
                     "code",
                 )
                 continue
-            if isinstance(call.func, cst.Attribute):
-                fixed = call.with_changes(
-                    func=call.func.with_changes(attr=cst.Name("inference_mode"))
-                )
-                fix = Fix((Replace(call, fixed),))
-            else:
-                fixed = call.with_changes(func=cst.Name("inference_mode"))
-                fix = Fix((Replace(call, fixed),), (ImportSpec("torch", "inference_mode"),))
-            self.report(call, fix)
+            self.report(call, _inference_mode_fix(call, call.func))
+
+    def _blocks_in_callbacks(self) -> None:
+        """`with torch.no_grad():` in a function this file hands to another call
+        (`trainer.set_callback("on_batch_end", batch_end_callback)`): it runs inside a
+        training loop this file does not show, so what its tensors meet is unknown."""
+        handed = {
+            arg.value.value
+            for call in self.facts.records.calls
+            for arg in call.node.args
+            if isinstance(arg.value, cst.Name)
+        }
+        for item, site in self.facts.records.with_items:
+            call = item.item
+            function = site.function
+            if (
+                function is None
+                or function.name.value not in handed
+                or not isinstance(call, cst.Call)
+                or self.facts.qualified_name(call.func) not in NO_GRAD
+            ):
+                continue
+            self.decline(
+                call,
+                f"the block is in `{function.name.value}()`, which this file hands to a call "
+                "as a callback: it runs inside a training loop of another module, where the "
+                "analysis cannot tell whether tensors it makes meet the graph",
+            )
+
+    def _decorated_functions(self, module: cst.Module) -> None:
+        """`@torch.no_grad()` on a function: `@torch.inference_mode()` when its body is a
+        block whose tensors cannot leave it, and it returns only plain Python values."""
+        for function in _decorated_with_no_grad(self.facts, module):
+            for decorator in function.decorators:
+                expr = decorator.decorator
+                target = expr.func if isinstance(expr, cst.Call) else expr
+                if isinstance(expr, cst.Call) and expr.args:
+                    continue
+                if self.facts.qualified_name(target) not in NO_GRAD:
+                    continue
+                reason = _function_escape(self.facts, function)
+                if reason is not None:
+                    self.decline(
+                        expr,
+                        f"`{function.name.value}()` cannot run under `torch.inference_mode()`: "
+                        f"{reason}",
+                    )
+                    continue
+                self.report(expr, _inference_mode_fix(expr, target))
 
     def _evaluation_without_no_grad(self, training: Set[int]) -> None:
         """A loop right after `model.eval()` that runs the trained model with autograd on:
@@ -202,3 +263,49 @@ class EvaluationUnderNoGrad(Rule):
                 safety=Safety.BEHAVIOR,
                 fix_title="Run the loop under `torch.inference_mode()`",
             )
+
+
+def _inference_mode_fix(node: cst.BaseExpression, target: cst.BaseExpression) -> Fix:
+    """`torch.no_grad()` (or a bare decorator `@torch.no_grad`) as `torch.inference_mode()`:
+    the call form always, since a bare `@torch.inference_mode` needs torch 2.0."""
+    call = node if isinstance(node, cst.Call) else cst.Call(func=target)
+    if isinstance(target, cst.Attribute):
+        fixed = call.with_changes(func=target.with_changes(attr=cst.Name("inference_mode")))
+        return Fix((Replace(node, fixed),))
+    fixed = call.with_changes(func=cst.Name("inference_mode"))
+    return Fix((Replace(node, fixed),), (ImportSpec("torch", "inference_mode"),))
+
+
+def _decorated_with_no_grad(facts, module: cst.Module) -> List[cst.FunctionDef]:
+    """Functions and methods with a decorator that may be `no_grad` (checked by the caller)."""
+    if not any(_names_no_grad(d.decorator) for d in facts.records.decorators):
+        return []
+    return [
+        function
+        for function in find_all(module, cst.FunctionDef)
+        if any(_names_no_grad(d.decorator) for d in function.decorators)
+    ]
+
+
+def _names_no_grad(expr: cst.BaseExpression) -> bool:
+    target = expr.func if isinstance(expr, cst.Call) else expr
+    return (isinstance(target, cst.Attribute) and target.attr.value == "no_grad") or (
+        isinstance(target, cst.Name) and target.value == "no_grad"
+    )
+
+
+def _function_escape(facts, function: cst.FunctionDef) -> Optional[str]:
+    """Why a tensor made in the decorated `function` may reach code after it runs; None
+    when none can. Its callers are not followed, so it may return plain values only."""
+    host = host_names(function)
+    for node in find_all(function.body, cst.Return, cst.Yield):
+        if isinstance(node, cst.Yield):
+            return "it is a generator, and what it yields goes to its caller"
+        if node.value is not None and not is_host_value(node.value, host):
+            text = code_of(node.value).strip().splitlines()[0][:40]
+            return (
+                f"it returns `{text}`, maybe a tensor, to callers the analysis does not "
+                "follow, which could save it for backward or update it in place (an "
+                "inference tensor cannot be)"
+            )
+    return block_escape(facts, function, function)

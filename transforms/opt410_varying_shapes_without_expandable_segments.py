@@ -29,8 +29,10 @@ class VaryingShapesWithoutExpandableSegments(Rule):
     """
     What it does:
         Reports (without changing anything) a training script whose batches change shape
-        from step to step (sequences padded or packed to the longest in each batch, a
-        torchvision detection model that resizes every image) and that does not configure
+        from step to step (sequences padded or packed to the longest in each batch, by
+        `pad_sequence` or by a Hugging Face tokenizer or collator: `tokenizer.pad(batch,
+        padding="longest")`, `DataCollatorWithPadding`; a torchvision detection model that
+        resizes every image) and that does not configure
         the CUDA caching allocator: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`,
         set before CUDA's first allocation, usually cuts its reserved memory.
 
@@ -82,7 +84,11 @@ class VaryingShapesWithoutExpandableSegments(Rule):
     fix_title = "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` before CUDA starts"
     safety = Safety.SUGGEST
     target_devices = ("cuda",)
-    triggers = (r"\b(?:pad_sequence|pack_sequence|pack_padded_sequence|detection)\b",)
+    triggers = (
+        r"\b(?:pad_sequence|pack_sequence|pack_padded_sequence|detection)\b",
+        # Hugging Face padding to the longest sequence of each batch.
+        r"\bpadding\s*=\s*(?:[\"']longest[\"']|True)|\bDataCollatorWithPadding\b",
+    )
     requires = (BACKWARD_CALL,)
     examples = (
         Example(SCRIPT),

@@ -63,7 +63,9 @@ class PerParameterUpdateLoop(Rule):
         Reports a Python `for` loop over a model's parameters (`model.parameters()`,
         `named_parameters()`, `group["params"]` of an optimizer's `param_groups`, or a name
         bound to one of them) that updates each parameter in place (`p.add_(...)`,
-        `p.data.mul_(...)`, `p.lerp_(...)`, `p -= lr * p.grad`, `p.data = ...`) and runs every
+        `p.data.mul_(...)`, `p.lerp_(...)`, `p -= lr * p.grad`, `p.data = ...`), or another
+        model's parameter looked up by the loop's name (`ema_params[name].mul_(d)`, with
+        `ema_params = OrderedDict(ema.named_parameters())`), and runs every
         training step: inside the loop that calls backward, in the `step` method of an
         optimizer class written in the file (a subclass of `torch.optim.Optimizer`), or in a
         function the training loop calls. It reports, never rewrites. Loops that run once

@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import positional
+from optimizer_codemod.analysis.calls import excerpt, keyword, literal, positional
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, under_with
@@ -155,6 +155,9 @@ class DDPAccumulationWithoutNoSync(Rule):
         for the leftover micro-batches: those would see one rank's unsynchronized gradients.
         A training loop that already uses `no_sync` is left alone, and so is a script that
         uses it outside its training loops (a context chosen before the loop may reach any).
+        Accumulation through a loss-scaler helper (`loss_scaler(loss, optimizer,
+        update_grad=COND)`, as in MAE and ConvNeXt) is explained, not rewritten: the helper
+        runs backward in another module, and the DDP wrapper is built in another one.
 
     Expected gain:
         PyTorch's documentation of `DistributedDataParallel.no_sync` describes it as the
@@ -175,8 +178,10 @@ class DDPAccumulationWithoutNoSync(Rule):
     fix_title = "Run the micro-batches that do not step under `model.no_sync()`"
     safety = Safety.NUMERICS
     min_torch = TorchVersion(1, 2)
-    triggers = (r"DistributedDataParallel|\bDDP\b",)
-    requires = (BACKWARD_CALL,)
+    # A loss-scaler helper that steps only on some micro-batches (`update_grad=`) is
+    # examined too: its backward is out of sight, in another module.
+    triggers = (r"DistributedDataParallel|\bDDP\b", r"\bupdate_grad\s*=")
+    requires = (BACKWARD_CALL + r"|\bupdate_grad\s*=",)
     examples = (
         Example(SCRIPT, FIXED),
         Example(NESTED, NESTED_FIXED),
@@ -192,6 +197,7 @@ class DDPAccumulationWithoutNoSync(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
+        self._accumulation_in_a_helper(original_node)
         model = the_trained_model(facts)
         if model is None or model.wrapped_as is None:
             return
@@ -219,6 +225,25 @@ class DDPAccumulationWithoutNoSync(Rule):
         for step, found in zip(steps, in_loops):
             if not found:
                 self._check_step(model, step, optimizer)
+
+    def _accumulation_in_a_helper(self, module: cst.Module) -> None:
+        """`loss_scaler(loss, optimizer, update_grad=COND)` in a loop (MAE's and ConvNeXt's
+        NativeScaler): the helper runs backward on every micro-batch and steps only when
+        COND holds. Its backward and the model's DDP wrapper are in other modules, so no
+        `no_sync` can be placed soundly here: say so at the call."""
+        if _no_sync_names(module):
+            return
+        for call in self.facts.records.calls:
+            update = keyword(call.node, "update_grad")
+            if update is None or not call.site.loops or literal(update.value, None) is not None:
+                continue
+            self.decline(
+                call.node,
+                f"gradient accumulation through `{excerpt(call.node.func)}(..., update_grad=...)`:"
+                " its backward runs in that helper, outside this file, and whether the model "
+                "is wrapped in DistributedDataParallel is decided where it is built; if it is, "
+                "run the micro-batches that do not update under `model.no_sync()`",
+            )
 
     def _check_step(self, model: TrainedModel, step: TrainingStep, optimizer: str) -> None:
         wrapper = model.wrapped_as

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.collect import CallSite
+from optimizer_codemod.analysis.epochs import step_loops
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.values import local_function
 from optimizer_codemod.rule import Example, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -38,13 +41,14 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
     """
     What it does:
         Reports a call of `torch.save` inside the loop that runs the training step (the
-        innermost loop that calls `backward`), at any depth of `if`/`with`/`try` in its body:
-        the usual `if step % every == 0: torch.save(...)` checkpoint, also under
-        `if rank == 0 and ...`. It reports, never rewrites. Saves once per epoch (in an outer
+        innermost loop that calls `backward`; with gradient accumulation, where backward runs
+        in an inner micro-step loop and the optimizer steps after it, the loop around it), at
+        any depth of `if`/`with`/`try` in its body: the usual `if step % every == 0:
+        torch.save(...)` checkpoint, also under `if rank == 0 and ...`. A call in that loop
+        of a function of the same file that calls `torch.save` (`self.save(milestone)`) is
+        reported at the call. It reports, never rewrites. Saves once per epoch (in an outer
         loop, outside the step loop), after the loop, or in a loop without backward are not
-        reported; neither is a `torch.save` inside a function the loop calls (a
-        `save_checkpoint(...)` helper): the rule reads the loop body's own statements, not
-        the functions it calls, nor loops whose backward happens in a called function.
+        reported; nor are loops whose backward happens in a called function.
 
     Why is it slow:
         `torch.save` runs on the training thread: every checkpoint copies the state off the
@@ -112,15 +116,30 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        loops = facts.training_loops
+        loops = step_loops(facts)
         if not loops:
             return
-        for call in facts.calls_to(*SAVE_FUNCTIONS):
+        saves = facts.calls_to(*SAVE_FUNCTIONS)
+        for call in saves:
             if _in_step_loop(call, loops):
                 self.report(call.node)
+        savers = {id(call.site.function): call for call in saves if call.site.function}
+        for call in facts.records.calls:
+            if not call.site.loops or not _in_step_loop(call, loops):
+                continue
+            function = local_function(facts, call)
+            save = savers.get(id(function)) if function is not None else None
+            if save is not None:
+                self.report(
+                    call.node,
+                    message=f"`{excerpt(call.node)}` writes a checkpoint "
+                    f"(`{excerpt(save.node)}` in `{function.name.value}()`) inside the "
+                    "training loop, which blocks training while it is written",
+                )
 
 
 def _in_step_loop(call: CallSite, loops) -> bool:
-    """The call sits in the body of a loop that calls backward, at any depth of `if`, `with`
-    or `try`, in that loop's own function (not in a function defined inside the loop)."""
+    """The call sits in the body of a loop that runs the training step, at any depth of
+    `if`, `with` or `try`, in that loop's own function (not in a function defined inside
+    the loop)."""
     return any(loop in call.site.loops and call.site.function is loop.function for loop in loops)

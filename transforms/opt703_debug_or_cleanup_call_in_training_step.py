@@ -49,7 +49,11 @@ class DebugOrCleanupCallInTrainingStep(Rule):
         that record every step (`torch.autograd.profiler.profile`, `emit_nvtx`,
         `torch.profiler.profile` without a `schedule=`) are reported, not removed. Only
         what runs unconditionally: a switch behind `if args.debug:` or a call under
-        `if step % 100 == 0:` is the user's choice, not a leftover.
+        `if step % 100 == 0:` is the user's choice, not a leftover. A check of the device
+        is no switch: `synchronize()` or `empty_cache()` alone in `if
+        args.device.startswith("cuda"):` (or `if torch.cuda.is_available():`, `if
+        device == "cuda":`) runs on every step on that device, and the fix deletes (or
+        gates) the whole `if`.
 
     Why is it slow:
         Anomaly mode records the forward traceback of every op and, in backward, checks

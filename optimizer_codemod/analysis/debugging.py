@@ -14,13 +14,22 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, has_double_star, keyword, literal
+from optimizer_codemod.analysis.calls import (
+    argument,
+    has_double_star,
+    keyword,
+    literal,
+    method_name,
+    positional,
+)
 from optimizer_codemod.analysis.collect import Loop, is_main_guard
+from optimizer_codemod.analysis.devices import ACCELERATOR_PREFIXES
 from optimizer_codemod.analysis.epochs import is_throwaway
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, lone_call
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
+    HOST_SYNC_FUNCTIONS,
     StepSync,
     alone_in_statement,
     every_iteration,
@@ -121,6 +130,7 @@ class DebugSwitches:
                     found.append(
                         DebugSite(sync.kind, sync.node, sync.statement, obstacle, loop, sync)
                     )
+            found.extend(self._under_device_checks(loop))
             for call in facts.calls_to(*COLLECTORS):
                 if call.site.loop is loop and call.site.statement in self._per_step(loop):
                     statement = call.site.statement
@@ -128,6 +138,29 @@ class DebugSwitches:
                     found.append(DebugSite("collect", call.node, statement, obstacle, loop))
         calls = facts.call_site_of
         return sorted(found, key=lambda s: calls[s.node].site.order if s.node in calls else 0)
+
+    def _under_device_checks(self, loop: Loop) -> List[DebugSite]:
+        """`synchronize()`/`empty_cache()` alone in an `if` that runs on every step and only
+        asks which device the script runs on (`if args.device.startswith("cuda"):`,
+        `if torch.cuda.is_available():`): on that device it runs every step. The `if` is
+        what a fix deletes (or gates)."""
+        found: List[DebugSite] = []
+        for branch in self._per_step(loop):
+            if not isinstance(branch, cst.If) or branch.orelse is not None:
+                continue
+            if not is_device_check(self.facts, branch.test):
+                continue
+            lines = branch.body.body if isinstance(branch.body, cst.IndentedBlock) else ()
+            for line in lines:
+                for call in find_all(line, cst.Call):
+                    kind = HOST_SYNC_FUNCTIONS.get(self.facts.qualified_name(call.func) or "")
+                    if kind is None:
+                        continue
+                    sync = StepSync(call, kind, None, line, True, loop)
+                    alone = len(lines) == 1 and alone_in_statement(sync)
+                    obstacle = None if alone else "it shares its `if` with other code"
+                    found.append(DebugSite(kind, call, branch, obstacle, loop, sync))
+        return found
 
     def _context_kind(self, item: cst.WithItem) -> Optional[str]:
         call = item.item
@@ -171,6 +204,36 @@ class DebugSwitches:
             ):
                 return False
         return True
+
+
+def is_device_check(facts: "ScriptFacts", test: cst.BaseExpression) -> bool:
+    """The test only asks which device the script runs on: `torch.cuda.is_available()`,
+    `device.startswith("cuda")`, `device == "cuda"`, `device.type != "cpu"`,
+    `"cuda" in device`, `x.is_cuda`, and `not`/`and` of those."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return is_device_check(facts, test.expression)
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return is_device_check(facts, test.left) and is_device_check(facts, test.right)
+    if isinstance(test, cst.Attribute):
+        return test.attr.value == "is_cuda"
+    if isinstance(test, cst.Call):
+        qualname = facts.qualified_name(test.func) or ""
+        if qualname.startswith("torch.") and qualname.endswith(".is_available"):
+            return True
+        args = positional(test)
+        return method_name(test) == "startswith" and len(args) == 1 and _names_device(args[0].value)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        if isinstance(target.operator, (cst.Equal, cst.NotEqual)):
+            return _names_device(test.left) or _names_device(target.comparator)
+        if isinstance(target.operator, cst.In):
+            return _names_device(test.left)
+    return False
+
+
+def _names_device(node: cst.BaseExpression) -> bool:
+    value = literal(node, None)
+    return isinstance(value, str) and value.split(":")[0] in (*ACCELERATOR_PREFIXES, "cpu")
 
 
 def _path_to(root: cst.CSTNode, target: cst.CSTNode) -> List[cst.CSTNode]:

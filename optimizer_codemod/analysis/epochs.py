@@ -83,6 +83,35 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
     return found
 
 
+def step_loops(facts: "ScriptFacts") -> List[Loop]:
+    """Loops that run one optimizer step per iteration: each training loop, except that a
+    micro-step loop (gradient accumulation: backward in an inner loop with no `.step()` in
+    it, and the `.step()` right in the body of the loop around it, in the same function)
+    gives way to the loop around it."""
+    found: List[Loop] = []
+    for loop in facts.training_loops:
+        step = step_loop_of(facts, loop)
+        if step not in found:
+            found.append(step)
+    return found
+
+
+def step_loop_of(facts: "ScriptFacts", loop: Loop) -> Loop:
+    """The loop that runs one optimizer step per iteration for the training loop `loop`:
+    itself, or the loop around it when it is a micro-step loop (see step_loops)."""
+    memo = facts.memo("step_loop_of")
+    if id(loop) not in memo:
+        outer = loop.parent
+        micro = (
+            outer is not None
+            and outer.function is loop.function
+            and not any(call.method == "step" for call in facts.loop_calls(loop))
+            and any(call.method == "step" for call in facts.calls_directly_in(outer))
+        )
+        memo[id(loop)] = outer if micro else loop
+    return memo[id(loop)]
+
+
 def stranded_blocks(facts: "ScriptFacts") -> List[StrandedBlock]:
     found = []
     for loop in epoch_loops(facts):

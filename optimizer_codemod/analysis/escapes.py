@@ -56,10 +56,13 @@ PURE_METHODS = (
         "sort topk eq ne lt gt le ge logical_not masked_fill float double half bfloat16 long "
         "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
         "permute transpose contiguous expand gather index_select split chunk round "
-        "items keys values get format join eval".split()
+        "items keys values get format join eval parameters named_parameters".split()
     )
 )
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
+# Methods of a trained module that neither make nor replace its tensors: mode switches and
+# iterators over its parameters (what is done with a parameter is checked where it is done).
+MODULE_READS = frozenset({"eval", "train", "parameters", "named_parameters"})
 # Calls under which autograd is wanted, or that change what `inference_mode` would freeze.
 GRAD_WORDS = ("backward", "enable_grad", "set_grad_enabled", "requires_grad", "autograd")
 
@@ -196,7 +199,9 @@ def block_escape(
         if code_of(node.func).strip() in trained:
             runs_model = True
             continue
-        if method is not None and method != "eval" and code_of(node.func.value).strip() in trained:
+        if method is not None and code_of(node.func.value).strip() in trained:
+            if method in MODULE_READS:
+                continue
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
             return f"`{_short(node)}` changes a module that the script trains"

@@ -169,9 +169,15 @@ def _parameter_expression(node: cst.BaseExpression) -> bool:
 def _updates(facts: "ScriptFacts", loop: "Loop", parameter: str) -> Tuple[cst.CSTNode, ...]:
     """The in-place updates of `parameter` (or its `.data`) in the loop's body."""
     names = {parameter, parameter + ".data"}
+    keys = set(loop.targets) - {parameter}
     found: List[cst.CSTNode] = []
     for call in facts.loop_calls(loop):
-        if call.method in INPLACE_UPDATES and _updated(call.node) in names:
+        if call.method not in INPLACE_UPDATES:
+            continue
+        updated = _updated(call.node)
+        if updated is None:
+            continue
+        if dotted_name(updated) in names or _keyed_parameter(facts, updated, keys):
             found.append(call.node)
         elif (call.qualname or "").startswith(FOREACH_PREFIX):
             return ()
@@ -183,14 +189,43 @@ def _updates(facts: "ScriptFacts", loop: "Loop", parameter: str) -> Tuple[cst.CS
     return tuple(found)
 
 
-def _updated(call: cst.Call) -> Optional[str]:
+def _updated(call: cst.Call) -> Optional[cst.BaseExpression]:
     """The tensor an in-place call changes: `p` in `p.mul_(d).add_(g)` (both calls)."""
     node: cst.BaseExpression = call
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         if callee_name(node) not in INPLACE_UPDATES:
             return None
         node = node.func.value
-    return dotted_name(node)
+    return node
+
+
+def _keyed_parameter(facts: "ScriptFacts", node: cst.BaseExpression, keys: Set[str]) -> bool:
+    """`ema_params[name]` with `name` a loop variable (not the parameter's) and
+    `ema_params` bound only to parameters by name (`OrderedDict(ema.named_parameters())`):
+    another model's parameter, updated together with the loop's own (an EMA)."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return False
+    index = getattr(node.slice[0].slice, "value", None)
+    if not isinstance(index, cst.Name) or index.value not in keys:
+        return False
+    name = dotted_name(node.value)
+    values = [a.value for a in facts.assignments_to(name) if not a.unpacked] if name else []
+    return bool(values) and all(_parameter_dict(v) for v in values)
+
+
+def _parameter_dict(node: cst.BaseExpression) -> bool:
+    """`dict(m.named_parameters())` or `OrderedDict(m.named_parameters())`: the parameters
+    themselves, by name (not a dict of tensors made from them)."""
+    if not isinstance(node, cst.Call) or callee_name(node) not in ("dict", "OrderedDict"):
+        return False
+    args = positional(node)
+    return (
+        len(node.args) == 1
+        and len(args) == 1
+        and isinstance(args[0].value, cst.Call)
+        and callee_name(args[0].value) == "named_parameters"
+        and isinstance(args[0].value.func, cst.Attribute)
+    )
 
 
 def _why_every_step(loop: "Loop", training: Set[int], per_step: Dict[int, str]) -> Optional[str]:

@@ -282,10 +282,12 @@ def convolution_sites(facts: "ScriptFacts") -> List["CallSite"]:
 
 def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """A call showing batches change shape from step to step (padding to the longest
-    sequence, detection models that resize each image, box operations of detection code):
-    each new shape is autotuned again."""
+    sequence, by torch or by a Hugging Face tokenizer or collator; detection models that
+    resize each image, box operations of detection code): each new shape is autotuned
+    again."""
     for call in facts.records.calls:
-        if varies_shapes(call.qualname or ""):
+        qualname = call.qualname or ""
+        if varies_shapes(qualname) or _pads_to_longest(call, qualname):
             return call
     return None
 
@@ -333,3 +335,16 @@ def imported_by_others(facts: "ScriptFacts") -> Optional[str]:
         "the setting is process-wide and this file is imported by "
         f"{', '.join(project.importers)}: at its top it would change their numerics too"
     )
+
+
+def _pads_to_longest(call: "CallSite", qualname: str) -> bool:
+    """`tokenizer.pad(batch, padding="longest")`, `tokenizer(texts, padding=True)` (True
+    means "longest" there), `DataCollatorWithPadding(tokenizer)` (longest by default)."""
+    padding = keyword(call.node, "padding")
+    value = literal(padding.value, None) if padding is not None else None
+    if qualname.endswith(".DataCollatorWithPadding"):
+        return padding is None or value in (True, "longest")
+    if value == "longest":
+        return True
+    name = callee_name(call.node) or ""
+    return value is True and (call.method == "pad" or "token" in name.lower())

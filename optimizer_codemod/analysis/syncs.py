@@ -13,14 +13,16 @@ rewriting them.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt, method_name, positional
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
+from optimizer_codemod.analysis.epochs import step_loop_of
 from optimizer_codemod.analysis.devices import (
     OFF_DEVICE_METHODS,
     DeviceKind,
@@ -33,7 +35,7 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
-from optimizer_codemod.analysis.values import declares_global
+from optimizer_codemod.analysis.values import declares_global, local_function
 from optimizer_codemod.analysis.walk import children, walk
 from optimizer_codemod.analysis.walk import parents as walk_parents
 
@@ -620,20 +622,51 @@ def backward_losses(facts: "ScriptFacts", loop: Loop) -> Set[str]:
     scalar floating tensors."""
     found: Set[str] = set()
     for call in facts.calls_directly_in(loop):
-        if call.method != "backward" or call.node.args:
-            continue
-        receiver = call.node.func.value
-        if (
-            isinstance(receiver, cst.Call)
-            and method_name(receiver) == "scale"
-            and len(receiver.args) == 1
-            and receiver.args[0].keyword is None
-            and not receiver.args[0].star
-        ):
-            receiver = receiver.args[0].value
-        if isinstance(receiver, cst.Name):
-            found.add(receiver.value)
+        name = _backward_loss_name(facts, call)
+        if name is not None:
+            found.add(name)
     return found
+
+
+def _backward_loss_name(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
+    """`x` for a bare `x.backward()`, `scaler.scale(x).backward()`, or a trainer library's
+    `accelerator.backward(x)` (also of `x / n`); None otherwise."""
+    if call.method != "backward":
+        return None
+    receiver = call.node.func.value
+    if call.node.args:
+        args = positional(call.node)
+        if len(call.node.args) != 1 or len(args) != 1 or not _is_backward_runner(facts, receiver):
+            return None
+        loss = args[0].value
+        if isinstance(loss, cst.BinaryOperation) and isinstance(loss.operator, cst.Divide):
+            loss = loss.left
+        return loss.value if isinstance(loss, cst.Name) else None
+    if (
+        isinstance(receiver, cst.Call)
+        and method_name(receiver) == "scale"
+        and len(receiver.args) == 1
+        and receiver.args[0].keyword is None
+        and not receiver.args[0].star
+    ):
+        receiver = receiver.args[0].value
+    return receiver.value if isinstance(receiver, cst.Name) else None
+
+
+# Objects whose `backward(loss)` runs the loss's backward (scaling it as configured).
+BACKWARD_RUNNERS = frozenset(
+    {"accelerate.Accelerator", "lightning.Fabric", "lightning.fabric.Fabric"}
+)
+
+
+def _is_backward_runner(facts: "ScriptFacts", receiver: cst.BaseExpression) -> bool:
+    """`accelerator` in `accelerator.backward(loss)`: every binding of the name (or of the
+    `self.` attribute) builds an Accelerator or a Fabric."""
+    name = dotted_name(receiver)
+    values = [a.value for a in facts.assignments_to(name)] if name else []
+    return bool(values) and all(
+        isinstance(v, cst.Call) and facts.qualified_name(v.func) in BACKWARD_RUNNERS for v in values
+    )
 
 
 def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
@@ -648,6 +681,145 @@ def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
         and isinstance(call.node.func, cst.Attribute)
         and isinstance(call.node.func.value, cst.Name)
     ]
+
+
+# Syncs in functions that every step runs --------------------------------------------------
+@dataclass(frozen=True)
+class HelperSync:
+    """`.item()` or `.tolist()` in a function of the file that runs on every training step:
+    the step itself (a function calling backward or stepping an optimizer outside any loop of
+    its own, called from a loop or from a function called in one), or a function that a
+    training loop or such a step calls on every iteration."""
+
+    node: cst.Call
+    function: cst.FunctionDef
+    caller: CallSite  # the per-step call that runs `function`
+    step: bool  # `function` is the training step itself
+    loss: bool  # the value read is the loss the step calls backward on
+
+
+# How far calls are followed from the step: the step's helpers, and theirs.
+HELPER_DEPTH = 2
+
+
+def helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
+    """Every HelperSync of the file, once per pass. Functions are matched by name (`f(...)`,
+    `self.f(...)`) when the file defines that name once; calls under a periodic `if` (a test
+    with `%`: `if step % 100 == 0:`) do not run every step, and code inside a training loop
+    is left to that loop's own analysis (HostSyncs.sites)."""
+    memo = facts.memo("helper_syncs")
+    if "all" not in memo:
+        memo["all"] = _helper_syncs(facts) if facts.host_syncs.accelerated else []
+    return memo["all"]
+
+
+def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
+    calls_of: Dict[int, List[CallSite]] = {}
+    for call in facts.records.calls:
+        function = local_function(facts, call)
+        if function is not None:
+            calls_of.setdefault(id(function), []).append(call)
+    training = {id(loop) for loop in facts.training_loops}
+    queue: Deque[Tuple[cst.FunctionDef, CallSite, int, bool]] = deque()
+    for call in [*facts.backward_calls, *_optimizer_steps(facts)]:
+        function = call.site.function
+        if function is None or any(loop.function is function for loop in call.site.loops):
+            continue
+        caller = _called_in_a_loop(function, calls_of)
+        if caller is not None:
+            queue.append((function, caller, 0, True))
+    for loop in facts.training_loops:
+        per_step = every_iteration(loop)
+        for call in facts.calls_directly_in(loop):
+            helper = local_function(facts, call)
+            if helper is not None and call.site.statement in per_step:
+                queue.append((helper, call, 1, False))
+    found: List[HelperSync] = []
+    seen: Set[int] = set()
+    while queue:
+        function, caller, depth, step = queue.popleft()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        periodic = _periodic_statements(facts, function)
+        losses = {
+            name
+            for call in facts.in_function("calls", function)
+            for name in (_backward_loss_name(facts, call),)
+            if name is not None and step
+        }
+        for call in facts.in_function("calls", function):
+            if id(call.site.statement) in periodic or any(
+                id(loop) in training for loop in call.site.loops
+            ):
+                continue
+            helper = local_function(facts, call)
+            if helper is not None and depth < HELPER_DEPTH:
+                queue.append((helper, call, depth + 1, False))
+            elif (
+                call.qualname is None
+                and call.method in ("item", "tolist")
+                and not positional(call.node)
+                and not _off_device(facts, call.node.func.value)
+            ):
+                loss = call.method == "item" and call.receiver in losses
+                found.append(HelperSync(call.node, function, caller, step, loss))
+    return found
+
+
+def _optimizer_steps(facts: "ScriptFacts") -> List[CallSite]:
+    """`opt.step()` on a name bound to a `torch.optim` optimizer built in this file."""
+    names = set()
+    for construction in facts.optimizer_constructions():
+        assignment = facts.assignment_of(construction.node)
+        if assignment is not None:
+            names.add(assignment.target)
+    return [call for call in facts.method_calls("step") if call.receiver in names]
+
+
+def _called_in_a_loop(
+    function: cst.FunctionDef, calls_of: Dict[int, List[CallSite]]
+) -> Optional[CallSite]:
+    """A call of `function` in a loop, or in a function called in a loop (`run_step()`
+    calling `optimize()` each step): the call nearest `function`."""
+    calls = calls_of.get(id(function), ())
+    for call in calls:
+        if call.site.loops:
+            return call
+    for call in calls:
+        outer = call.site.function
+        if outer is not None and any(c.site.loops for c in calls_of.get(id(outer), ())):
+            return call
+    return None
+
+
+def helper_sync_message(sync: HelperSync) -> str:
+    """What the sync costs, and where the step runs it from."""
+    name = f"`{sync.function.name.value}()`"
+    where = (
+        f"{name}, one training step (run by `{excerpt(sync.caller.node, 40)}`),"
+        if sync.step
+        else f"{name}, which runs on every training step (`{excerpt(sync.caller.node, 40)}`),"
+    )
+    return (
+        f"`{excerpt(sync.node)}` in {where} copies a device value to the host, so the host "
+        "waits for the device on every step; read it every N steps, or keep it on the device"
+    )
+
+
+def _periodic_statements(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[int]:
+    """ids of the statements of `function` in the body of an `if` whose test has a `%`."""
+    memo = facts.memo("periodic_statements")
+    key = id(function)
+    if key not in memo:
+        found: Set[int] = set()
+        for branch in find_all(function.body, cst.If):
+            if id(branch) in found or not find_all(branch.test, cst.Modulo):
+                continue
+            # Its `else` runs on most steps.
+            found.update(map(id, find_all(branch.body, cst.BaseStatement)))
+        memo[key] = found
+    return memo[key]
 
 
 def _accumulated(statement: cst.CSTNode) -> Optional[tuple]:
@@ -683,7 +855,7 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
     found: List[Accumulation] = []
     seen: Set[tuple] = set()
     for loop in facts.training_loops:
-        per_step = every_iteration(loop)
+        per_step = _reads_every_step(facts, loop)
         items = loss_items(facts, loop)
         for item in items:
             small = _small_statement(item)
@@ -696,6 +868,36 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
                 continue
             seen.add(key)
             found.append(_accumulation(facts, loop, name, items, per_step))
+    return found
+
+
+def _reads_every_step(facts: "ScriptFacts", loop: Loop) -> Set[cst.CSTNode]:
+    """Statements that run on every iteration of `loop`, and, when it is a micro-step loop,
+    of the loop around it that steps the optimizer: a read there syncs on every step."""
+    step = step_loop_of(facts, loop)
+    found = every_iteration(loop)
+    return found | every_iteration(step) if step is not loop else found
+
+
+def step_loss_items(facts: "ScriptFacts") -> List[CallSite]:
+    """`loss.item()` on every iteration of the loop around a micro-step loop (the step loop
+    of gradient accumulation), on a name the micro-step loop calls backward on."""
+    found: List[CallSite] = []
+    for loop in facts.training_loops:
+        step = step_loop_of(facts, loop)
+        if step is loop:
+            continue
+        losses = backward_losses(facts, loop)
+        per_step = every_iteration(step)
+        found.extend(
+            call
+            for call in facts.calls_directly_in(step)
+            if call.method == "item"
+            and not call.node.args
+            and call.receiver in losses
+            and call.site.statement in per_step
+            and call not in found
+        )
     return found
 
 
@@ -780,7 +982,13 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
         for name, kinds in types.items():
             found.append(
                 _accumulation(
-                    facts, loop, name, items, per_step, "a metric", counts=kinds == {"int"}
+                    facts,
+                    loop,
+                    name,
+                    items,
+                    _reads_every_step(facts, loop),
+                    "a metric",
+                    counts=kinds == {"int"},
                 )
             )
     return found

@@ -175,6 +175,25 @@ def _defined_once(facts: "ScriptFacts", name: str) -> bool:
     return counts.get(name, 0) == 1 and not facts.assignments_to(name)
 
 
+def local_function(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.FunctionDef]:
+    """The function of this file that `call` runs: `f(...)` or `self.f(...)`, when the file
+    defines `f` once and binds it no other way (matched by name)."""
+    func = call.node.func
+    if isinstance(func, cst.Name):
+        name = func.value
+    elif (
+        isinstance(func, cst.Attribute)
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "self"
+    ):
+        name = func.attr.value
+    else:
+        return None
+    if not _defined_once(facts, name):
+        return None
+    return facts.records.functions.get(name)
+
+
 def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
     """The one call of `function` in this file: `train(...)` for a module-level function,
     `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
