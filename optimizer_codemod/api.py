@@ -193,10 +193,7 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
         cell, line = notebook.locate(diagnostic.line)
         _, end_line = notebook.locate(diagnostic.end_line)
         end_line = max(line, end_line)
-        edit_lines = tuple(
-            (notebook.locate(first)[1], notebook.locate(last)[1])
-            for first, last in diagnostic.edit_lines
-        )
+        edit_lines = _file_lines(notebook, positions, diagnostic.edit_lines)
         file_region = positions.region(
             cell, line, diagnostic.column, end_line, diagnostic.end_column
         )
@@ -216,6 +213,18 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
     new = notebook.with_cells(changes)
     parts = [(f"{path}:cell {index + 1}", old, new_text) for index, old, new_text in changes]
     return SourceRewrite(new, new != src, diagnostics, parts)
+
+
+def _file_lines(notebook: Notebook, positions: NotebookPositions, ranges):
+    """Line ranges of the notebook's Python text as lines of the .ipynb file's own text,
+    which is what a fix in a report edits (runner.py diffs the notebook file itself)."""
+    placed = []
+    for first, last in ranges:
+        start = positions.region(*notebook.locate(first), 1, notebook.locate(first)[1], 1)
+        end = positions.region(*notebook.locate(last), 1, notebook.locate(last)[1], 1)
+        if start is not None and end is not None:
+            placed.append((start[0], max(start[0], end[0])))
+    return tuple(placed)
 
 
 @dataclass

@@ -32,6 +32,7 @@ class Diagnostic:
     end_column: int
     cell: Optional[int] = None  # 1-based cell number in a notebook; lines are cell-relative
     # Original-line ranges (first, last) the fix edits; empty for a finding without a fix.
+    # In a notebook, lines of the .ipynb file's own text (what FileOutcome.edits edit).
     edit_lines: Tuple[Tuple[int, int], ...] = ()
     # In a notebook: (line, column, end line, end column) of the finding in the .ipynb file's
     # own text, for viewers of the raw file; None where lines are the file's already.

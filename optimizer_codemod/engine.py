@@ -11,10 +11,11 @@ from __future__ import annotations
 import inspect
 import re
 import traceback
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper
@@ -202,6 +203,9 @@ class _Fixpoint:
     def run(self) -> RewriteResult:
         module, code = self.original, self.src
         fixed: List[Diagnostic] = []
+        # (fixed, declined) of each pass that fixed something: the sites it left alone
+        # (--why-not) were examined even where a later pass no longer looks at them.
+        passes: List[Tuple[List[Diagnostic], List[Diagnostic]]] = []
         seen = {code}
         for pass_number in range(1, MAX_PASSES + 2):
             try:
@@ -230,7 +234,10 @@ class _Fixpoint:
                 remaining = [
                     self._diagnostic(f, positions, line_map, _left_status(f)) for f in findings
                 ]
-                return RewriteResult(code, code != self.src, fixed + remaining, pass_number - 1)
+                earlier = _earlier_declines(passes, remaining)
+                return RewriteResult(
+                    code, code != self.src, fixed + remaining + earlier, pass_number - 1
+                )
             if pass_number > MAX_PASSES:
                 codes = sorted({f.rule.code for f in applicable})
                 raise NonConvergenceError(
@@ -246,7 +253,14 @@ class _Fixpoint:
             applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
             chosen = choose_compatible(applicable, positions)
             new_module, new_code = self._apply_verified(module, chosen, positions)
-            fixed.extend(self._diagnostic(f, positions, line_map, Status.FIXED) for f in chosen)
+            fixed_now = [self._diagnostic(f, positions, line_map, Status.FIXED) for f in chosen]
+            fixed.extend(fixed_now)
+            declined = [
+                self._diagnostic(f, positions, line_map, Status.DECLINED)
+                for f in findings
+                if f.declined
+            ]
+            passes.append((fixed_now, declined))
             if new_code in seen:
                 codes = sorted({f.rule.code for f in chosen})
                 raise NonConvergenceError(
@@ -463,6 +477,43 @@ def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) 
                 [code],
                 path,
             )
+
+
+def _earlier_declines(
+    passes: Sequence[Tuple[Sequence[Diagnostic], Sequence[Diagnostic]]],
+    last: Sequence[Diagnostic],
+) -> List[Diagnostic]:
+    """The declines of the passes before the last that the last pass does not repeat.
+
+    A site is the rule and the original line (an earlier pass's edits shift columns on that
+    line); a decline is listed as often as the pass that said it most often on that line
+    says it, at the position where it was first said. A decline whose site the same rule
+    fixed in a later pass is dropped: it was waiting for another rule's fix (OPT201 declines
+    a copy from a loader that OPT101 pins in the same pass, and fixes the copy in the next).
+    """
+    if not any(declined for _, declined in passes):
+        return []
+    standing: List[List[Diagnostic]] = []
+    fixed_later: Set[Tuple[str, int]] = set()
+    for fixed, declined in reversed(passes):
+        standing.append([d for d in declined if (d.code, d.line) not in fixed_later])
+        fixed_later.update((d.code, d.line) for d in fixed)
+    standing.reverse()
+    wanted: Counter = Counter()
+    for declined in standing:
+        wanted |= Counter(_decline_key(d) for d in declined)
+    wanted.subtract(_decline_key(d) for d in last if d.status is Status.DECLINED)
+    earlier = []
+    for decline in (d for declined in standing for d in declined):
+        key = _decline_key(decline)
+        if wanted[key] > 0:
+            wanted[key] -= 1
+            earlier.append(decline)
+    return earlier
+
+
+def _decline_key(diagnostic: Diagnostic) -> Tuple[str, int, str]:
+    return (diagnostic.code, diagnostic.line, diagnostic.message)
 
 
 def _left_status(finding: Finding) -> Status:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import click
 
 from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, FileOutcome, Status
+from optimizer_codemod.edits import TextEdit
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,43 @@ def status_label(diagnostic: Diagnostic, writing: bool) -> str:
     return diagnostic.status.value
 
 
-def diagnostic_record(path: str, d: Diagnostic, writing: bool = True) -> dict:
+def edits_of_fixes(outcome: FileOutcome) -> Dict[int, List[TextEdit]]:
+    """For each fixed diagnostic of `outcome` (by index), the edits its fix made.
+
+    The edits come from a line diff of the whole file, so an insertion may land a blank line
+    away from its anchor: each edit goes to the fixed finding(s) whose fix edits lines nearest
+    to it, and a fixed finding that is nearest to no edit (its insertion shares a hunk with a
+    closer one) gets the edits nearest to it: every finding shown as fixed carries its edits.
+    Findings whose fixes were not applied (unsafe, reported, declined) own none.
+    """
+    fixed = [
+        (i, d.edit_lines)
+        for i, d in enumerate(outcome.diagnostics)
+        if d.status is Status.FIXED and d.edit_lines
+    ]
+    owned: Dict[int, List[TextEdit]] = {}
+    if not fixed or not outcome.edits:
+        return owned
+    gaps = [
+        [min(edit.distance(first, last) for first, last in lines) for edit in outcome.edits]
+        for _, lines in fixed
+    ]
+    for number, edit in enumerate(outcome.edits):
+        nearest = min(row[number] for row in gaps)
+        for (index, _), row in zip(fixed, gaps):
+            if row[number] == nearest:
+                owned.setdefault(index, []).append(edit)
+    for (index, _), row in zip(fixed, gaps):
+        if index not in owned:
+            nearest = min(row)
+            owned[index] = [e for e, gap in zip(outcome.edits, row) if gap == nearest]
+    return owned
+
+
+def diagnostic_record(
+    path: str, d: Diagnostic, writing: bool = True, edits: Sequence[TextEdit] = ()
+) -> dict:
+    """One finding of the JSON report; `edits`: what its fix changed (edits_of_fixes)."""
     return {
         "filename": path,
         "cell": d.cell,
@@ -130,6 +167,26 @@ def diagnostic_record(path: str, d: Diagnostic, writing: bool = True) -> dict:
         "fix_title": d.fix_title,
         "location": {"row": d.line, "column": d.column},
         "end_location": {"row": d.end_line, "column": d.end_column},
+        "fix": _fix_record(d, edits),
+    }
+
+
+def _fix_record(d: Diagnostic, edits: Sequence[TextEdit]) -> Optional[dict]:
+    """ruff's shape: each edit replaces the text from `location` up to `end_location` (rows
+    and columns of the original file, 1-based, the end exclusive) by `content`."""
+    if d.status is not Status.FIXED:
+        return None
+    return {
+        "message": d.fix_title,
+        "applicability": d.safety.label,
+        "edits": [
+            {
+                "content": edit.new_text,
+                "location": {"row": edit.first_line, "column": 1},
+                "end_location": {"row": edit.last_line + 1, "column": 1},
+            }
+            for edit in edits
+        ],
     }
 
 
@@ -178,11 +235,13 @@ def sarif_report(context: ReportContext) -> str:
 
 @output_format("json")
 def json_report(context: ReportContext) -> str:
-    findings = [
-        diagnostic_record(o.path, d, context.writing)
-        for o in context.outcomes
-        for d in o.diagnostics
-    ]
+    findings = []
+    for outcome in context.outcomes:
+        owned = edits_of_fixes(outcome)
+        findings.extend(
+            diagnostic_record(outcome.path, d, context.writing, owned.get(index, ()))
+            for index, d in enumerate(outcome.diagnostics)
+        )
     document = {
         "tool": {"name": "optcodemod", "version": __version__},
         "written": context.writing,

@@ -99,7 +99,7 @@ def process_bytes(
             error=f"{path}: internal error ({type(exc).__name__}: {exc}); left untouched. "
             "Please report it with this file.",
         )
-    return _outcome(result, path, mode, stamp, on_written)
+    return _outcome(result, src, path, mode, stamp, on_written)
 
 
 def _cached_rewrite(
@@ -121,6 +121,7 @@ def _cached_rewrite(
 
 def _outcome(
     result: SourceRewrite,
+    src: bytes,
     path: str,
     mode: Mode,
     stamp: Optional[FileStamp] = None,
@@ -136,7 +137,10 @@ def _outcome(
         outcome.warning = result.warning
     if result.changed and mode.diff:
         outcome.diff = unified_diff(result.diff_parts)
-    if result.changed and not is_notebook(path):
+    if result.changed and is_notebook(path):
+        # A notebook's fixes edit its JSON text (the diff shows its cells).
+        outcome.edits = text_edits(src.decode("utf-8"), result.new.decode("utf-8"))
+    elif result.changed:
         [(_, old_text, new_text)] = result.diff_parts
         outcome.edits = text_edits(old_text, new_text)
     if mode.keep_text:
@@ -225,7 +229,7 @@ def _cached_outcome(
     except OptcodemodError:
         return None  # reported when the file is processed
     hit = mode.cache.get(mode.cache.key(src, path, settings, project), src)
-    return _outcome(hit, path, mode, stamp) if hit is not None else None
+    return _outcome(hit, src, path, mode, stamp) if hit is not None else None
 
 
 def run(

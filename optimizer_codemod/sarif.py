@@ -20,7 +20,7 @@ from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, FileOutcome, Status
 from optimizer_codemod.edits import TextEdit
 from optimizer_codemod.registry import all_rules
-from optimizer_codemod.report import status_label
+from optimizer_codemod.report import edits_of_fixes, status_label
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/optcodemod/optcodemod"
@@ -58,29 +58,6 @@ def _rule_descriptor(rule: type) -> dict:
             "fixTitle": rule.fix_title,
         },
     }
-
-
-def _owners(diagnostics: Sequence[Diagnostic], edits: Sequence[TextEdit]) -> Dict[int, List[int]]:
-    """For each diagnostic (by index), the edits closest to the lines its fix edits.
-
-    The edits come from a line diff of the whole file, so an insertion may land a blank line
-    away from its anchor; each edit goes to the fixed finding(s) nearest to it.
-    """
-    owners: Dict[int, List[int]] = {}
-    fixed = [(i, d) for i, d in enumerate(diagnostics) if d.status is not Status.REPORTED]
-    for number, edit in enumerate(edits):
-        distances = {
-            i: min((edit.distance(first, last) for first, last in d.edit_lines), default=None)
-            for i, d in fixed
-        }
-        known = {i: gap for i, gap in distances.items() if gap is not None}
-        if not known:
-            continue
-        nearest = min(known.values())
-        for i, gap in known.items():
-            if gap == nearest:
-                owners.setdefault(i, []).append(number)
-    return owners
 
 
 def _fixes(path: str, diagnostic: Diagnostic, mine: Sequence[TextEdit]) -> List[dict]:
@@ -152,9 +129,9 @@ def sarif_document(outcomes: Sequence[FileOutcome], writing: bool = False) -> di
     rule_index = {rule.code: index for index, rule in enumerate(rules)}
     results = []
     for outcome in outcomes:
-        owners = _owners(outcome.diagnostics, outcome.edits)
+        owned = edits_of_fixes(outcome)
         for index, diagnostic in enumerate(outcome.diagnostics):
-            mine = [outcome.edits[number] for number in owners.get(index, ())]
+            mine = owned.get(index, [])
             results.append(_result(outcome.path, diagnostic, mine, rule_index, writing))
     notifications = [
         {

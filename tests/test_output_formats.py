@@ -283,3 +283,90 @@ def test_status_is_fixable_in_check_mode_and_fixed_when_written(tmp_path: Path) 
     assert report["summary"] == {"fixable": 1} and report["written"] is False
     written = json.loads(run_cli(["apply", *only, "sarif", "train.py"], cwd=tmp_path).stdout)
     assert written["runs"][0]["results"][0]["properties"]["status"] == "fixed"
+
+
+# --- a finding shown as fixable carries its fix, whatever else the file has -----------------
+
+# Fixed in the first pass (OPT101, OPT301 after the imports, OPT302, OPT402 beside OPT301's
+# insertion), in the second (OPT201, once the loader is pinned), unsafe (OPT502), suppressed
+# (OPT501) and declined (OPT102, with --why-not).
+MIXED_SCRIPT = b"""import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10)).cuda()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # noqa: OPT501
+loader = DataLoader(TensorDataset(torch.randn(64, 32), torch.randint(0, 10, (64,))), batch_size=8)
+for epoch in range(2):
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["--unsafe-fixes"]], ids=["default", "unsafe-fixes"])
+def test_every_fixable_finding_carries_its_fix_in_sarif_and_json(tmp_path: Path, extra) -> None:
+    script = tmp_path / "train.py"
+    script.write_bytes(MIXED_SCRIPT)
+    args = ["apply", "--check", "--why-not", *extra, "train.py", "--output-format"]
+    sarif = json.loads(run_cli([*args, "sarif"], cwd=tmp_path).stdout)
+    results = sarif["runs"][0]["results"]
+    statuses = {(r["ruleId"], r["properties"]["status"]) for r in results}
+    assert {("OPT301", "fixable"), ("OPT402", "fixable"), ("OPT201", "fixable")} <= statuses
+    assert ("OPT102", "declined") in statuses and "OPT501" not in {r for r, _ in statuses}
+    assert (("OPT502", "fixable") if extra else ("OPT502", "unsafe")) in statuses
+    replacements = []
+    for result in results:
+        fixable = result["properties"]["status"] == "fixable"
+        assert fixable == bool(result.get("fixes")), (result["ruleId"], result["locations"])
+        for fix in result.get("fixes", ()):
+            [change] = fix["artifactChanges"]
+            replacements.extend(change["replacements"])
+    document = json.loads(run_cli([*args, "json"], cwd=tmp_path).stdout)
+    for finding in document["findings"]:
+        fixable = finding["status"] == "fixable"
+        assert fixable == (finding["fix"] is not None), (finding["code"], finding["location"])
+        assert not fixable or finding["fix"]["edits"]
+    unique = {json.dumps(r, sort_keys=True): r for r in replacements}.values()
+    assert run_cli(["apply", *extra, "train.py"], cwd=tmp_path).exit_code == 1
+    assert _apply_replacements(MIXED_SCRIPT.decode(), list(unique)) == script.read_text()
+
+
+def test_json_fix_edits_reproduce_the_rewrite(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_bytes(MIXED_SCRIPT)
+    args = ["apply", "--check", "train.py", "--output-format", "json"]
+    document = json.loads(run_cli(args, cwd=tmp_path).stdout)
+    edits = {
+        json.dumps(edit, sort_keys=True): edit
+        for finding in document["findings"]
+        if finding["fix"] is not None
+        for edit in finding["fix"]["edits"]
+    }
+    lines = MIXED_SCRIPT.decode().splitlines(keepends=True)
+    for edit in sorted(edits.values(), key=lambda e: -e["location"]["row"]):
+        start, end = edit["location"]["row"] - 1, edit["end_location"]["row"] - 1
+        lines[start:end] = [edit["content"]]
+    run_cli(["apply", "train.py"], cwd=tmp_path)
+    assert "".join(lines) == script.read_text()
+
+
+def test_fixable_findings_of_a_notebook_carry_fixes_of_the_ipynb_text(tmp_path: Path) -> None:
+    notebook = tmp_path / "train.ipynb"
+    text = _notebook(notebook, 1)
+    result = run_cli(["apply", "--check", "--output-format", "sarif", "train.ipynb"], cwd=tmp_path)
+    [run] = _valid_sarif(result.stdout)["runs"]
+    replacements = []
+    for finding in run["results"]:
+        assert (finding["properties"]["status"] == "fixable") == bool(finding.get("fixes"))
+        for fix in finding.get("fixes", ()):
+            [change] = fix["artifactChanges"]
+            assert change["artifactLocation"]["uri"] == "train.ipynb"
+            replacements.extend(change["replacements"])
+    assert replacements
+    unique = {json.dumps(r, sort_keys=True): r for r in replacements}.values()
+    run_cli(["apply", "train.ipynb"], cwd=tmp_path)
+    assert _apply_replacements(text, list(unique)) == notebook.read_text()

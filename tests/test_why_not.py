@@ -4,6 +4,7 @@ and asking for reasons never changes what is rewritten or reported."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,10 @@ from fixture_cases import fixtures
 
 from optimizer_codemod import rewrite
 from optimizer_codemod.api import rewrite_source
-from optimizer_codemod.diagnostics import Status
+from optimizer_codemod.diagnostics import Diagnostic, Status
+from optimizer_codemod.engine import RewriteOptions, _earlier_declines, rewrite_bytes
+from optimizer_codemod.registry import all_rules
+from optimizer_codemod.rule import Safety
 
 LOADER_SCRIPT = """import torch
 from torch.utils.data import DataLoader, Dataset
@@ -171,3 +175,103 @@ def test_the_documented_example_is_what_the_tool_prints(tmp_path: Path) -> None:
     result = run_cli(["apply", "loop.py", "--check", "--why-not"], cwd=tmp_path)
     assert "loop.py:16:10: OPT102 not applied" in result.output
     assert f"$ optcodemod apply loop.py --check --why-not\n{result.output}```" in page
+
+
+# --- declines of every pass (issue 15: every examined site is listed) -------------------------
+
+PROJECTS = Path(__file__).resolve().parent.parent / "fixtures" / "projects"
+# OPT101 pins the loader in the first pass; OPT201 declines the copies there (the loader is
+# not pinned yet) and fixes them in the second; OPT102 declines the loader in every pass.
+PINNED_LATER_SCRIPT = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8)
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+TRAINER_DECLINE = "trainer.py:18:13: OPT301 not applied: the setting is process-wide"
+
+
+def test_a_decline_of_an_earlier_pass_is_listed_in_every_format(tmp_path: Path) -> None:
+    # OPT301 declines trainer.py's loop in the first pass (TF32 goes into train.py); OPT302's
+    # autocast in that pass means the next pass has nothing for OPT301 to examine there.
+    shutil.copytree(PROJECTS / "trainer_lm", tmp_path / "trainer_lm")
+    args = ["apply", "--check", "--why-not", "."]
+    folder = tmp_path / "trainer_lm"
+    alone = run_cli([*args, "--select", "OPT301"], cwd=folder)
+    assert TRAINER_DECLINE in alone.output  # what the rule says when nothing else fixes
+    text = run_cli(args, cwd=folder)
+    assert "trainer.py:16:13: OPT302 [numerics]" in text.output  # the fix in the same run
+    assert TRAINER_DECLINE in text.output
+    document = json.loads(run_cli([*args, "--output-format", "json"], cwd=folder).output)
+    json_declines = [
+        (f["filename"], f["location"]["row"], f["location"]["column"])
+        for f in document["findings"]
+        if f["code"] == "OPT301" and f["status"] == "declined"
+    ]
+    assert json_declines == [("trainer.py", 18, 13)]
+    sarif = json.loads(run_cli([*args, "--output-format", "sarif"], cwd=folder).output)
+    declines = [
+        (
+            result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"],
+            result["locations"][0]["physicalLocation"]["region"]["startLine"],
+            result["level"],
+        )
+        for result in sarif["runs"][0]["results"]
+        if result["ruleId"] == "OPT301" and result["properties"]["status"] == "declined"
+    ]
+    assert declines == [("trainer.py", 18, "none")]
+
+
+def test_a_decline_whose_site_a_later_pass_fixed_is_not_listed() -> None:
+    result = rewrite(PINNED_LATER_SCRIPT, path="train.py", why_not=True)
+    statuses = sorted((d.code, d.line, d.column, d.status.value) for d in result.diagnostics)
+    assert ("OPT201", 9, 12, "fixed") in statuses and ("OPT201", 9, 26, "fixed") in statuses
+    assert not [s for s in statuses if s[0] == "OPT201" and s[3] == "declined"]
+
+
+def test_a_decline_repeated_by_every_pass_is_listed_once() -> None:
+    options = RewriteOptions(rules=tuple(all_rules()), why_not=True)
+    result = rewrite_bytes(PINNED_LATER_SCRIPT.encode(), "train.py", options)
+    assert result.passes == 2  # OPT201 fixes after OPT101; asking why costs no extra pass
+    assert (
+        rewrite_bytes(
+            PINNED_LATER_SCRIPT.encode(), "train.py", replace(options, why_not=False)
+        ).passes
+        == 2
+    )
+    [loader] = [d for d in result.diagnostics if d.code == "OPT102"]
+    assert loader.status is Status.DECLINED and loader.line == 7
+    assert "TensorDataset" in loader.message
+
+
+def _decline(code: str, line: int, column: int, message: str = "reason") -> Diagnostic:
+    return Diagnostic(
+        code, "name", message, "title", Safety.SAFE, Status.DECLINED, line, column, line, column + 1
+    )
+
+
+def test_earlier_declines_keep_distinct_sites_and_drop_what_a_later_pass_fixed() -> None:
+    x, y = _decline("OPT201", 9, 12), _decline("OPT201", 9, 26)
+    other_reason = _decline("OPT201", 9, 12, "another reason")
+    fixed_later = replace(_decline("OPT104", 3, 1), status=Status.FIXED)
+    passes = [([], [x, y, _decline("OPT104", 3, 1)]), ([fixed_later], [x, other_reason])]
+    # Two sites on one line with one reason stay two; the same site again in the next pass
+    # (its column shifted by that pass's edits) is the same decline; a new reason is listed.
+    assert _earlier_declines(passes, []) == [x, y, other_reason]
+    last = [replace(x, column=30), _decline("OPT102", 1, 1)]
+    # The last pass says it once: one of the two sites is left to list (which one, the text
+    # cannot tell).
+    listed = _earlier_declines(passes, last)
+    assert [(d.code, d.line, d.message) for d in listed] == [
+        ("OPT201", 9, "reason"),
+        ("OPT201", 9, "another reason"),
+    ]
+    assert _earlier_declines([([fixed_later], [])], last) == []

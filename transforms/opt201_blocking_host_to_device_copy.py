@@ -70,7 +70,13 @@ class BlockingHostToDeviceCopy(Rule):
         in place in the loop (the write would race with the copy), and, with a custom
         `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
         Reported, not fixed, when the device comes from where the analysis cannot see (an
-        argument, a config value), since it could be MPS.
+        argument, a config value), since it could be MPS; the report quotes a device that names
+        the current accelerator (`torch.accelerator.current_accelerator()`, or an integer
+        index, which torch takes as one of the current accelerator's devices). Copies of
+        batches from a loader that Hugging Face Accelerate's `accelerator.prepare(...)`
+        returned are declined: the prepared loader moves each batch to the device itself, and
+        `Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))` makes
+        that move asynchronous.
 
     Expected gain:
         Host time per step spent waiting for copies, largest with several tensors per batch
@@ -150,9 +156,14 @@ class BlockingHostToDeviceCopy(Rule):
                     "device with a blocking copy",
                 )
             else:
+                why = (
+                    f"{copy.device_note}: add `non_blocking=True` only where it is CUDA"
+                    if copy.device_note
+                    else "the device is chosen where the analysis cannot see it: add "
+                    "`non_blocking=True` if it is CUDA (never for MPS, where it corrupts data)"
+                )
                 self.report(
                     call,
                     message=f"`{source}` comes from a pinned DataLoader but is copied with a "
-                    "blocking copy; the device is chosen where the analysis cannot see it: add "
-                    "`non_blocking=True` if it is CUDA (never for MPS, where it corrupts data)",
+                    f"blocking copy; {why}",
                 )

@@ -74,6 +74,9 @@ class BatchCopy:
     # Device types the copy may go to; None when the device is decided where the analysis
     # cannot see (an argument, a config value): then MPS cannot be ruled out.
     target_types: Optional[FrozenSet[str]]
+    # Where target_types is None: what the script says of a device that may be MPS, in
+    # words; None where it says nothing the analysis can read.
+    device_note: Optional[str] = None
 
     @property
     def async_is_sound(self) -> bool:
@@ -115,26 +118,33 @@ def blocking_batch_copies(
 
 
 def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[cst.Call, str]]:
-    """Copies to an accelerator, in a script that trains with a DataLoader that is or may be
-    pinned (its options may arrive through `**kwargs`), of a batch taken from something the
+    """Copies to an accelerator, in a script that trains, of a batch taken from something the
     analysis does not follow to a loader (`self.train_data`, a parameter, `next(data_iter)`,
-    `cycle(dl)`): each with where its batch comes from."""
-    if not facts.trains or not any(
+    `cycle(dl)`), each with where its batch comes from: where some DataLoader is or may be
+    pinned (its options may arrive through `**kwargs`), or where the batch comes from a
+    loader Accelerate prepared (which moves batches to the device itself)."""
+    if not facts.trains:
+        return []
+    pinned = any(
         facts.is_pinned(site) or option_values(facts, site.node, "pin_memory") is None
         for site in facts.dataloader_constructions()
-    ):
-        return []
+    )
     unfollowed = []
     for call in facts.records.calls:
         node = call.node
         if call.method not in COPY_METHODS or id(node) in examined or call.site.loop is None:
             continue
         origin = _batch_origin(facts, call)
-        if origin is not None and places_on_accelerator(facts, node):
+        if origin is None or not places_on_accelerator(facts, node):
+            continue
+        text = code_of(origin).strip()
+        if _prepared_by_accelerate(facts, origin):
+            unfollowed.append((node, PREPARED_BY_ACCELERATE.format(text)))
+        elif pinned:
             unfollowed.append(
                 (
                     node,
-                    f"the batch comes from `{origin}`, which the analysis cannot follow to a "
+                    f"the batch comes from `{text}`, which the analysis cannot follow to a "
                     "pinned DataLoader: add `non_blocking=True` by hand if it is one and the "
                     "device is CUDA",
                 )
@@ -142,10 +152,50 @@ def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[c
     return unfollowed
 
 
+PREPARED_BY_ACCELERATE = (
+    "the batch comes from `{}`, a DataLoader prepared by Accelerate, which moves each batch to "
+    "the accelerator's device itself (device placement is on by default), so a copy to that "
+    "device copies nothing. For non-blocking copies there, build the `Accelerator` with "
+    "`dataloader_config=DataLoaderConfiguration(non_blocking=True)` and pin the DataLoader"
+)
+ACCELERATOR = "accelerate.Accelerator"
+
+
+def _prepared_by_accelerate(facts: "ScriptFacts", iterable: cst.BaseExpression) -> bool:
+    """`iterable` (or the loader `enumerate`/`tqdm` wrap) is bound to what `prepare` of an
+    Accelerate `Accelerator` returns, with device placement left on (its default)."""
+    name = facts.iterated_name(iterable)
+    for assignment in facts.assignments_to(name or ""):
+        call = assignment.value
+        if not (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "prepare"
+            and keyword(call, "device_placement") is None
+        ):
+            continue
+        receiver = call.func.value
+        bound = facts.assignments_to(dotted_name(receiver) or "")
+        makers = [receiver] if isinstance(receiver, cst.Call) else [a.value for a in bound]
+        if makers and all(
+            isinstance(maker, cst.Call)
+            and facts.qualified_name(maker.func) == ACCELERATOR
+            and not has_double_star(maker)
+            and _placement_left_on(keyword(maker, "device_placement"))
+            for maker in makers
+        ):
+            return True
+    return False
+
+
+def _placement_left_on(option: Optional[cst.Arg]) -> bool:
+    return option is None or literal(option.value, None) is True
+
+
 NEXT_CALLS = frozenset({"next", "__next__"})
 
 
-def _batch_origin(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
+def _batch_origin(facts: "ScriptFacts", call: CallSite) -> Optional[cst.BaseExpression]:
     """Where the copied value is taken from, when it is a batch: the iterable of an enclosing
     loop that binds it, or a `next(...)` call (directly or through a name bound in the loop,
     or a comprehension over one)."""
@@ -156,13 +206,13 @@ def _batch_origin(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
         source = local[name]
         name = _base(source)
     if _is_next(source):
-        return code_of(source).strip()
+        return source
     for loop in reversed(call.site.loops):
         if name in loop.targets:
-            return code_of(loop.iter).strip()
+            return loop.iter
         for assignment in facts.assignments_to(name or ""):
             if loop in assignment.site.loops and _is_next(assignment.value):
-                return code_of(assignment.value).strip()
+                return assignment.value
     return None
 
 
@@ -272,7 +322,40 @@ def _batch_copy(
             "the copy may go to MPS or another accelerator that is not CUDA, where "
             "asynchronous copies corrupt data (pytorch/pytorch#139550)"
         )
+    if types is None:
+        return BatchCopy(call, loop, types, _device_note(facts, node, call.method))
     return BatchCopy(call, loop, types)
+
+
+MPS_UNSAFE = "where asynchronous host-to-device copies are unsafe (pytorch/pytorch#139550)"
+CURRENT_ACCELERATOR = "torch.accelerator.current_accelerator"
+
+
+def _device_note(facts: "ScriptFacts", copy: cst.Call, method: Optional[str]) -> Optional[str]:
+    """Why the device of `copy` may be MPS, where the script names the current accelerator
+    (`torch.accelerator.current_accelerator()`, or an integer index, which torch takes as an
+    index of the current accelerator), directly or through names bound once."""
+    target = copy_target(facts, copy) if method == "to" else None
+    for _ in range(MAX_DEPTH + 1):
+        if target is None:
+            return None
+        if isinstance(target, cst.Integer):
+            return (
+                f"the device is the index `{target.value}`, which torch takes as an index of "
+                f"the current accelerator, and that may be MPS, {MPS_UNSAFE}"
+            )
+        names_accelerator = any(
+            isinstance(node, cst.Call) and facts.qualified_name(node.func) == CURRENT_ACCELERATOR
+            for node in (target, getattr(target, "value", None))
+        )
+        if names_accelerator:
+            return f"the device is `{code_of(target).strip()}`, which may be MPS, {MPS_UNSAFE}"
+        if isinstance(target, cst.Call) and facts.qualified_name(target.func) == "torch.device":
+            target = positional(target)[0].value if len(positional(target)) == 1 else None
+            continue
+        bound = facts.assignments_to(dotted_name(target) or "")
+        target = bound[0].value if len(bound) == 1 and not bound[0].unpacked else None
+    return None
 
 
 def _plain_arguments(facts: "ScriptFacts", call: cst.Call, method: str) -> bool:

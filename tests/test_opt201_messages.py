@@ -1,0 +1,74 @@
+"""What OPT201 says where it does not fix: what is known of a device that may be MPS, and
+copies of batches that Hugging Face Accelerate already moved to the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optimizer_codemod import rewrite
+from optimizer_codemod.diagnostics import Status
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "OPT201"
+MPS_UNSAFE = "where asynchronous host-to-device copies are unsafe (pytorch/pytorch#139550)"
+
+
+def _opt201(source: str) -> dict:
+    result = rewrite(source, path="train.py", select=["OPT201"], why_not=True)
+    assert result.source == source  # reported or declined, never rewritten
+    return {(d.line, d.status): d.message for d in result.diagnostics}
+
+
+def test_a_device_naming_the_current_accelerator_is_quoted() -> None:
+    found = _opt201((FIXTURES / "report_current_accelerator_may_be_mps.py").read_text())
+    current = found[(12, Status.REPORTED)]
+    assert "the device is `torch.accelerator.current_accelerator()`, which may be MPS, " in current
+    assert MPS_UNSAFE in current and "cannot see" not in current
+    index = found[(13, Status.REPORTED)]
+    assert "the device is the index `0`" in index and MPS_UNSAFE in index
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["torch.device(torch.accelerator.current_accelerator())", "torch.device(1)"],
+)
+def test_the_device_is_followed_through_torch_device(device: str) -> None:
+    source = (FIXTURES / "report_current_accelerator_may_be_mps.py").read_text()
+    source = source.replace("torch.accelerator.current_accelerator()\n", device + "\n", 1)
+    message = _opt201(source)[(12, Status.REPORTED)]
+    assert MPS_UNSAFE in message and "cannot see" not in message
+
+
+def test_a_device_out_of_sight_is_still_said_to_be_unknown() -> None:
+    source = (FIXTURES / "report_current_accelerator_may_be_mps.py").read_text()
+    source = source.replace("torch.accelerator.current_accelerator()", "pick_device()")
+    message = _opt201(source)[(12, Status.REPORTED)]
+    assert "the device is chosen where the analysis cannot see it" in message
+
+
+ACCELERATE_REASON = "a DataLoader prepared by Accelerate, which moves each batch"
+
+
+def test_a_batch_of_a_loader_accelerate_prepared_is_declined_with_accelerates_option() -> None:
+    found = _opt201((FIXTURES / "keep_loader_prepared_by_accelerate.py").read_text())
+    [reason] = {message for (line, status), message in found.items() if line == 15}
+    assert ACCELERATE_REASON in reason
+    assert "dataloader_config=DataLoaderConfiguration(non_blocking=True)" in reason
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("Accelerator()", "Accelerator(device_placement=False)"),
+        ("Accelerator()", "Accelerator(**options)"),
+        ("loader)\n", "loader, device_placement=[True, True, False])\n"),
+        ("accelerator = Accelerator()", "accelerator = make_accelerator()"),
+    ],
+    ids=["placement-off", "options-hidden", "placement-per-object", "not-accelerate"],
+)
+def test_where_accelerate_may_not_move_the_batch_its_reason_is_not_given(change) -> None:
+    source = (FIXTURES / "keep_loader_prepared_by_accelerate.py").read_text()
+    assert change[0] in source
+    found = _opt201(source.replace(*change))
+    assert not [m for m in found.values() if ACCELERATE_REASON in m]
