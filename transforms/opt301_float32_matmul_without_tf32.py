@@ -85,7 +85,13 @@ class Float32MatmulWithoutTF32(Rule):
         under its `__main__` guard, with `Trainer` from trainer.py), each script when several
         do, as for a loop of its own, and the module declines, naming them; the precision,
         determinism and float64 checks then cover the modules the script imports too
-        (docs/projects.md). Also reported without a fix when torch is not imported in the top
+        (docs/projects.md). `--why-not` says, at the backward call (or the call that runs
+        another module's loop), what already decides the precision: the statement
+        (`cudnn.deterministic = True` in a seeded branch: "even if only in some runs"), or the
+        imported module. A script that starts its training processes with
+        `mp.spawn(main_worker, ...)` gets the setting after its imports, outside its
+        `__main__` guard: each spawned child imports the script again and runs it there.
+        Also reported without a fix when torch is not imported in the top
         import block (imported inside functions or after other code, which an added top-level
         import would run before). `import torch` is added when the block only has
         `from torch... import` lines.

@@ -73,6 +73,11 @@ class CudnnBenchmarkDisabled(Rule):
         import block (see OPT301); with the files rewritten together, the setting goes into
         the script that runs the module's loop, and the convolutions, determinism and shape
         checks cover the modules that script imports too (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
+        `--why-not` names what decides the autotuner: a script that sets
+        `cudnn.benchmark = False` or asks for determinism only in its seeded runs (pytorch/
+        examples imagenet) keeps its choice in the others too (turning the autotuner on
+        there would take a branch of the tool's own), also where no convolution is seen (its
+        model may be chosen by name at run time).
 
     Expected gain:
         GPU only; none on CPU. PyTorch's Performance Tuning Guide ("Enable cuDNN auto-tuner",
@@ -201,7 +206,7 @@ def _why_benchmark_is_decided(facts, elsewhere) -> "str | None":
             return ""
         return (
             f"the script decides the autotuner itself (`{excerpt(chosen)}`), even if only in "
-            "some runs (a seeded, deterministic branch): turning it on in the other runs "
+            "some runs (a seeded or deterministic branch, say): turning it on in the other runs "
             "would take a branch of its own, and the choice is left to the script"
         )
     requested = determinism_request(facts)

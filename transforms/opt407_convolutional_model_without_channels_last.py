@@ -145,6 +145,12 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         format), when it is a torchvision video, detection, optical-flow or quantized model
         or comes from `torchvision.models.get_model` (which may return any of them), or
         when the script already mentions `channels_last` or `memory_format` anywhere.
+        `--why-not` explains where it can: at a model whose architecture is chosen at run
+        time by name (`models.__dict__[args.arch]()`, timm's `create_model(args.model)`),
+        at the backward call of a file that trains several models (a GAN's generator and
+        discriminator) and has 2-D convolutions, and at the model of a script that hands it
+        to the training loop of another module of the run (`train_one_epoch(model, ...)`
+        from engine.py), which the analysis does not follow.
 
         Reported without a fix when a method of the model's classes (or a function of this
         file they call), or the script on the model's output, calls `.view(...)` or

@@ -26,6 +26,7 @@ from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.training import (
+    MODULE_RETURNING_METHODS,
     PLACEMENT_METHODS,
     builds_module,
     is_expression_statement,
@@ -165,6 +166,13 @@ def chosen_by_name(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[s
     time by name: `models.__dict__[args.arch](...)`, `getattr(models, args.arch)(...)`,
     timm's `create_model(args.model, ...)`, or a builder handed such a class
     (`MoCo(models.__dict__[args.arch], ...)`); else None."""
+    # `models.__dict__[arch]().cuda()`: the model the placement returns.
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in MODULE_RETURNING_METHODS
+    ):
+        node = node.func.value
     if not isinstance(node, cst.Call):
         return None
     func = node.func

@@ -597,12 +597,17 @@ def _training_reach(parsed: List[_Module], files: Dict[str, _Module]) -> None:
         module.trains = set(module.facts.functions_reaching_backward)
         if module.trains:
             module.loop_files = {module.path}
+    # A function that calls its parameter (`loss_scaler(loss, optimizer)`) trains when the
+    # module, or a module that imports it (the caller that builds the scaler), imports a
+    # module whose class steps when called.
     stepping = {m.path for m in parsed if _steps_when_called(m)}
+    with_stepping = [m for m in parsed if stepping & _imports_of(m)]
+    reached = {m.path for m in with_stepping} | {p for m in with_stepping for p in _imports_of(m)}
     for module in parsed:
-        if stepping & _imports_of(module):
+        if module.path in reached:
             for function in _functions_calling_a_parameter(module):
                 module.trains.add(function)
-                module.loop_files.add(module.path)
+                module.loop_files |= {module.path} | stepping
     for _ in range(2 * MAX_ROUNDS):
         changed = False
         for module in parsed:
