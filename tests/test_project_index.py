@@ -584,3 +584,35 @@ def test_a_model_chosen_by_name_is_explained_where_it_is_built() -> None:
     ]
     assert line == 6
     assert reason.startswith("the architecture is chosen at run time by name (`models.__dict__")
+
+
+TWO_CONVNETS = """\
+import torch
+from torch import nn
+
+generator = nn.Sequential(nn.ConvTranspose2d(8, 3, 4), nn.Tanh()).cuda()
+discriminator = nn.Sequential(nn.Conv2d(3, 1, 4), nn.Flatten()).cuda()
+opt_g = torch.optim.Adam(generator.parameters())
+opt_d = torch.optim.Adam(discriminator.parameters())
+for _ in range(3):
+    fake = generator(torch.randn(2, 8, 5, 5, device="cuda"))
+    opt_g.zero_grad()
+    (-discriminator(fake).mean()).backward()
+    opt_g.step()
+    opt_d.zero_grad()
+    discriminator(fake.detach()).mean().backward()
+    opt_d.step()
+"""
+
+
+def test_each_model_of_a_gan_is_explained() -> None:
+    from optimizer_codemod import rewrite
+
+    result = rewrite(TWO_CONVNETS, path="train.py", why_not=True, select=("OPT407",))
+    assert not result.changed
+    declined = {d.line: d.message for d in result.diagnostics if d.status is Status.DECLINED}
+    assert sorted(declined) == [4, 5, 11]  # each model, and the first backward call
+    assert all(
+        m.startswith("this file trains several models (discriminator, generator)")
+        for m in declined.values()
+    )

@@ -27,6 +27,7 @@ from optimizer_codemod.analysis.training import (
     model_layer_calls,
     model_output_names,
     the_trained_model,
+    trained_models,
     why_no_trained_model,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
@@ -147,8 +148,8 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         when the script already mentions `channels_last` or `memory_format` anywhere.
         `--why-not` explains where it can: at a model whose architecture is chosen at run
         time by name (`models.__dict__[args.arch]()`, timm's `create_model(args.model)`),
-        at the backward call of a file that trains several models (a GAN's generator and
-        discriminator) and has 2-D convolutions, and at the model of a script that hands it
+        at each model and the backward call of a file that trains several models (a GAN's
+        generator and discriminator) and has 2-D convolutions, and at the model of a script that hands it
         to the training loop of another module of the run (`train_one_epoch(model, ...)`
         from engine.py), which the analysis does not follow.
 
@@ -302,8 +303,15 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 "(`.view`, dropout)",
             )
         missing = why_no_trained_model(facts)
-        if missing is not None and convolutions:
-            self.decline(*missing)
+        if missing is None or not convolutions:
+            return
+        self.decline(*missing)
+        # Several models (a GAN's generators and discriminators): the reason at each too.
+        for model in trained_models(facts):
+            anchor = model_built(facts, model)
+            if anchor is not None and model.name not in declined:
+                declined.add(model.name)
+                self.decline(anchor, missing[1])
 
     def _views(self, model) -> List[cst.Call]:
         """`.view` calls in the model's classes, in the functions of this file they call, or
