@@ -532,15 +532,16 @@ def test_a_namespace_package_and_a_stepping_loss_scaler(tmp_path: Path) -> None:
     parameter; util/misc.py's class runs backward when called (MAE's NativeScaler)."""
     (tmp_path / "util").mkdir()
     (tmp_path / "util" / "misc.py").write_text(
-        "class Scaler:\n    def __call__(self, loss):\n        loss.backward()\n"
+        "class Scaler:\n    def __call__(self, loss, optimizer):\n        loss.backward()\n"
     )
     (tmp_path / "engine.py").write_text(
         "import util.misc as misc\n\n\n"
-        "def train_one_epoch(model, loss_scaler):\n    loss_scaler(model(1).sum())\n"
+        "def train_one_epoch(model, loss_scaler, optimizer):\n"
+        "    loss_scaler(model(1).sum(), optimizer)\n"
     )
     (tmp_path / "main.py").write_text(
         "from engine import train_one_epoch\nfrom util.misc import Scaler\n\n"
-        'if __name__ == "__main__":\n    train_one_epoch(None, Scaler())\n'
+        'if __name__ == "__main__":\n    train_one_epoch(None, Scaler(), None)\n'
     )
     facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
     loops = facts[str(tmp_path / "main.py")].loops
@@ -616,3 +617,23 @@ def test_each_model_of_a_gan_is_explained() -> None:
         m.startswith("this file trains several models (discriminator, generator)")
         for m in declined.values()
     )
+
+
+def test_calling_the_model_parameter_is_not_a_step(tmp_path: Path) -> None:
+    """Beside a stepping loss scaler, `evaluate(model, loader)` calls its `model` parameter
+    with values of its loop only: it does not train, so a script calling it runs no loop."""
+    (tmp_path / "scaler.py").write_text(
+        "class Scaler:\n    def __call__(self, loss, optimizer):\n        loss.backward()\n"
+    )
+    (tmp_path / "engine.py").write_text(
+        "import scaler\n\n\n"
+        "def evaluate(model, loader):\n"
+        "    return [model(x) for x in loader]\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "from engine import evaluate\n\n" 'if __name__ == "__main__":\n    evaluate(None, [1])\n'
+    )
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    assert facts[str(tmp_path / "engine.py")].importers == ("main.py",)
+    assert facts[str(tmp_path / "engine.py")].entry_points == ()
+    assert str(tmp_path / "main.py") not in facts  # no loop elsewhere, nothing else to learn

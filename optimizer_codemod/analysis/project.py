@@ -644,7 +644,7 @@ def _steps_when_called(module: _Module) -> bool:
 
 
 def _functions_calling_a_parameter(module: _Module) -> Set[str]:
-    """Module-level functions of `module` that call one of their own parameters
+    """Module-level functions of `module` that call one of their own parameters with another
     (`loss_scaler(loss, optimizer, ...)` in `train_one_epoch`): with a module that imports
     such a stepping class, the loop that hands it the loss."""
     from optimizer_codemod.analysis.values import parameter_names
@@ -655,7 +655,13 @@ def _functions_calling_a_parameter(module: _Module) -> Set[str]:
         if function is None or call.site.class_name is not None:
             continue
         func = call.node.func
-        if isinstance(func, cst.Name) and func.value in parameter_names(function):
+        parameters = parameter_names(function)
+        if not (isinstance(func, cst.Name) and func.value in parameters):
+            continue
+        # It is handed another parameter (the optimizer), not only values of the loop:
+        # `model(images)` and `criterion(output, target)` are not steps.
+        handed = {dotted_name(a.value) for a in call.node.args}
+        if handed & (set(parameters) - {func.value}):
             found.add(function.name.value)
     return found
 
