@@ -222,7 +222,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             functions=tuple(record["functions"]),
             methods=tuple(record["methods"]),
             imported=Settings(**record["imported"]),
-            decided_in=tuple((name, label) for name, label in record["decided_in"]),
+            decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
         )
 
     def imported_class(record) -> ImportedClass:
