@@ -138,12 +138,16 @@ def _required_regexes(rule: type) -> Tuple[Tuple["re.Pattern[bytes]", ...], "re.
 
 
 def _rule_may_fire(src: bytes, rule: type, project: Any = None) -> bool:
-    if getattr(rule, "process_wide", False) and _runs_loops_elsewhere(project):
+    if _examines_entry_points(rule) and _runs_loops_elsewhere(project):
         return True  # a script whose training loops are in other modules (project.py)
     required, triggers = _required_regexes(rule)
     if not all(r.search(src) for r in required):
         return False
     return bool(triggers.search(src) or triggers.search(_imported_layers(project)))
+
+
+def _examines_entry_points(rule: type) -> bool:
+    return getattr(rule, "process_wide", False) or getattr(rule, "examines_entry_points", False)
 
 
 def _runs_loops_elsewhere(project: Any) -> bool:
@@ -161,7 +165,7 @@ def _imported_layers(project: Any) -> bytes:
 def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None) -> bool:
     """The cheap pre-filter: can any of `rules` possibly fire on this text (in a file that
     the project index says `project` about)?"""
-    if _runs_loops_elsewhere(project) and any(getattr(r, "process_wide", False) for r in rules):
+    if _runs_loops_elsewhere(project) and any(_examines_entry_points(r) for r in rules):
         return True
     if not rules:
         return False

@@ -157,6 +157,9 @@ class Rule(cst.BatchableCSTVisitor):
     # training loop: the rule also runs on a script whose loops are in other modules of the
     # run (analysis/project.py), whatever its text holds.
     process_wide: ClassVar[bool] = False
+    # A per-model rule that also examines the models such a script builds and hands to those
+    # loops (analysis/entry_points.py), whatever its text holds.
+    examines_entry_points: ClassVar[bool] = False
     examples: ClassVar[Tuple[Example, ...]] = ()
     # The kinds of per-step host sync the rule's fixes take off the step (analysis/syncs.py),
     # with the least safe level of those fixes. Removing one of two per-step syncs gains

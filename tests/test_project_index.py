@@ -34,6 +34,7 @@ NAMES = sorted(
 DRIVERS = {"trainer_lm": ["train.py"], "trainer_convnet": ["train.py"]}
 DRIVERS["two_drivers"] = ["train_small.py", "train_large.py"]
 DRIVERS.update(star_models=["train.py"], imported_demo=["train.py"])
+DRIVERS.update(engine_loop=["main.py"])
 
 
 def copy(name: str, tmp_path: Path) -> Path:
@@ -417,3 +418,222 @@ def test_a_layer_built_under_a_condition_is_possible_not_sure(tmp_path: Path) ->
     reasons = {d.code: d.message for d in train.diagnostics if d.status is Status.DECLINED}
     assert "`torch.nn.LSTM` in model.py" in reasons["OPT402"]
     assert "`torch.nn.LSTM` in model.py" in reasons["OPT302"]
+
+
+# Entry points that build the model and hand it to another module's loop (issue 15) ----------------
+def _by_code(outcome: FileOutcome, status: Status) -> Dict[str, List[str]]:
+    found: Dict[str, List[str]] = {}
+    for d in outcome.diagnostics:
+        if d.status is status:
+            found.setdefault(d.code, []).append(d.message)
+    return found
+
+
+def test_the_entry_point_of_an_engine_loop_gets_settings_and_the_ddp_option(
+    tmp_path: Path,
+) -> None:
+    outcomes = apply(copy("engine_loop", tmp_path), why_not=True)
+    assert fixed(outcomes["main.py"]) == ["OPT301", "OPT401", "OPT501", "OPT605"]
+    assert fixed(outcomes["engine.py"]) == fixed(outcomes["scaler.py"]) == []
+    declined = _by_code(outcomes["main.py"], Status.DECLINED)
+    for code in ("OPT402", "OPT407"):
+        [reason] = declined[code]
+        assert reason.startswith("`model` is built here and trained by `train_one_epoch`")
+    [line] = {d.line for d in outcomes["main.py"].diagnostics if d.code == "OPT402"}
+    assert line == 22  # `model.to(device)`: where a compile would go
+    # The loss scaler's module runs the backward: the setting goes into main.py, not there.
+    [reason] = _by_code(outcomes["scaler.py"], Status.DECLINED)["OPT301"]
+    assert "it goes into main.py" in reason
+
+
+def _kept_engine_loop(folder: Path) -> None:
+    """Seeded runs ask for deterministic cuDNN, the optimizer has no fused kernel, and the
+    loss scaler reads the gradients to clip them: nothing in main.py may change."""
+    main = folder / "main.py"
+    main.write_text(
+        main.read_text()
+        .replace(
+            "    torch.manual_seed(0)\n",
+            '    seed = os.environ.get("SEED")\n'
+            "    if seed is not None:\n"
+            "        torch.manual_seed(int(seed))\n"
+            "        torch.backends.cudnn.deterministic = True\n",
+        )
+        .replace(
+            "torch.optim.SGD(model.parameters(), lr=0.1)",
+            "torch.optim.Adadelta(model.parameters())",
+        )
+    )
+    scaler = folder / "scaler.py"
+    scaler.write_text(
+        scaler.read_text()
+        .replace(
+            "        optimizer.step()\n",
+            "        for group in optimizer.param_groups:\n"
+            '            torch.nn.utils.clip_grad_norm_([p for p in group["params"] if p.grad is not None], 1.0)\n'
+            "        optimizer.step()\n",
+        )
+        .replace('"""\n\n\nclass', '"""\n\nimport torch\n\n\nclass')
+    )
+
+
+def test_the_kept_engine_loop_says_why_at_each_site(tmp_path: Path) -> None:
+    folder = copy("engine_loop", tmp_path)
+    _kept_engine_loop(folder)
+    before = (folder / "main.py").read_text()
+    outcomes = apply(folder, why_not=True)
+    assert (folder / "main.py").read_text() == before
+    declined = _by_code(outcomes["main.py"], Status.DECLINED)
+    for code in ("OPT301", "OPT401"):
+        [reason] = declined[code]
+        assert "`torch.backends.cudnn.deterministic = True`), even if only in some runs" in reason
+    [report] = _by_code(outcomes["main.py"], Status.REPORTED)["OPT605"]
+    assert "but scaler.py, which this script imports" in report
+    done = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "SEED": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_script_imports_packages_from_the_run_root(tmp_path: Path) -> None:
+    """`pip install -e .` or running from the root: `from pkg.trainer import Trainer` in
+    scripts/train.py finds pkg/ at the top of the run (minGPT's projects/adder/adder.py)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "trainer.py").write_text(textwrap.dedent("""\
+            class Trainer:
+                def __init__(self, model):
+                    self.model = model
+
+                def run(self):
+                    self.model(1).sum().backward()
+            """))
+    (tmp_path / "scripts" / "train.py").write_text(textwrap.dedent("""\
+            import torch
+            from pkg.trainer import Trainer
+
+            if __name__ == "__main__":
+                Trainer(torch.nn.Linear(1, 1).cuda()).run()
+            """))
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    loops = facts[str(tmp_path / "scripts" / "train.py")].loops
+    assert loops is not None and loops.modules == ("pkg/trainer.py",)
+    assert loops.methods == ("run",)
+
+
+def test_a_namespace_package_and_a_stepping_loss_scaler(tmp_path: Path) -> None:
+    """engine.py runs `import util.misc` (no `__init__.py`) and calls its `loss_scaler`
+    parameter; util/misc.py's class runs backward when called (MAE's NativeScaler)."""
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text(
+        "class Scaler:\n    def __call__(self, loss, optimizer):\n        loss.backward()\n"
+    )
+    (tmp_path / "engine.py").write_text(
+        "import util.misc as misc\n\n\n"
+        "def train_one_epoch(model, loss_scaler, optimizer):\n"
+        "    loss_scaler(model(1).sum(), optimizer)\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "from engine import train_one_epoch\nfrom util.misc import Scaler\n\n"
+        'if __name__ == "__main__":\n    train_one_epoch(None, Scaler(), None)\n'
+    )
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    loops = facts[str(tmp_path / "main.py")].loops
+    assert loops is not None and loops.functions == ("train_one_epoch",)
+    assert loops.modules == ("engine.py", "util/misc.py")
+    # Without the stepping class, calling a parameter is not training.
+    (tmp_path / "util" / "misc.py").write_text("class Scaler:\n    pass\n")
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    assert facts.get(str(tmp_path / "main.py")) is None or (
+        facts[str(tmp_path / "main.py")].loops is None
+    )
+
+
+CHOSEN_BY_NAME = """\
+import torch
+import torchvision.models as models
+
+
+def main(arch):
+    model = models.__dict__[arch]().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main("resnet18")
+"""
+
+
+def test_a_model_chosen_by_name_is_explained_where_it_is_built() -> None:
+    from optimizer_codemod import rewrite
+
+    result = rewrite(CHOSEN_BY_NAME, path="train.py", why_not=True, select=("OPT407",))
+    assert not result.changed
+    [(line, reason)] = [
+        (d.line, d.message) for d in result.diagnostics if d.status is Status.DECLINED
+    ]
+    assert line == 6
+    assert reason.startswith("the architecture is chosen at run time by name (`models.__dict__")
+
+
+TWO_CONVNETS = """\
+import torch
+from torch import nn
+
+generator = nn.Sequential(nn.ConvTranspose2d(8, 3, 4), nn.Tanh()).cuda()
+discriminator = nn.Sequential(nn.Conv2d(3, 1, 4), nn.Flatten()).cuda()
+opt_g = torch.optim.Adam(generator.parameters())
+opt_d = torch.optim.Adam(discriminator.parameters())
+for _ in range(3):
+    fake = generator(torch.randn(2, 8, 5, 5, device="cuda"))
+    opt_g.zero_grad()
+    (-discriminator(fake).mean()).backward()
+    opt_g.step()
+    opt_d.zero_grad()
+    discriminator(fake.detach()).mean().backward()
+    opt_d.step()
+"""
+
+
+def test_each_model_of_a_gan_is_explained() -> None:
+    from optimizer_codemod import rewrite
+
+    result = rewrite(TWO_CONVNETS, path="train.py", why_not=True, select=("OPT407",))
+    assert not result.changed
+    declined = {d.line: d.message for d in result.diagnostics if d.status is Status.DECLINED}
+    assert sorted(declined) == [4, 5, 11]  # each model, and the first backward call
+    assert all(
+        m.startswith("this file trains several models (discriminator, generator)")
+        for m in declined.values()
+    )
+
+
+def test_calling_the_model_parameter_is_not_a_step(tmp_path: Path) -> None:
+    """Beside a stepping loss scaler, `evaluate(model, loader)` calls its `model` parameter
+    with values of its loop only: it does not train, so a script calling it runs no loop."""
+    (tmp_path / "scaler.py").write_text(
+        "class Scaler:\n    def __call__(self, loss, optimizer):\n        loss.backward()\n"
+    )
+    (tmp_path / "engine.py").write_text(
+        "import scaler\n\n\n"
+        "def evaluate(model, loader):\n"
+        "    return [model(x) for x in loader]\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "from engine import evaluate\n\n" 'if __name__ == "__main__":\n    evaluate(None, [1])\n'
+    )
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    assert facts[str(tmp_path / "engine.py")].importers == ("main.py",)
+    assert facts[str(tmp_path / "engine.py")].entry_points == ()
+    assert str(tmp_path / "main.py") not in facts  # no loop elsewhere, nothing else to learn

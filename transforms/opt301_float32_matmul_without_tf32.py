@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.devices import mentions_accelerator
 from optimizer_codemod.analysis.precision import (
-    determinism_requested,
+    determinism_request,
     entry_call,
     entry_points_elsewhere,
     first_backward,
@@ -16,8 +17,8 @@ from optimizer_codemod.analysis.precision import (
     loops_elsewhere,
     runs_as_script,
     setting_placement,
+    reduced_precision_use,
     setting_statement,
-    uses_reduced_precision,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
@@ -84,7 +85,13 @@ class Float32MatmulWithoutTF32(Rule):
         under its `__main__` guard, with `Trainer` from trainer.py), each script when several
         do, as for a loop of its own, and the module declines, naming them; the precision,
         determinism and float64 checks then cover the modules the script imports too
-        (docs/projects.md). Also reported without a fix when torch is not imported in the top
+        (docs/projects.md). `--why-not` says, at the backward call (or the call that runs
+        another module's loop), what already decides the precision: the statement
+        (`cudnn.deterministic = True` in a seeded branch: "even if only in some runs"), or the
+        imported module. A script that starts its training processes with
+        `mp.spawn(main_worker, ...)` gets the setting after its imports, outside its
+        `__main__` guard: each spawned child imports the script again and runs it there.
+        Also reported without a fix when torch is not imported in the top
         import block (imported inside functions or after other code, which an added top-level
         import would run before). `import torch` is added when the block only has
         `from torch... import` lines.
@@ -160,21 +167,13 @@ class Float32MatmulWithoutTF32(Rule):
         # A script whose training loop is in another module of the run (`Trainer(net,
         # ds).run()`): the setting goes here, as for a loop of its own (analysis/project.py).
         elsewhere = loops_elsewhere(facts)
-        imported = elsewhere.imported if elsewhere is not None else None
         backward = first_backward(facts)
         anchor = backward or entry_call(facts)
         if anchor is None or float32_precision_configured(facts):
-            return
-        if determinism_requested(facts) or uses_reduced_precision(facts):
-            return
-        if float64_model(facts):  # TF32 concerns float32 matmuls only
-            return
-        if imported is not None and (
-            imported.precision_configured
-            or imported.determinism
-            or imported.reduced_precision
-            or imported.float64
-        ):
+            return  # its own choice, or this rule's fix in an earlier pass
+        reason = _why_precision_is_decided(facts, elsewhere)
+        if reason is not None:
+            self.decline(anchor.node, reason)
             return
         if elsewhere is None and not runs_as_script(facts):
             scripts = entry_points_elsewhere(facts)
@@ -225,3 +224,43 @@ class Float32MatmulWithoutTF32(Rule):
             Fix((InsertStatements(placement.anchor, after=(statement,)),), imports),
             message=message,
         )
+
+
+def _why_precision_is_decided(facts, elsewhere) -> "str | None":
+    """Why the script's float32 matmul precision is not ours to change: it chose it, asks for
+    reproducible numerics, computes in another precision, or so do the modules whose loops it
+    runs (`elsewhere`, a project.LoopsElsewhere); else None."""
+    requested = determinism_request(facts)
+    if requested is not None:
+        return (
+            f"the script asks for reproducible numerics (`{excerpt(requested)}`), even if only "
+            "in some runs: a change of matmul precision would defeat the comparison"
+        )
+    reduced = reduced_precision_use(facts)
+    if reduced is not None:
+        shown = "autocast" if reduced is facts.module else excerpt(reduced)
+        return (
+            f"the script already computes in another precision (`{shown}`), even if only in "
+            "some runs: it chose its precision"
+        )
+    if float64_model(facts):
+        return "the model computes in float64: TF32 concerns float32 matmuls only"
+    if elsewhere is None:
+        return None
+    for setting, words in (
+        ("precision_configured", "sets a float32 matmul precision or a TF32 flag"),
+        ("determinism", "asks for reproducible numerics"),
+        (
+            "reduced_precision",
+            "computes in another precision (autocast, GradScaler, `.half()`"
+            " or a 16-bit dtype), even if only in some runs",
+        ),
+        ("float64", "computes in float64"),
+    ):
+        if getattr(elsewhere.imported, setting):
+            return (
+                f"{elsewhere.decided_by(setting) or 'a module it imports'}, which this script "
+                f"imports (its loop runs in {', '.join(elsewhere.modules)}), already {words}: "
+                "it chose the precision"
+            )
+    return None

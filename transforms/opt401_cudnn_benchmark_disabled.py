@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt, literal
 from optimizer_codemod.analysis.precision import (
     convolution_sites,
-    cudnn_benchmark_configured,
-    determinism_requested,
+    cudnn_benchmark_choice,
+    determinism_request,
     entry_call,
     entry_points_elsewhere,
     imported_by_others,
@@ -72,6 +73,11 @@ class CudnnBenchmarkDisabled(Rule):
         import block (see OPT301); with the files rewritten together, the setting goes into
         the script that runs the module's loop, and the convolutions, determinism and shape
         checks cover the modules that script imports too (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
+        `--why-not` names what decides the autotuner: a script that sets
+        `cudnn.benchmark = False` or asks for determinism only in its seeded runs (pytorch/
+        examples imagenet) keeps its choice in the others too (turning the autotuner on
+        there would take a branch of the tool's own), also where no convolution is seen (its
+        model may be chosen by name at run time).
 
     Expected gain:
         GPU only; none on CPU. PyTorch's Performance Tuning Guide ("Enable cuDNN auto-tuner",
@@ -120,11 +126,20 @@ class CudnnBenchmarkDisabled(Rule):
         anchor = convolutions[0] if convolutions else imported_convolutions(facts)
         if imported is not None and imported.convolutions:
             anchor = anchor or entry_call(facts)
-        if anchor is None or not (facts.trains or elsewhere is not None):
+        if not (facts.trains or elsewhere is not None):
             return
-        if cudnn_benchmark_configured(facts) or determinism_requested(facts):
+        if anchor is None:
+            # No convolution seen, yet the script turns the autotuner off itself: say why
+            # that choice stays (the model may convolve: `models.__dict__[args.arch]()`).
+            chosen = cudnn_benchmark_choice(facts)
+            reason = _why_benchmark_is_decided(facts, None) if chosen is not None else None
+            if reason:
+                self.decline(chosen, reason)
             return
-        if imported is not None and (imported.cudnn_configured or imported.determinism):
+        reason = _why_benchmark_is_decided(facts, elsewhere)
+        if reason is not None:
+            if reason:
+                self.decline(anchor.node, reason)
             return
         first = anchor.node
         varying = variable_input_shapes(facts) or imported_variable_shapes(facts)
@@ -177,3 +192,38 @@ class CudnnBenchmarkDisabled(Rule):
             Fix((InsertStatements(placement.anchor, after=(statement,)),), imports),
             message=message,
         )
+
+
+def _why_benchmark_is_decided(facts, elsewhere) -> "str | None":
+    """Why `cudnn.benchmark` is not ours to set: the script, or a module whose loop it runs
+    (`elsewhere`, project.LoopsElsewhere), decides it or asks for reproducible numerics.
+    "" when it already turns the autotuner on (its own choice, or this rule's fix in an
+    earlier pass): nothing to say. None when nothing decides it."""
+    chosen = cudnn_benchmark_choice(facts)
+    if chosen is not None:
+        value = chosen.value if isinstance(chosen, cst.Assign) else None
+        if value is not None and literal(value, None) is True:
+            return ""
+        return (
+            f"the script decides the autotuner itself (`{excerpt(chosen)}`), even if only in "
+            "some runs (a seeded or deterministic branch, say): turning it on in the other runs "
+            "would take a branch of its own, and the choice is left to the script"
+        )
+    requested = determinism_request(facts)
+    if requested is not None:
+        return (
+            f"the script asks for reproducible numerics (`{excerpt(requested)}`), even if only "
+            "in some runs: the autotuner may pick different algorithms from run to run"
+        )
+    if elsewhere is None:
+        return None
+    for setting, words in (
+        ("cudnn_configured", "decides `cudnn.benchmark`"),
+        ("determinism", "asks for reproducible numerics"),
+    ):
+        if getattr(elsewhere.imported, setting):
+            return (
+                f"{elsewhere.decided_by(setting) or 'a module it imports'}, which this script "
+                f"imports (its loop runs in {', '.join(elsewhere.modules)}), already {words}"
+            )
+    return None

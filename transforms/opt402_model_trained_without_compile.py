@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.entry_points import chosen_by_name, models_trained_elsewhere
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
@@ -95,6 +96,13 @@ class ModelTrainedWithoutCompile(Rule):
         `torch.optim`, by a loop over its `.parameters()` that updates each parameter from its
         gradient after backward (`p -= lr * p.grad`), is the trained model too; kept as
         `self.model`, it is compiled in `__init__` when another method updates it.
+        A model that a script builds and hands to the training loop of another module of
+        the run (`train_one_epoch(model, ...)` from engine.py, `TrainLoop(model=model,
+        ...).run_loop()`; analysis/entry_points.py) is not compiled: the analysis does not
+        follow it into that loop, where the hazards above would show. `--why-not` says so at
+        the statement that builds it, naming the loop, and whether its architecture is
+        chosen at run time by name (`models.__dict__[args.arch]()`, timm's
+        `create_model(args.model)`).
 
     Expected gain:
         PyTorch 2.0's announcement reports training 43% faster on average (geometric mean
@@ -113,6 +121,7 @@ class ModelTrainedWithoutCompile(Rule):
     target_devices = ("cuda",)
     triggers = (r"\.(?:named_)?parameters\s*\(",)
     requires = (BACKWARD_CALL,)
+    examines_entry_points = True
     examples = (
         Example(
             SCRIPT,
@@ -135,6 +144,8 @@ class ModelTrainedWithoutCompile(Rule):
             missing = why_no_trained_model(facts)
             if missing is not None:
                 self.decline(*missing)
+            for handed in models_trained_elsewhere(facts):
+                self.decline(handed.placed, _why_not_followed(facts, handed))
             return
         anchor = model_built(facts, model)
         device = model_device(facts, model)
@@ -193,3 +204,19 @@ class ModelTrainedWithoutCompile(Rule):
                 "Tensors and graph-breaks around them, so little is compiled"
             )
         return None
+
+
+def _why_not_followed(facts, handed) -> str:
+    """Why a model this script hands to the loop of another module is not compiled here."""
+    lookup = chosen_by_name(facts, handed.built.value)
+    by_name = (
+        f"; its architecture is also chosen at run time by name (`{lookup}`)"
+        if lookup is not None
+        else ""
+    )
+    return (
+        f"`{handed.name}` is built here and trained by {handed.loop}: the analysis does not "
+        "follow a model into the loop of another module, so it cannot check there what would "
+        "make compiling it unsound or not pay (a recurrent layer, sparse tensors, the device "
+        f"it trains on){by_name}"
+    )

@@ -6,9 +6,16 @@ from typing import List
 
 import libcst as cst
 
+from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.precision import CONVOLUTIONS, TORCHVISION_MODELS
+from optimizer_codemod.analysis.precision import (
+    CONVOLUTIONS,
+    TORCHVISION_MODELS,
+    convolution_sites,
+    imported_convolutions,
+    loops_elsewhere,
+)
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     imported_layer,
@@ -20,6 +27,8 @@ from optimizer_codemod.analysis.training import (
     model_layer_calls,
     model_output_names,
     the_trained_model,
+    trained_models,
+    why_no_trained_model,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -137,6 +146,12 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         format), when it is a torchvision video, detection, optical-flow or quantized model
         or comes from `torchvision.models.get_model` (which may return any of them), or
         when the script already mentions `channels_last` or `memory_format` anywhere.
+        `--why-not` explains where it can: at a model whose architecture is chosen at run
+        time by name (`models.__dict__[args.arch]()`, timm's `create_model(args.model)`),
+        at each model and the backward call of a file that trains several models (a GAN's
+        generator and discriminator) and has 2-D convolutions, and at the model of a script that hands it
+        to the training loop of another module of the run (`train_one_epoch(model, ...)`
+        from engine.py), which the analysis does not follow.
 
         Reported without a fix when a method of the model's classes (or a function of this
         file they call), or the script on the model's output, calls `.view(...)` or
@@ -173,6 +188,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
     # too) or comes from a torchvision builder.
     triggers = (r"[Cc]onv(?:_?[Tt]ranspose)?2d\b", r"torchvision")
     requires = (BACKWARD_CALL,)
+    examines_entry_points = True
     examples = (
         Example(SCRIPT, SCRIPT.replace("model = Net().to(device)\n", CONVERTED)),
         Example(
@@ -188,12 +204,16 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         facts = self.facts
         model = the_trained_model(facts)
         if model is None:
+            self._decline_unknown_models()
             return
         # Classes from other modules of the run count with the layers they are built from.
         imported = model_imported_classes(facts, model)
         qualnames = [call.qualname or "" for call in model_layer_calls(facts, model)]
         qualnames += [q for c in imported for q in c.layers]
         if not any(_planar_convolution(q) for q in qualnames):
+            for assignment, lookup in models_chosen_by_name(facts):
+                if assignment.target in (model.name, model.wrapped_as):
+                    self.decline(assignment.site.statement, _chosen_by_name(lookup))
             return
         anchor = model_built(facts, model)
         if any(_other_convolution(q) for q in qualnames):
@@ -262,6 +282,37 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             safety=Safety.BEHAVIOR if dropout or dropout_elsewhere is not None else None,
         )
 
+    def _decline_unknown_models(self) -> None:
+        """Say why no model gets channels_last where the file may train a convnet: models
+        chosen by name, models handed to the loop of another module, several models."""
+        facts = self.facts
+        declined = set()
+        for assignment, lookup in models_chosen_by_name(facts):
+            self.decline(assignment.site.statement, _chosen_by_name(lookup))
+            declined.add(assignment.target)
+        loops = loops_elsewhere(facts)
+        convolutions = bool(convolution_sites(facts) or imported_convolutions(facts))
+        for handed in models_trained_elsewhere(facts):
+            if handed.name in declined or not (convolutions or loops.imported.convolutions):
+                continue
+            self.decline(
+                handed.placed,
+                f"`{handed.name}` is built here and trained by {handed.loop}: the analysis "
+                "does not follow a model into the loop of another module, so it cannot tell "
+                "whether the model is a 2-D convnet or check what it does to its activations "
+                "(`.view`, dropout)",
+            )
+        missing = why_no_trained_model(facts)
+        if missing is None or not convolutions:
+            return
+        self.decline(*missing)
+        # Several models (a GAN's generators and discriminators): the reason at each too.
+        for model in trained_models(facts):
+            anchor = model_built(facts, model)
+            if anchor is not None and model.name not in declined:
+                declined.add(model.name)
+                self.decline(anchor, missing[1])
+
     def _views(self, model) -> List[cst.Call]:
         """`.view` calls in the model's classes, in the functions of this file they call, or
         on the model's outputs, in source order."""
@@ -288,6 +339,13 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 if call.site.class_name in classes or in_helper or on_output:
                     found.append(call)
         return [call.node for call in sorted(found, key=lambda call: call.site.order)]
+
+
+def _chosen_by_name(lookup: str) -> str:
+    return (
+        f"the architecture is chosen at run time by name (`{lookup}`): whether the model is "
+        "a plain 2-D convnet, which channels_last suits, is not known"
+    )
 
 
 def _planar_convolution(qualname: str) -> bool:

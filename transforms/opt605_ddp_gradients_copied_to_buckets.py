@@ -13,7 +13,8 @@ from optimizer_codemod.analysis.calls import (
     literal,
     with_keyword,
 )
-from optimizer_codemod.analysis.gradients import grad_reads
+from optimizer_codemod.analysis.gradients import grad_touches
+from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -77,7 +78,11 @@ class DDPGradientsCopiedToBuckets(Rule):
         across iterations sees it change, and `p.grad.detach_()` raises ("When gradients are
         views, `detach_()` cannot be called on the gradients", same docstring; `zero_grad()`
         avoids it). Applied only where the script touches no `.grad` at all (code in modules
-        it imports is not seen), with `--unsafe-fixes`. Not applied when the call already
+        it imports is not seen), with `--unsafe-fixes`. A script that wraps the model and
+        hands it to the training loop of another module of the run (`train_one_epoch(model,
+        ...)` from engine.py; docs/projects.md) gets the option when neither it nor any
+        module of the run it imports, directly or not, touches `.grad`; else it is reported,
+        naming the module. Not applied when the call already
         sets the option (to anything), or passes `**kwargs` that may; needs `target-torch`
         1.7, where the option appeared.
 
@@ -109,6 +114,7 @@ class DDPGradientsCopiedToBuckets(Rule):
     min_torch = TorchVersion(1, 7)
     triggers = (r"DistributedDataParallel|\bDDP\b",)
     requires = (BACKWARD_CALL,)
+    examines_entry_points = True
     examples = (
         Example(SCRIPT, FIXED),
         Example(READS_GRAD),
@@ -118,7 +124,11 @@ class DDPGradientsCopiedToBuckets(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        if not facts.trains:
+        # A script that wraps the model and hands it to the loop of another module of the
+        # run (`train_one_epoch(model, ...)` from engine.py): the `.grad` check covers the
+        # modules it imports too (analysis/project.py).
+        elsewhere = loops_elsewhere(facts)
+        if not (facts.trains or elsewhere is not None):
             return
         touched: Optional[List[cst.CSTNode]] = None
         for site in facts.calls_to(*DDP_CLASSES):
@@ -132,7 +142,16 @@ class DDPGradientsCopiedToBuckets(Rule):
                 self.decline(call, "options arrive through `**` arguments, which may set it")
                 continue
             if touched is None:
-                touched = _grad_uses(facts)
+                touched = grad_touches(facts)
+            if not touched and elsewhere is not None and elsewhere.imported.touches_grad:
+                self.report(
+                    call,
+                    message=f"{self.message}; `{KEYWORD}=True` would remove the copies, but "
+                    f"{elsewhere.decided_by('touches_grad')}, which this script imports (its "
+                    f"loop runs in {', '.join(elsewhere.modules)}), touches `.grad`, which "
+                    "would then be a view into a bucket DDP overwrites",
+                )
+                continue
             if touched:
                 self.report(
                     call,
@@ -142,14 +161,3 @@ class DDPGradientsCopiedToBuckets(Rule):
                 )
                 continue
             self.report(call, Fix((Replace(call, with_keyword(call, KEYWORD, cst.Name("True"))),)))
-
-
-def _grad_uses(facts) -> List[cst.CSTNode]:
-    """Reads of `.grad` and assignments to it, in source order."""
-    found = [(read.site.order, read.site.statement or read.node) for read in grad_reads(facts)]
-    found += [
-        (a.site.order, a.site.statement or a.statement_node)
-        for a in facts.records.assignments
-        if a.target.rsplit(".", 1)[-1] == "grad" and "." in a.target
-    ]
-    return [node for _, node in sorted(found, key=lambda item: item[0])]

@@ -44,3 +44,14 @@ def grad_reads(facts: "ScriptFacts") -> List[GradRead]:
         ):
             found.append(GradRead(call.node, call.site))
     return sorted(found, key=lambda read: read.site.order)
+
+
+def grad_touches(facts: "ScriptFacts") -> List[cst.CSTNode]:
+    """Reads of `.grad` and assignments to it (their statements), in source order."""
+    found = [(read.site.order, read.site.statement or read.node) for read in grad_reads(facts)]
+    found += [
+        (a.site.order, a.site.statement or a.statement_node)
+        for a in facts.records.assignments
+        if a.target.rsplit(".", 1)[-1] == "grad" and "." in a.target
+    ]
+    return [node for _, node in sorted(found, key=lambda item: item[0])]

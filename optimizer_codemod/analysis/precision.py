@@ -206,25 +206,43 @@ def float32_precision_configured(facts: "ScriptFacts") -> bool:
 
 def cudnn_benchmark_configured(facts: "ScriptFacts") -> bool:
     """`cudnn.benchmark` is assigned anywhere (any value), or cuDNN is switched off."""
+    return cudnn_benchmark_choice(facts) is not None
+
+
+def cudnn_benchmark_choice(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """The first assignment or flags context by which the script decides `cudnn.benchmark`
+    (or switches cuDNN off), else None."""
     for name, assignment in _backend_assignments(facts):
         if name == CUDNN_BENCHMARK:
-            return True
+            return assignment.statement_node
         if name == CUDNN_ENABLED and literal(assignment.value, None) is not True:
-            return True
-    return _flag_contexts(facts, "benchmark", "enabled")
+            return assignment.statement_node
+    for call in facts.calls_to(*BACKEND_FLAG_CONTEXTS):
+        if any(keyword(call.node, k) is not None for k in ("benchmark", "enabled")):
+            return call.node
+    return None
 
 
 def determinism_requested(facts: "ScriptFacts") -> bool:
     """`torch.use_deterministic_algorithms(...)` or `cudnn.deterministic = ...`, unless the
     value is a literal False: a flag that may be on asks for reproducible numerics."""
+    return determinism_request(facts) is not None
+
+
+def determinism_request(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """The first call or assignment by which the script asks for reproducible numerics
+    (see determinism_requested), else None."""
     for call in facts.calls_to(DETERMINISTIC_ALGORITHMS):
         mode = argument(call.node, "mode", 0)
         if mode is None or literal(mode.value, None) is not False:
-            return True
+            return call.node
     for name, assignment in _backend_assignments(facts):
         if name == CUDNN_DETERMINISTIC and literal(assignment.value, None) is not False:
-            return True
-    return _flag_contexts(facts, "deterministic")
+            return assignment.statement_node
+    for call in facts.calls_to(*BACKEND_FLAG_CONTEXTS):
+        if keyword(call.node, "deterministic") is not None:
+            return call.node
+    return None
 
 
 # Which precision the script computes in -----------------------------------------------------
@@ -232,26 +250,34 @@ def uses_reduced_precision(facts: "ScriptFacts", count_grad_scalers: bool = True
     """The script already chose a precision other than plain float32 somewhere: autocast,
     GradScaler (unless `count_grad_scalers` is False), `.half()`/`.bfloat16()`, a 16-bit dtype
     passed or assigned, `mixed_precision=` (Accelerate), or a 16/64-bit default dtype."""
-    if facts.names_assigned_or_entered & set(AUTOCAST):
-        return True
+    return reduced_precision_use(facts, count_grad_scalers) is not None
+
+
+def reduced_precision_use(
+    facts: "ScriptFacts", count_grad_scalers: bool = True
+) -> Optional[cst.CSTNode]:
+    """The first node by which the script chooses a precision other than plain float32 (see
+    uses_reduced_precision), else None."""
+    entered = facts.names_assigned_or_entered & set(AUTOCAST)
     scalers = GRAD_SCALERS if count_grad_scalers else ()
     methods = ("autocast", "GradScaler") if count_grad_scalers else ("autocast",)
     for call in facts.records.calls:
         if call.qualname in AUTOCAST or call.qualname in scalers:
-            return True
+            return call.node
         if call.method in methods or call.method in LOW_PRECISION_METHODS:
-            return True
+            return call.node
         if call.qualname == "torch.set_default_dtype" and call.node.args:
             if facts.qualified_name(call.node.args[0].value) in NOT_FLOAT32_DEFAULTS:
-                return True
+                return call.node
         if any(facts.qualified_name(arg.value) in LOW_PRECISION_DTYPES for arg in call.node.args):
-            return True
+            return call.node
         mixed = keyword(call.node, "mixed_precision")
         if mixed is not None and literal(mixed.value, "unknown") not in (None, "no", False):
-            return True
-    return any(
-        facts.qualified_name(a.value) in LOW_PRECISION_DTYPES for a in facts.records.assignments
-    )
+            return call.node
+    for assignment in facts.records.assignments:
+        if facts.qualified_name(assignment.value) in LOW_PRECISION_DTYPES:
+            return assignment.statement_node
+    return facts.module if entered else None
 
 
 def float64_model(facts: "ScriptFacts") -> bool:

@@ -124,6 +124,7 @@ class Settings:
     convolutions: bool = False
     cudnn_configured: bool = False
     variable_shapes: bool = False
+    touches_grad: bool = False  # reads or assigns a `.grad` (OPT605's bucket views)
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -141,6 +142,12 @@ class LoopsElsewhere:
     functions: Tuple[str, ...]  # local spellings of the imported functions that run them
     methods: Tuple[str, ...]  # method names of imported classes that run them (`run`)
     imported: Settings  # what the modules it imports (transitively) decide
+    # (Settings field, the first imported file that decides it), for the reasons rules give.
+    decided_in: Tuple[Tuple[str, str], ...] = ()
+
+    def decided_by(self, setting: str) -> str:
+        """The imported file that decides `setting` (a Settings field), else ""."""
+        return next((label for name, label in self.decided_in if name == setting), "")
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             functions=tuple(record["functions"]),
             methods=tuple(record["methods"]),
             imported=Settings(**record["imported"]),
+            decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
         )
 
     def imported_class(record) -> ImportedClass:
@@ -240,6 +248,7 @@ class _Module:
     path: str  # absolute
     label: str  # relative to the run's common folder, posix
     src: bytes
+    run_root: str = ""  # the run's common folder, absolute
     facts: object = None  # ScriptFacts once parsed
     objects: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # name -> (path, object)
     modules: Dict[str, str] = field(default_factory=dict)  # dotted spelling -> path
@@ -256,16 +265,19 @@ class _Module:
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
 
 
-def _search_roots(path: str) -> List[str]:
+def _search_roots(path: str, run_root: str = "") -> List[str]:
     """Folders an absolute import of `path` is looked up from: its own folder (a script's
-    folder is on sys.path) and the folder above its top package."""
+    folder is on sys.path), the folder above its top package, and last the run's common
+    folder (a project installed with `pip install -e .`, or run from its root, imports its
+    packages from there: `from mingpt.trainer import Trainer` in projects/adder/adder.py)."""
     folder = os.path.dirname(path)
     roots = [folder]
     top = folder
     while os.path.exists(os.path.join(top, "__init__.py")):
         top = os.path.dirname(top)
-    if top != folder:
-        roots.append(top)
+    for root in (top, run_root):
+        if root and root not in roots:
+            roots.append(root)
     return roots
 
 
@@ -278,7 +290,7 @@ def _module_file(base: str, parts: Sequence[str], files: Dict[str, "_Module"]) -
 
 
 def _resolve(
-    importer: str, module: str, level: int, files: Dict[str, "_Module"]
+    importer: str, module: str, level: int, files: Dict[str, "_Module"], run_root: str = ""
 ) -> Tuple[Optional[str], List[str]]:
     """(the file `module` names, imported from `importer`, or None; the folder it was
     looked up in, for submodules)."""
@@ -289,7 +301,7 @@ def _resolve(
             base = os.path.dirname(base)
         bases = [base]
     else:
-        bases = _search_roots(importer)
+        bases = _search_roots(importer, run_root)
     for base in bases:
         found = _module_file(base, parts, files)
         if found is not None or (level and not parts):
@@ -330,7 +342,7 @@ def _bind_imports(module: "_Module", files: Dict[str, "_Module"]) -> None:
         if isinstance(node, cst.Import):
             for alias in node.names:
                 name = dotted_name(alias.name) or ""
-                target, _ = _resolve(module.path, name, 0, files)
+                target, _ = _resolve(module.path, name, 0, files, module.run_root)
                 if target is None:
                     continue
                 if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
@@ -341,12 +353,12 @@ def _bind_imports(module: "_Module", files: Dict[str, "_Module"]) -> None:
         level = len(node.relative)
         if isinstance(node.names, cst.ImportStar):
             name = dotted_name(node.module) if node.module is not None else ""
-            target, _ = _resolve(module.path, name or "", level, files)
+            target, _ = _resolve(module.path, name or "", level, files, module.run_root)
             if target is not None:
                 module.stars.append(target)
             continue
         name = dotted_name(node.module) if node.module is not None else ""
-        target, folders = _resolve(module.path, name or "", level, files)
+        target, folders = _resolve(module.path, name or "", level, files, module.run_root)
         for alias in node.names:
             imported = dotted_name(alias.name) or ""
             bound = imported
@@ -461,7 +473,7 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
         except OSError:
             continue
         label = os.path.relpath(path, common).replace(os.sep, "/") if common else path
-        files[path] = _Module(path, label, src)
+        files[path] = _Module(path, label, src, common)
     names = _module_names(files)
     importers = [m for m in files.values() if _imports_one_of(m.src, names)]
     for module in importers:
@@ -526,7 +538,8 @@ def _by_caller(call: IncomingCall) -> str:
 
 
 def _module_names(files: Dict[str, _Module]) -> Set[bytes]:
-    """Every name an import of a file of the run may spell: stems and package folders."""
+    """Every name an import of a file of the run may spell: stems, and the folders on the
+    way to it from the run's common folder."""
     names: Set[bytes] = set()
     for path in files:
         stem = os.path.splitext(os.path.basename(path))[0]
@@ -536,6 +549,9 @@ def _module_names(files: Dict[str, _Module]) -> Set[bytes]:
         while os.path.exists(os.path.join(folder, "__init__.py")):
             names.add(os.path.basename(folder).encode())
             folder = os.path.dirname(folder)
+        # Folders without `__init__.py` are namespace packages: `import util.misc`.
+        label = files[path].label
+        names.update(part.encode() for part in label.split("/")[:-1])
     return names
 
 
@@ -581,6 +597,17 @@ def _training_reach(parsed: List[_Module], files: Dict[str, _Module]) -> None:
         module.trains = set(module.facts.functions_reaching_backward)
         if module.trains:
             module.loop_files = {module.path}
+    # A function that calls its parameter (`loss_scaler(loss, optimizer)`) trains when the
+    # module, or a module that imports it (the caller that builds the scaler), imports a
+    # module whose class steps when called.
+    stepping = {m.path for m in parsed if _steps_when_called(m)}
+    with_stepping = [m for m in parsed if stepping & _imports_of(m)]
+    reached = {m.path for m in with_stepping} | {p for m in with_stepping for p in _imports_of(m)}
+    for module in parsed:
+        if module.path in reached:
+            for function in _functions_calling_a_parameter(module):
+                module.trains.add(function)
+                module.loop_files |= {module.path} | stepping
     for _ in range(2 * MAX_ROUNDS):
         changed = False
         for module in parsed:
@@ -605,6 +632,38 @@ def _training_reach(parsed: List[_Module], files: Dict[str, _Module]) -> None:
                     changed = True
         if not changed:
             break
+
+
+def _steps_when_called(module: _Module) -> bool:
+    """A class of `module` whose `__call__` reaches a backward call: a loss scaler that runs
+    `scaler.scale(loss).backward()` and the optimizer step when called (MAE's and ConvNeXt's
+    `NativeScalerWithGradNormCount`)."""
+    return "__call__" in module.trains and any(
+        "__call__" in _methods(module.facts, name) for name in module.facts.classes
+    )
+
+
+def _functions_calling_a_parameter(module: _Module) -> Set[str]:
+    """Module-level functions of `module` that call one of their own parameters with another
+    (`loss_scaler(loss, optimizer, ...)` in `train_one_epoch`): with a module that imports
+    such a stepping class, the loop that hands it the loss."""
+    from optimizer_codemod.analysis.values import parameter_names
+
+    found = set()
+    for call in module.facts.records.calls:
+        function = call.site.function
+        if function is None or call.site.class_name is not None:
+            continue
+        func = call.node.func
+        parameters = parameter_names(function)
+        if not (isinstance(func, cst.Name) and func.value in parameters):
+            continue
+        # It is handed another parameter (the optimizer), not only values of the loop:
+        # `model(images)` and `criterion(output, target)` are not steps.
+        handed = {dotted_name(a.value) for a in call.node.args}
+        if handed & (set(parameters) - {func.value}):
+            found.add(function.name.value)
+    return found
 
 
 def _reaches_elsewhere(module: _Module, call, files: Dict[str, _Module]) -> Set[str]:
@@ -655,6 +714,7 @@ def _methods(facts, class_name: str) -> Set[str]:
 # One module's facts --------------------------------------------------------------------------
 def _settings(facts) -> Settings:
     from optimizer_codemod.analysis import precision
+    from optimizer_codemod.analysis.gradients import grad_touches
 
     return Settings(
         trains=facts.trains,
@@ -665,6 +725,7 @@ def _settings(facts) -> Settings:
         convolutions=bool(precision.convolution_sites(facts)),
         cudnn_configured=precision.cudnn_benchmark_configured(facts),
         variable_shapes=precision.variable_input_shapes(facts) is not None,
+        touches_grad=bool(grad_touches(facts)),
     )
 
 
@@ -845,15 +906,21 @@ def _loops_elsewhere(module: _Module, files: Dict[str, _Module]) -> Optional[Loo
         elif name is not None:
             functions.add(name)
     imported = Settings()
-    for path in sorted(_imported_files(module, files)):
+    decided_in: Dict[str, str] = {}
+    for path in sorted(_imported_files(module, files), key=lambda p: files[p].label):
         other = files.get(path)
         if other is not None and other.facts is not None:
-            imported = imported | _settings(other.facts)
+            own = _settings(other.facts)
+            imported = imported | own
+            for name, value in zip(Settings.__dataclass_fields__, _values(own)):
+                if value:
+                    decided_in.setdefault(name, other.label)
     return LoopsElsewhere(
         modules=tuple(sorted(files[p].label for p in runs)),
         functions=tuple(sorted(functions)),
         methods=tuple(sorted(methods)),
         imported=imported,
+        decided_in=tuple(sorted(decided_in.items())),
     )
 
 
