@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import re
 import traceback
-from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -238,9 +237,10 @@ class _Fixpoint:
                 remaining = [
                     self._diagnostic(f, positions, line_map, _left_status(f)) for f in findings
                 ]
-                earlier = _earlier_declines(passes, remaining)
+                declines = _declines_of_every_pass(passes, remaining)
+                others = [d for d in remaining if d.status is not Status.DECLINED]
                 return RewriteResult(
-                    code, code != self.src, fixed + remaining + earlier, pass_number - 1
+                    code, code != self.src, fixed + others + declines, pass_number - 1
                 )
             if pass_number > MAX_PASSES:
                 codes = sorted({f.rule.code for f in applicable})
@@ -483,41 +483,37 @@ def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) 
             )
 
 
-def _earlier_declines(
+def _declines_of_every_pass(
     passes: Sequence[Tuple[Sequence[Diagnostic], Sequence[Diagnostic]]],
     last: Sequence[Diagnostic],
 ) -> List[Diagnostic]:
-    """The declines of the passes before the last that the last pass does not repeat.
+    """The declines of all passes, each site's from the first pass that declined it.
 
     A site is the rule and the original line (an earlier pass's edits shift columns on that
-    line); a decline is listed as often as the pass that said it most often on that line
-    says it, at the position where it was first said. A decline whose site the same rule
-    fixed in a later pass is dropped: it was waiting for another rule's fix (OPT201 declines
-    a copy from a loader that OPT101 pins in the same pass, and fixes the copy in the next).
+    line). The first pass that declines a site read the user's code there; a later pass reads
+    the tool's own edits too (OPT301 sees the autocast OPT302 just added and calls it the
+    script's choice), so its reasons for the same site are not listed. A decline whose site
+    the same rule fixed in a later pass is dropped: it was waiting for another rule's fix
+    (OPT201 declines a copy from a loader that OPT101 pins in the same pass, and fixes the
+    copy in the next).
     """
-    if not any(declined for _, declined in passes):
-        return []
-    standing: List[List[Diagnostic]] = []
+    rounds = [list(declined) for _, declined in passes]
+    rounds.append([d for d in last if d.status is Status.DECLINED])
     fixed_later: Set[Tuple[str, int]] = set()
-    for fixed, declined in reversed(passes):
-        standing.append([d for d in declined if (d.code, d.line) not in fixed_later])
-        fixed_later.update((d.code, d.line) for d in fixed)
-    standing.reverse()
-    wanted: Counter = Counter()
-    for declined in standing:
-        wanted |= Counter(_decline_key(d) for d in declined)
-    wanted.subtract(_decline_key(d) for d in last if d.status is Status.DECLINED)
-    earlier = []
-    for decline in (d for declined in standing for d in declined):
-        key = _decline_key(decline)
-        if wanted[key] > 0:
-            wanted[key] -= 1
-            earlier.append(decline)
-    return earlier
-
-
-def _decline_key(diagnostic: Diagnostic) -> Tuple[str, int, str]:
-    return (diagnostic.code, diagnostic.line, diagnostic.message)
+    for index in range(len(rounds) - 1, -1, -1):
+        rounds[index] = [d for d in rounds[index] if (d.code, d.line) not in fixed_later]
+        if index < len(passes):  # the last round fixed nothing
+            fixed_later.update((d.code, d.line) for d in passes[index][0])
+    first: Dict[Tuple[str, int], int] = {}
+    for index, declined in enumerate(rounds):
+        for decline in declined:
+            first.setdefault((decline.code, decline.line), index)
+    return [
+        decline
+        for index, declined in enumerate(rounds)
+        for decline in declined
+        if first[(decline.code, decline.line)] == index
+    ]
 
 
 def _left_status(finding: Finding) -> Status:

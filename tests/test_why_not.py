@@ -15,7 +15,7 @@ from fixture_cases import fixtures
 from optimizer_codemod import rewrite
 from optimizer_codemod.api import rewrite_source
 from optimizer_codemod.diagnostics import Diagnostic, Status
-from optimizer_codemod.engine import RewriteOptions, _earlier_declines, rewrite_bytes
+from optimizer_codemod.engine import RewriteOptions, _declines_of_every_pass, rewrite_bytes
 from optimizer_codemod.registry import all_rules
 from optimizer_codemod.rule import Safety
 
@@ -258,20 +258,17 @@ def _decline(code: str, line: int, column: int, message: str = "reason") -> Diag
     )
 
 
-def test_earlier_declines_keep_distinct_sites_and_drop_what_a_later_pass_fixed() -> None:
+def test_each_site_keeps_the_reasons_of_the_first_pass_that_declined_it() -> None:
     x, y = _decline("OPT201", 9, 12), _decline("OPT201", 9, 26)
     other_reason = _decline("OPT201", 9, 12, "another reason")
     fixed_later = replace(_decline("OPT104", 3, 1), status=Status.FIXED)
     passes = [([], [x, y, _decline("OPT104", 3, 1)]), ([fixed_later], [x, other_reason])]
-    # Two sites on one line with one reason stay two; the same site again in the next pass
-    # (its column shifted by that pass's edits) is the same decline; a new reason is listed.
-    assert _earlier_declines(passes, []) == [x, y, other_reason]
-    last = [replace(x, column=30), _decline("OPT102", 1, 1)]
-    # The last pass says it once: one of the two sites is left to list (which one, the text
-    # cannot tell).
-    listed = _earlier_declines(passes, last)
-    assert [(d.code, d.line, d.message) for d in listed] == [
-        ("OPT201", 9, "reason"),
-        ("OPT201", 9, "another reason"),
-    ]
-    assert _earlier_declines([([fixed_later], [])], last) == []
+    # Two sites on one line with one reason stay two; the next pass's reasons for the same
+    # site (it read the tool's own edits by then) are not listed; the OPT104 decline waited
+    # for a fix the next pass made.
+    assert _declines_of_every_pass(passes, []) == [x, y]
+    new_site = _decline("OPT102", 1, 1)
+    last = [replace(x, column=30), new_site]
+    assert _declines_of_every_pass(passes, last) == [x, y, new_site]
+    # A site first declined by the last pass is listed as the last pass says it.
+    assert _declines_of_every_pass([([fixed_later], [])], last) == last
