@@ -199,16 +199,8 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
     `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
     used some other way (passed around, stored, decorated), or its name is defined twice, or
     other modules of the run call it (outside_argument answers when only they do, and agree)."""
-    if function.decorators:
-        return None
-    if function.name.value == "__init__":
-        owner = method_class(facts, function)
-        if owner is None or facts.classes[owner].node.decorators:
-            return None
-        called = owner
-    elif id(function) in _module_functions(facts):
-        called = function.name.value
-    else:
+    called = _called_name(facts, function)
+    if called is None:
         return None
     if not _defined_once(facts, called) or outside_calls(facts, called):
         return None
