@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import functools
+import hashlib
 import multiprocessing
 import os
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -81,7 +86,7 @@ def process_bytes(
     settings: Settings,
     mode: Mode,
     stamp: Optional[FileStamp] = None,
-    on_written: Optional[Callable[[str], None]] = None,
+    on_written: Optional[Callable[[FileOutcome], None]] = None,
     project: Any = None,
 ) -> FileOutcome:
     """`project`: what the other files of the run tell this one (analysis/project.py)."""
@@ -125,7 +130,7 @@ def _outcome(
     path: str,
     mode: Mode,
     stamp: Optional[FileStamp] = None,
-    on_written: Optional[Callable[[str], None]] = None,
+    on_written: Optional[Callable[[FileOutcome], None]] = None,
 ) -> FileOutcome:
     outcome = FileOutcome(path=path)
     outcome.diagnostics = result.diagnostics
@@ -146,9 +151,15 @@ def _outcome(
     if mode.keep_text:
         outcome.new_text = result.new
     if result.changed and mode.write:
-        try:
-            write_atomic(path, result.new, stamp, on_replaced=on_written)
+
+        def replaced(_: str) -> None:
+            # Runs before a deferred SIGTERM or SIGINT can stop this process.
             outcome.written = True
+            if on_written is not None:
+                on_written(outcome)
+
+        try:
+            write_atomic(path, result.new, stamp, on_replaced=replaced)
         except OptcodemodError as error:
             outcome.error = error.render()
     return outcome
@@ -158,7 +169,7 @@ def process_path(
     path: str,
     settings: Settings,
     mode: Mode,
-    on_written: Optional[Callable[[str], None]] = None,
+    on_written: Optional[Callable[[FileOutcome], None]] = None,
     project: Any = None,
 ) -> FileOutcome:
     try:
@@ -169,8 +180,36 @@ def process_path(
 
 
 def _worker(args) -> FileOutcome:
-    path, settings, mode, project = args
-    return process_path(path, settings, mode, project=project)
+    path, settings, mode, project, journal = args
+    save = functools.partial(_save_outcome, journal) if journal else None
+    return process_path(path, settings, mode, on_written=save, project=project)
+
+
+def _save_outcome(journal: str, outcome: FileOutcome) -> None:
+    """Keep a rewritten file's outcome where the parent finds it if the pool breaks.
+
+    When any worker dies, the pool fails every future still pending, including outcomes
+    another worker already computed and sent, and terminates the other workers: the file is
+    rewritten, and without this its fixes would go unreported. It is saved right after the
+    rename, while a SIGTERM still waits.
+    """
+    final = _journal_path(journal, outcome.path)
+    temporary = final + f".{os.getpid()}.tmp"
+    with open(temporary, "wb") as handle:
+        pickle.dump(outcome, handle, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(temporary, final)
+
+
+def _saved_outcome(journal: str, path: str) -> Optional[FileOutcome]:
+    try:
+        with open(_journal_path(journal, path), "rb") as handle:
+            return pickle.load(handle)
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return None
+
+
+def _journal_path(journal: str, path: str) -> str:
+    return os.path.join(journal, hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest())
 
 
 def _init_worker(parent: int) -> None:
@@ -254,8 +293,8 @@ def run(
         if on_done:
             on_done(outcome)
 
-    def mark_written(path: str) -> None:
-        written[path] = None
+    def mark_written(outcome: FileOutcome) -> None:
+        written[outcome.path] = None
 
     if mode.write:
         remove_stale_temporaries({os.path.dirname(os.path.realpath(p)) for p in paths})
@@ -346,26 +385,34 @@ def _run_in_workers(
     """Process `paths` in worker processes; a worker that dies costs only its own file."""
     index = index or {}
     before = {path: _stat_key(path) for path in paths}
-    unfinished = _pool_pass(paths, settings, mode, workers, record, index)
-    # A worker died (a crash in native code) and took the pool down with it: the files it
-    # left are run one at a time, so that a second crash names its own file.
-    for path in unfinished:
-        if mode.write and _stat_key(path) != before[path]:
-            # The pool stopped a worker after its rename but before it could report.
-            record(
-                FileOutcome(
-                    path=path,
-                    changed=True,
-                    written=True,
-                    warning=f"{path}: rewritten, but its worker was stopped before it "
-                    "could report the fixes",
+    journal = tempfile.mkdtemp(prefix="optcodemod-outcomes-") if mode.write else ""
+    try:
+        unfinished = _pool_pass(paths, settings, mode, workers, record, index, journal)
+        # A worker died (a crash in native code) and took the pool down with it: the files it
+        # left are run one at a time, so that a second crash names its own file.
+        for path in unfinished:
+            saved = _saved_outcome(journal, path) if mode.write else None
+            if saved is not None:
+                record(saved)  # rewritten and reported to the journal; only the pool lost it
+            elif mode.write and _stat_key(path) != before[path]:
+                # The worker was stopped after its rename but before it could report.
+                record(
+                    FileOutcome(
+                        path=path,
+                        changed=True,
+                        written=True,
+                        warning=f"{path}: rewritten, but its worker was stopped before it "
+                        "could report the fixes",
+                    )
                 )
-            )
-        elif _pool_pass([path], settings, mode, 1, record, index):
-            record(FileOutcome(path=path, error=f"{path}: {_crash_message()}; left untouched"))
+            elif _pool_pass([path], settings, mode, 1, record, index, journal):
+                record(FileOutcome(path=path, error=f"{path}: {_crash_message()}; left untouched"))
+    finally:
+        if journal:
+            shutil.rmtree(journal, ignore_errors=True)
 
 
-def _pool_pass(paths, settings, mode, workers, record, index) -> List[str]:
+def _pool_pass(paths, settings, mode, workers, record, index, journal) -> List[str]:
     """Run `paths` in one pool; the paths left without an outcome when a worker died."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
@@ -373,11 +420,15 @@ def _pool_pass(paths, settings, mode, workers, record, index) -> List[str]:
         initializer=_init_worker,
         initargs=(os.getpid(),),
     )
-    futures = {
-        pool.submit(_worker, (path, settings, mode, index.get(path))): path for path in paths
-    }
-    unrecorded = dict(futures)
+    unrecorded = {}
     left: List[str] = []
+    for number, path in enumerate(paths):
+        try:
+            future = pool.submit(_worker, (path, settings, mode, index.get(path), journal))
+        except BrokenProcessPool:  # a worker died while the rest were being handed out
+            left.extend(paths[number:])
+            break
+        unrecorded[future] = path
 
     def collect(future) -> None:
         path = unrecorded[future]

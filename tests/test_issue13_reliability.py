@@ -289,6 +289,73 @@ def test_a_worker_that_dies_costs_only_its_own_file(tmp_path: Path, monkeypatch)
     assert "Fixed 4 findings in 4 files." in result.stdout
 
 
+def _kill_the_worker_around_saving(monkeypatch, victim: str, after_saving: bool) -> None:
+    save_outcome = runner._save_outcome
+
+    def save_and_die(journal, outcome):
+        if outcome.path.endswith(victim) and not after_saving:
+            os.kill(os.getpid(), signal.SIGKILL)
+        save_outcome(journal, outcome)
+        if outcome.path.endswith(victim):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(runner, "_save_outcome", save_and_die)
+    monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+
+
+def test_fixes_of_a_file_rewritten_before_the_pool_broke_are_still_reported(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # The pool fails every pending future when one worker dies, outcomes already computed
+    # included (CI lost one that way): the journal brings them back.
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    _kill_the_worker_around_saving(monkeypatch, "t0.py", after_saving=True)
+    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
+    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    assert "Fixed 4 findings in 4 files." in result.stdout
+    assert result.exit_code == 1 and "died" not in result.stderr, result.stderr
+
+
+def test_a_file_rewritten_by_a_worker_that_died_before_reporting_is_named(
+    tmp_path: Path, monkeypatch
+) -> None:
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    _kill_the_worker_around_saving(monkeypatch, "t0.py", after_saving=False)
+    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
+    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    assert (
+        f"{tmp_path / 't0.py'}: rewritten, but its worker was stopped before it could report"
+        in result.stderr
+    )
+    assert "Fixed 3 findings in 4 files." in result.stdout
+
+
+def test_a_pool_that_breaks_while_files_are_handed_out_loses_none(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # A worker can die before the last file is submitted; submit then raises (seen in CI).
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+
+    class BreaksOnThirdSubmit(runner.ProcessPoolExecutor):
+        submitted = 0
+
+        def submit(self, *args, **kwargs):
+            BreaksOnThirdSubmit.submitted += 1
+            if BreaksOnThirdSubmit.submitted == 3:
+                raise runner.BrokenProcessPool("a child process terminated abruptly")
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", BreaksOnThirdSubmit)
+    monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
+    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    assert "Fixed 4 findings in 4 files." in result.stdout
+    assert "Traceback" not in result.output
+
+
 def test_sigint_that_a_library_turns_into_another_error_still_stops_the_run(
     tmp_path: Path, monkeypatch
 ) -> None:
