@@ -283,13 +283,53 @@ def test_files_that_import_nothing_local_are_not_parsed(
     real = project_module._parse
     monkeypatch.setattr(project_module, "_parse", lambda m: (parsed.append(m.label), real(m)))
     for name in ("a.py", "b.py"):
-        (tmp_path / name).write_text("import torch\nimport os\n\nx = torch.zeros(1)\n")
+        (tmp_path / name).write_text("import torch\n\nx = torch.zeros(1)\nx.backward()\n")
     (tmp_path / "c.py").write_text("from a import x\n")
     assert project_facts([str(tmp_path / n) for n in ("a.py", "b.py")]) == {}
     assert parsed == []
     project_facts([str(tmp_path / n) for n in ("a.py", "b.py", "c.py")])
     assert sorted(parsed) == ["a.py", "c.py"]
     assert project_facts([str(tmp_path / "c.py")]) == {}  # one file: nothing to index
+
+
+LIBRARY_MODULE = '''\
+import torch
+
+
+class Linear:
+    """Use it as `loss = Linear()(x).sum(); loss.backward()`, or over a DataLoader."""
+
+    def forward(self, x):
+        return x
+
+
+class Scale(torch.autograd.Function):  # defines backward; calls none
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+'''
+
+
+@pytest.mark.parametrize(
+    "training_file, parsed_files",
+    [
+        (None, []),  # backward and DataLoader only in docstrings: a library, nothing to learn
+        ("for x, y in loader:\n    model(x).sum().backward()\n", ["layers.py", "train.py"]),
+        ("loader = torch.utils.data.DataLoader(ds)\n", ["layers.py", "train.py"]),
+        ("from torch.autograd import backward\nbackward(loss)\n", ["layers.py", "train.py"]),
+    ],
+)
+def test_the_index_parses_only_runs_with_code_that_trains_or_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training_file, parsed_files
+) -> None:
+    parsed: List[str] = []
+    real = project_module._parse
+    monkeypatch.setattr(project_module, "_parse", lambda m: (parsed.append(m.label), real(m)))
+    (tmp_path / "layers.py").write_text(LIBRARY_MODULE)
+    driver = "import torch\nfrom layers import Linear\n\nmodel = Linear()\n"
+    (tmp_path / "train.py").write_text(driver + (training_file or ""))
+    project_facts([str(tmp_path / "layers.py"), str(tmp_path / "train.py")])
+    assert sorted(set(parsed)) == parsed_files
 
 
 def test_the_index_grows_linearly_with_the_project(tmp_path: Path) -> None:
