@@ -10,6 +10,7 @@ black-clean file stays black-clean either way. black is imported only when confi
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import sys
@@ -19,7 +20,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -162,12 +163,14 @@ def wrap_long_calls(old: str, new: str, line_length: Optional[int] = None) -> st
         # LibCST reads a text's BOM as an encoding mark and prints the module without it.
         return _BOM + wrap_long_calls(old[1:], new[1:], line_length)
     limit = line_length or max(DEFAULT_LINE_LIMIT, _written_width(old))
-    new = _explode_long_imports(old, new, limit)
-    for _ in range(MAX_ROUNDS):
+    changed = _changed_lines(old, new)
+    exploded = _explode_long_imports(new, changed, limit)
+    if exploded is not new:
+        new, changed = exploded, _changed_lines(old, exploded)
+    for round_number in range(MAX_ROUNDS):
+        if round_number:
+            changed = _changed_lines(old, new)
         lines = split_lines(new)
-        changed = {
-            n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)
-        }
         too_long = sorted(n for n in changed if len(lines[n - 1]) > limit)
         if not too_long and not _may_join(lines, changed):
             return new
@@ -189,12 +192,16 @@ _SIMPLE_IMPORT_FROM = re.compile(
 )
 
 
-def _explode_long_imports(old: str, new: str, limit: int) -> str:
-    """`new` with each changed `from m import a, b` line past the limit laid out as black lays
-    out imports: in parentheses, one name per line, with a trailing comma (an added import
-    name can push the line of an existing import past the limit)."""
+def _changed_lines(old: str, new: str) -> Set[int]:
+    return {n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)}
+
+
+def _explode_long_imports(new: str, changed: Set[int], limit: int) -> str:
+    """`new` with each `changed` line `from m import a, b` past the limit laid out as black
+    lays out imports: in parentheses, one name per line, with a trailing comma (an added
+    import name can push the line of an existing import past the limit); `new` itself when
+    there is none."""
     lines = split_lines(new, keepends=True)
-    changed = {n for first, last in changed_line_ranges(old, new) for n in range(first, last + 1)}
     edited = False
     for number in sorted(changed, reverse=True):
         line = lines[number - 1]
@@ -231,12 +238,18 @@ def _relayout(text: str, too_long: List[int], changed, limit: int) -> Optional[s
 _OTHER_LINE_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
-def _statement_windows(text: str, lines) -> Optional[List[Tuple[int, int]]]:
-    """The line spans (first, last) of the top-level statements that hold any of `lines`.
+Window = Tuple[int, int, str]  # first line, last line, the indentation its lines share
+
+
+def _statement_windows(text: str, lines) -> Optional[List[Window]]:
+    """The line spans of the statements that hold any of `lines`: the simple statement on
+    lines of its own when there is one (`x = x.to(device, non_blocking=True)` in a loop of
+    `main()`), else the top-level statement.
 
     A rewrite changes a few statements of a file; parsing and laying out only those costs
     in proportion to the change, not to the file (a 50,000-line file is otherwise parsed
-    again in full, once per round). None when the text cannot be cut safely.
+    again in full, once per round, and a script's whole `main()` for one changed line).
+    None when the text cannot be cut safely.
     """
     if _OTHER_LINE_BREAKS.search(text):
         return None
@@ -244,39 +257,145 @@ def _statement_windows(text: str, lines) -> Optional[List[Tuple[int, int]]]:
     if spans is None:
         return None
     starts = [first for first, _ in spans]
-    chosen = set()
+    held_by: Dict[Tuple[int, int], List[int]] = {}
     for line in lines:
         index = bisect_right(starts, line) - 1
         if index >= 0 and line <= spans[index][1]:
-            chosen.add(spans[index])
+            held_by.setdefault(spans[index], []).append(line)
+    source_lines = split_lines(text)
+    chosen = set()
+    for span, held in held_by.items():
+        narrow = _innermost_statements(source_lines, span, held) if span[1] > span[0] else None
+        chosen.update(narrow if narrow is not None else [(*span, "")])
     return sorted(chosen)
 
 
+def _innermost_statements(
+    lines: List[str], span: Tuple[int, int], held: List[int]
+) -> Optional[List[Window]]:
+    """The windows of the innermost statements that hold `held` (a `with` whose header
+    changed is laid out whole), in the top-level statement `span`; None when one cannot be
+    cut out on its own, and the whole top-level statement is laid out."""
+    try:
+        tree = ast.parse("\n".join(lines[span[0] - 1 : span[1]]))
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    statements: List[_Statement] = []
+    _statements_in(tree.body, span[0] - 1, None, statements)
+    chosen: Dict[int, _Statement] = {}
+    for line in held:
+        holding = [s for s in statements if s.first <= line <= s.last]
+        if not holding:
+            return None
+        innermost = max(holding, key=lambda s: s.depth)
+        chosen[id(innermost)] = innermost
+    # A statement inside another chosen one is laid out with it.
+    windows = []
+    for statement in chosen.values():
+        if any(other is not statement and other.holds(statement) for other in chosen.values()):
+            continue
+        window = _own_lines(lines, statement, statements)
+        if window is None:
+            return None
+        windows.append(window)
+    return windows
+
+
+@dataclass
+class _Statement:
+    node: ast.stmt
+    first: int  # its first decorator's line, else its own
+    last: int
+    parent: Optional["_Statement"]
+    depth: int
+
+    def holds(self, other: Optional["_Statement"]) -> bool:
+        while other is not None:
+            if other is self:
+                return True
+            other = other.parent
+        return False
+
+
+def _statements_in(body, offset: int, parent, found: List["_Statement"]) -> None:
+    for node in body:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+        depth = parent.depth + 1 if parent is not None else 0
+        last = (node.end_lineno or node.lineno) + offset
+        statement = _Statement(node, first + offset, last, parent, depth)
+        found.append(statement)
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for part in getattr(node, field, None) or ():
+                if isinstance(part, ast.stmt):
+                    _statements_in([part], offset, statement, found)
+                else:  # an except handler or a match case: its statements
+                    _statements_in(part.body, offset, statement, found)
+
+
+def _own_lines(lines: List[str], statement: "_Statement", statements) -> Optional[Window]:
+    """(first, last, indentation) when the statement is alone on its lines (no `a; b`, not
+    after `if x:`), each of its lines begins with its indentation in spaces or is empty, and
+    no string of it spans lines (whose text a change of indentation would change)."""
+    first, last = statement.first, statement.last
+    indent = lines[first - 1][: _column(statement.node)]
+    if indent.strip(" ") or (statement.depth and not indent):
+        return None
+    for other in statements:
+        if other.last >= first and other.first <= last:
+            if not (other.holds(statement) or statement.holds(other)):
+                return None
+    for number in range(first, last + 1):
+        line = lines[number - 1]
+        if line and not line.startswith(indent):
+            return None
+    for node in ast.walk(statement.node):
+        if isinstance(node, (ast.Constant, ast.JoinedStr)) and node.lineno != node.end_lineno:
+            return None
+    return first, last, indent
+
+
+def _column(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", ())
+    # A decorator's expression starts after its `@`.
+    return decorators[0].col_offset - 1 if decorators else node.col_offset
+
+
 def _relayout_windows(
-    text: str, windows: List[Tuple[int, int]], too_long: List[int], changed, limit: int
+    text: str, windows: List[Window], too_long: List[int], changed, limit: int
 ) -> Optional[str]:
-    """_relayout, statement by statement: each top-level statement in `windows` is parsed
-    and laid out on its own (positions within it are its own lines, counted from 1)."""
+    """_relayout, statement by statement: each statement in `windows` is parsed and laid out
+    on its own (positions within it are its own lines, counted from 1), without the
+    indentation its lines share, against the limit less that indentation."""
     pieces = _LINE_END.split(text)
     lines = ["".join(pieces[i : i + 2]) for i in range(0, len(pieces) - 1, 2)]
     if pieces[-1]:
         lines.append(pieces[-1])
     newline = _first_newline(text)
     done = False
-    for first, last in reversed(windows):
-        snippet = "".join(lines[first - 1 : last])
+    for first, last, indent in reversed(windows):
+        snippet = "".join(_dedented(line, indent) for line in lines[first - 1 : last])
         if _first_newline(snippet) != newline:
             return _relayout(text, too_long, changed, limit)  # the module's newline differs
         relaid = _relayout(
             snippet,
             [n - first + 1 for n in too_long if first <= n <= last],
             {n - first + 1 for n in changed if first <= n <= last},
-            limit,
+            limit - len(indent),
         )
         if relaid is not None:
-            lines[first - 1 : last] = [relaid]
+            lines[first - 1 : last] = [
+                _indented(line, indent) for line in split_lines(relaid, True)
+            ]
             done = True
     return "".join(lines) if done else None
+
+
+def _dedented(line: str, indent: str) -> str:
+    return line[len(indent) :] if line.startswith(indent) else line  # an empty line
+
+
+def _indented(line: str, indent: str) -> str:
+    return indent + line if line.strip("\r\n") else line
 
 
 _LINE_END = re.compile("(\r\n|\r|\n)")

@@ -412,3 +412,80 @@ def test_a_method_chain_with_a_comment_on_its_line_is_left_as_written() -> None:
     )
     new = CHAIN_OLD.replace("pass", statement)
     assert wrap_long_calls(CHAIN_OLD, new, line_length=88) == new
+
+
+NESTED_SHAPES = {
+    "a call in a loop of a function": (
+        "def main(loader, target_device):\n"
+        "    for x, y in loader:\n"
+        "        x, y = x.to(target_device), y.to(target_device)\n"
+        "        print(x)\n",
+        "x.to(target_device), y.to(target_device)",
+        "x.to(target_device, non_blocking=True), y.to(target_device, non_blocking=True)",
+    ),
+    "a with header that changed": (
+        "def evaluate(model, loader):\n"
+        "    with torch.no_grad():\n"
+        "        for x in loader:\n"
+        "            model(x)\n",
+        "torch.no_grad()",
+        "torch.inference_mode(mode=True, some_very_long_keyword_argument=model.training_flag_value)",
+    ),
+    "a statement holding a string across lines": (
+        "def main(device):\n"
+        '    text = """\nkeep  this   text\n"""\n'
+        "    x = torch.zeros(4).to(device)\n"
+        "    y = torch.zeros(4).to(device, some_other_name=text, and_another_argument=text)\n",
+        "and_another_argument=text)",
+        "and_another_argument=text, non_blocking=True)",
+    ),
+    "a statement after `if x:` on its line": (
+        "def main(device, x):\n"
+        "    if x: y = torch.zeros(4).to(device, some_other_name=x, and_another_argument=x)\n",
+        "and_another_argument=x)",
+        "and_another_argument=x, non_blocking=True)",
+    ),
+    "two statements on one line": (
+        "def main(device, x):\n"
+        "    a = 1; y = torch.zeros(4).to(device, some_other_name=x, and_another_argument=x)\n",
+        "and_another_argument=x)",
+        "and_another_argument=x, non_blocking=True)",
+    ),
+    "arguments that fit on one line only without the indentation": (
+        "def main(loader, device):\n"
+        "    for x, y in loader:\n"
+        "        y = f(first_argument_a, second_argument_b, third_argument_c, dddddd)\n",
+        "dddddd)",
+        "dddddd, non_blocking=True)",
+    ),
+    "an empty line in brackets": (
+        "def main(device, x):\n"
+        "    y = torch.zeros(4).to(\n\n        device, some_other_name=x, and_another_argument=x)\n",
+        "and_another_argument=x)",
+        "and_another_argument=x, non_blocking=True, yet_another_argument=x)",
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(NESTED_SHAPES))
+def test_a_statement_laid_out_alone_is_laid_out_as_in_its_function(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optimizer_codemod import formatting
+
+    old, before, after = NESTED_SHAPES[shape]
+    new = old.replace(before, after)
+    assert new != old
+    laid_out = []
+    relayout = formatting._relayout
+    monkeypatch.setattr(
+        formatting, "_relayout", lambda text, *a: (laid_out.append(text), relayout(text, *a))[1]
+    )
+    alone = wrap_long_calls(old, new)
+    laid_out_alone = list(laid_out)
+    monkeypatch.setattr(formatting, "_innermost_statements", lambda *args: None)
+    in_function = wrap_long_calls(old, new)
+    assert alone == in_function
+    if shape in ("a call in a loop of a function", "a with header that changed") or "fit" in shape:
+        assert alone != new  # it was laid out,
+        assert laid_out_alone and not any(t.startswith("def ") for t in laid_out_alone)  # alone
