@@ -179,10 +179,17 @@ def _runs_loops_elsewhere(project: Any) -> bool:
 
 def _imported_layers(project: Any) -> bytes:
     """The layers of the model classes this file imports from other modules of the run
-    (project.ImportedClass), as text a rule's triggers may match: `GeneratorResNet()` from
-    models.py is a convolution the file's own text never spells."""
-    classes = getattr(project, "imported_classes", ()) if project is not None else ()
-    return "\n".join(layer for c in classes for layer in c.possible_layers).encode()
+    (project.ImportedClass), and the shape-varying calls of the functions it imports
+    (project.ImportedFunction), as text a rule's triggers may match: `GeneratorResNet()` from
+    models.py is a convolution the file's own text never spells, and `get_data()` from
+    data.py pads with `pad_sequence`."""
+    if project is None:
+        return b""
+    classes = getattr(project, "imported_classes", ())
+    layers = [layer for c in classes for layer in c.possible_layers]
+    for function in getattr(project, "imported_functions", ()):
+        layers.extend((function.call, function.code))
+    return "\n".join(layers).encode()
 
 
 def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None) -> bool:

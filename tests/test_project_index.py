@@ -677,3 +677,66 @@ def test_calling_the_model_parameter_is_not_a_step(tmp_path: Path) -> None:
     assert facts[str(tmp_path / "engine.py")].importers == ("main.py",)
     assert facts[str(tmp_path / "engine.py")].entry_points == ()
     assert str(tmp_path / "main.py") not in facts  # no loop elsewhere, nothing else to learn
+
+
+# Batches padded in another module (OPT410) ------------------------------------------------------
+PADDING_DATA = """\
+import torch
+from torch.nn.utils.rnn import pad_sequence as pad
+from torch.utils.data import DataLoader
+
+
+def get_data(dataset, batch_size):
+    def collate(batch):
+        items, labels = zip(*batch)
+        return pad(list(items), batch_first=True), torch.stack(labels)
+
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
+
+
+def plain(dataset):
+    return DataLoader(dataset, batch_size=8)
+"""
+PADDING_TRAIN = """\
+import torch
+import {module}
+
+
+def main():
+    model = torch.nn.Linear(4, 2).cuda()
+    loader = {call}(torch.utils.data.TensorDataset(torch.randn(8, 4)), 4)
+    for x, y in loader:
+        loss = model(x.cuda()).sum()
+        loss.backward()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize(
+    "importing, call, reported",
+    [
+        ("from data import get_data", "get_data", True),
+        ("import data", "data.get_data", True),
+        ("from data import plain", "plain", False),  # its loader does not pad
+    ],
+)
+def test_batches_padded_by_a_function_of_another_module_get_the_allocator_report(
+    tmp_path: Path, importing: str, call: str, reported: bool
+) -> None:
+    (tmp_path / "data.py").write_text(PADDING_DATA)
+    train = PADDING_TRAIN.replace("import {module}", importing).replace("{call}", call)
+    (tmp_path / "train.py").write_text(train)
+    result = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path)])
+    found = [line for line in result.stdout.splitlines() if "OPT410" in line]
+    if not reported:
+        assert found == []
+        return
+    assert len(found) == 1 and "train.py:7:" in found[0], result.stdout
+    assert f"`{call}` from data.py makes batches change shape (`pad(" in found[0]
+    alone = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path / "train.py")])
+    assert "OPT410" not in alone.stdout  # the padding is not in the file, nor in the run
+    facts = project_facts([str(tmp_path / "data.py"), str(tmp_path / "train.py")])
+    assert project_module.from_json(project_module.to_json(facts)) == facts

@@ -6,7 +6,11 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.precision import runs_as_script, variable_input_shapes
+from optimizer_codemod.analysis.precision import (
+    imported_shape_varying_call,
+    runs_as_script,
+    variable_input_shapes,
+)
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Rule, Safety
 
@@ -34,7 +38,10 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         padding="longest")`, `DataCollatorWithPadding`; a torchvision detection model that
         resizes every image) and that does not configure
         the CUDA caching allocator: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`,
-        set before CUDA's first allocation, usually cuts its reserved memory.
+        set before CUDA's first allocation, usually cuts its reserved memory. The padding
+        may be in a function of another module of the run that the script calls
+        (`train_dl, valid_dl = get_data(opts)` in main.py, with a collate function in
+        src/data.py that calls `pad_sequence`): the report names that function and module.
 
     Why is it slow:
         The caching allocator carves tensors out of fixed-size segments it reserves from
@@ -108,6 +115,15 @@ class VaryingShapesWithoutExpandableSegments(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         shapes = variable_input_shapes(facts)
+        why = f"`{code_of(shapes.node.func)}`: batches change shape" if shapes else ""
+        if shapes is None:
+            imported = imported_shape_varying_call(facts)
+            if imported is not None:
+                shapes, function = imported
+                why = (
+                    f"`{function.name}` from {function.module} makes batches change shape "
+                    f"(`{function.code}`)"
+                )
         if shapes is None or not facts.backward_calls:
             return
         if self._configured() or facts.calls_to(ALLOCATOR_SETTINGS):
@@ -122,7 +138,7 @@ class VaryingShapesWithoutExpandableSegments(Rule):
             return
         self.report(
             shapes.node,
-            message=f"`{code_of(shapes.node.func)}`: batches change shape, but the CUDA "
+            message=f"{why}, but the CUDA "
             "allocator keeps fixed segments; set `PYTORCH_CUDA_ALLOC_CONF="
             "expandable_segments:True` before CUDA starts (torchtune#1185: 34% less memory)",
         )

@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.training import builds_module
 from optimizer_codemod.analysis.values import imported_module_class
 
 if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.project import ImportedFunction
     from optimizer_codemod.analysis.collect import Assignment, CallSite
     from optimizer_codemod.analysis.script import ScriptFacts
 
@@ -312,10 +313,15 @@ def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     resize each image, box operations of detection code): each new shape is autotuned
     again."""
     for call in facts.records.calls:
-        qualname = call.qualname or ""
-        if varies_shapes(qualname) or _pads_to_longest(call, qualname):
+        if shapes_vary_at(call):
             return call
     return None
+
+
+def shapes_vary_at(call: "CallSite") -> bool:
+    """The call pads to the longest item or resizes per image (variable_input_shapes)."""
+    qualname = call.qualname or ""
+    return varies_shapes(qualname) or _pads_to_longest(call, qualname)
 
 
 def varies_shapes(qualname: str) -> bool:
@@ -338,6 +344,23 @@ def imported_convolutions(facts: "ScriptFacts") -> Optional["CallSite"]:
 def imported_variable_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """As variable_input_shapes, for the classes this file builds from other modules."""
     return _first_imported_class_call(facts, varies_shapes)
+
+
+def imported_shape_varying_call(
+    facts: "ScriptFacts",
+) -> Optional[Tuple["CallSite", "ImportedFunction"]]:
+    """The first call in this file of a function of another module of the run that pads
+    batches or resizes images (`train_dl, valid_dl = get_data(opts)`, whose collate function
+    pads to the longest sentence), with what the project index says of it."""
+    project = getattr(facts, "project", None)
+    functions = {f.name: f for f in getattr(project, "imported_functions", ())}
+    if not functions:
+        return None
+    for call in facts.records.calls:
+        found = functions.get(dotted_name(call.node.func) or "")
+        if found is not None:
+            return call, found
+    return None
 
 
 def _first_imported_class_call(facts: "ScriptFacts", wanted) -> Optional["CallSite"]:

@@ -178,6 +178,18 @@ class ImportedClass:
 
 
 @dataclass(frozen=True)
+class ImportedFunction:
+    """A function another module of the run defines, this one imports, and whose code (its
+    nested functions included) makes batches change shape: a `get_data` whose collate
+    function pads to the longest sentence."""
+
+    name: str  # as this module spells it: `get_data`, `data.get_data`
+    module: str  # the file that defines it
+    call: str  # the qualified name of the call that varies shapes (`...rnn.pad_sequence`)
+    code: str  # that call as written (`tokenizer.pad(batch, padding="longest")`), shortened
+
+
+@dataclass(frozen=True)
 class ProjectFacts:
     """What the other modules of the run tell one file (picklable, part of its cache key)."""
 
@@ -186,6 +198,7 @@ class ProjectFacts:
     loops: Optional[LoopsElsewhere] = None
     imported_classes: Tuple[ImportedClass, ...] = ()
     importers: Tuple[str, ...] = ()  # the files of the run that import this one
+    imported_functions: Tuple[ImportedFunction, ...] = ()  # those that vary batch shapes
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -244,6 +257,9 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             loops=loops(record["loops"]),
             imported_classes=tuple(imported_class(c) for c in record["imported_classes"]),
             importers=tuple(record["importers"]),
+            imported_functions=tuple(
+                ImportedFunction(**f) for f in record.get("imported_functions", ())
+            ),
         )
         for path, record in data.items()
     }
@@ -270,6 +286,7 @@ class _Module:
     summaries: Dict[str, Tuple[Set[str], Set[str], str]] = field(default_factory=dict)
     calls_by_name: Optional[Dict[str, list]] = None  # calls of each class and function
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
+    varying: Optional[Dict[str, Tuple[str, str]]] = None  # functions varying shapes, once asked
 
 
 def _search_roots(path: str, run_root: str = "") -> List[str]:
@@ -774,13 +791,53 @@ def _own_facts(
         for name in owner.facts.classes if owner is not None and owner.facts else ():
             if is_module_class(owner.facts, name):
                 classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
+    functions = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        varying = _shape_varying_functions(defined[0]) if defined is not None else {}
+        if defined is not None and defined[1] in varying:
+            functions.append(ImportedFunction(name, defined[0].label, *varying[defined[1]]))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        for name, call in (_shape_varying_functions(owner) if owner is not None else {}).items():
+            functions.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
     loops = _loops_elsewhere(module, files)
     return ProjectFacts(
         entry_points=tuple(sorted(scripts)),
         loops=loops,
         imported_classes=tuple(sorted(classes, key=lambda c: c.name)),
         importers=tuple(sorted(importers)),
+        imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
     )
+
+
+def _shape_varying_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
+    """{top-level function of `module`: (qualified name, code) of the first call in it,
+    nested functions included, that makes batches change shape (precision.shapes_vary_at)},
+    memoised."""
+    if module.varying is None:
+        module.varying = {}
+        if module.facts is not None:
+            module.varying = _find_shape_varying_functions(module.facts)
+    return module.varying
+
+
+def _find_shape_varying_functions(facts) -> Dict[str, Tuple[str, str]]:
+    from optimizer_codemod.analysis.precision import shapes_vary_at
+
+    varying = [c for c in facts.records.calls if c.site.function is not None and shapes_vary_at(c)]
+    if not varying:
+        return {}
+    found: Dict[str, Tuple[str, str]] = {}
+    for statement in facts.module.body:
+        if not isinstance(statement, cst.FunctionDef):
+            continue
+        inside = {id(node) for node in find_all(statement.body, cst.Call)}
+        first = next((c for c in varying if id(c.node) in inside), None)
+        if first is not None:
+            name = first.qualname or callee_name(first.node) or ""
+            found[statement.name.value] = (name, excerpt(first.node))
+    return found
 
 
 def _imported_class(
