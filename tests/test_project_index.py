@@ -740,3 +740,19 @@ def test_batches_padded_by_a_function_of_another_module_get_the_allocator_report
     assert "OPT410" not in alone.stdout  # the padding is not in the file, nor in the run
     facts = project_facts([str(tmp_path / "data.py"), str(tmp_path / "train.py")])
     assert project_module.from_json(project_module.to_json(facts)) == facts
+
+
+def test_a_convnet_fed_batches_padded_in_another_module_gets_no_cudnn_benchmark(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "data.py").write_text(PADDING_DATA)
+    train = PADDING_TRAIN.replace("import {module}", "from data import get_data")
+    train = train.replace("{call}", "get_data").replace(
+        "torch.nn.Linear(4, 2)", "torch.nn.Conv1d(4, 2, 1)"
+    )
+    (tmp_path / "train.py").write_text(train)
+    together = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path)])
+    assert "input shapes vary between batches" in together.stdout
+    assert "cudnn.benchmark = True" not in together.stdout
+    alone = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path / "train.py")])
+    assert "cudnn.benchmark = True" in alone.stdout  # without data.py, nothing says otherwise

@@ -13,6 +13,7 @@ from optimizer_codemod.analysis.precision import (
     entry_points_elsewhere,
     imported_by_others,
     imported_convolutions,
+    imported_shape_varying_call,
     imported_variable_shapes,
     loops_elsewhere,
     runs_as_script,
@@ -142,7 +143,11 @@ class CudnnBenchmarkDisabled(Rule):
                 self.decline(anchor.node, reason)
             return
         first = anchor.node
-        varying = variable_input_shapes(facts) or imported_variable_shapes(facts)
+        varying = (
+            variable_input_shapes(facts)
+            or imported_variable_shapes(facts)
+            or imported_shape_varying_call(facts)  # `get_data()` whose collate pads
+        )
         if varying is not None or (imported is not None and imported.variable_shapes):
             self.report(
                 first,
