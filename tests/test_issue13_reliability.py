@@ -289,18 +289,25 @@ def test_a_worker_that_dies_costs_only_its_own_file(tmp_path: Path, monkeypatch)
     assert "Fixed 4 findings in 4 files." in result.stdout
 
 
-def _kill_the_worker_around_saving(monkeypatch, victim: str, after_saving: bool) -> None:
+def _apply_with_a_worker_killed(tmp_path: Path, monkeypatch, after_saving: bool):
+    """`apply -j 2` over four scripts; the worker rewriting t0.py is SIGKILLed right after
+    the rename, before or after it saves the outcome to the run's journal."""
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
     save_outcome = runner._save_outcome
 
     def save_and_die(journal, outcome):
-        if outcome.path.endswith(victim) and not after_saving:
+        if outcome.path.endswith("t0.py") and not after_saving:
             os.kill(os.getpid(), signal.SIGKILL)
         save_outcome(journal, outcome)
-        if outcome.path.endswith(victim):
+        if outcome.path.endswith("t0.py"):
             os.kill(os.getpid(), signal.SIGKILL)
 
     monkeypatch.setattr(runner, "_save_outcome", save_and_die)
     monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
+    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    return result
 
 
 def test_fixes_of_a_file_rewritten_before_the_pool_broke_are_still_reported(
@@ -308,11 +315,7 @@ def test_fixes_of_a_file_rewritten_before_the_pool_broke_are_still_reported(
 ) -> None:
     # The pool fails every pending future when one worker dies, outcomes already computed
     # included (CI lost one that way): the journal brings them back.
-    for index in range(4):
-        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
-    _kill_the_worker_around_saving(monkeypatch, "t0.py", after_saving=True)
-    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
-    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    result = _apply_with_a_worker_killed(tmp_path, monkeypatch, after_saving=True)
     assert "Fixed 4 findings in 4 files." in result.stdout
     assert result.exit_code == 1 and "died" not in result.stderr, result.stderr
 
@@ -320,11 +323,7 @@ def test_fixes_of_a_file_rewritten_before_the_pool_broke_are_still_reported(
 def test_a_file_rewritten_by_a_worker_that_died_before_reporting_is_named(
     tmp_path: Path, monkeypatch
 ) -> None:
-    for index in range(4):
-        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
-    _kill_the_worker_around_saving(monkeypatch, "t0.py", after_saving=False)
-    result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
-    assert all(FUSED_LINE in (tmp_path / f"t{i}.py").read_bytes() for i in range(4))
+    result = _apply_with_a_worker_killed(tmp_path, monkeypatch, after_saving=False)
     assert (
         f"{tmp_path / 't0.py'}: rewritten, but its worker was stopped before it could report"
         in result.stderr
