@@ -272,3 +272,20 @@ def test_each_site_keeps_the_reasons_of_the_first_pass_that_declined_it() -> Non
     assert _declines_of_every_pass(passes, last) == [x, y, new_site]
     # A site first declined by the last pass is listed as the last pass says it.
     assert _declines_of_every_pass([([fixed_later], [])], last) == last
+
+
+@pytest.mark.parametrize(
+    "fixture, reason",
+    [
+        ("keep_collate_defined_inside_a_function", "its `collate_fn` is `collate`, defined inside"),
+        ("keep_lambda_worker_init_fn", "its `worker_init_fn` is a lambda"),
+        ("keep_dataset_class_defined_inside_a_function", "its dataset class `NoisyShapes`"),
+    ],
+)
+def test_workers_are_not_added_when_spawned_workers_could_not_unpickle_the_loader(
+    fixture: str, reason: str
+) -> None:
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "OPT102" / f"{fixture}.py"
+    result = run_cli(["apply", "--check", "--why-not", "--select", "OPT102", str(path)])
+    assert "OPT102 not applied: " + reason in result.stdout, result.stdout
+    assert "cannot unpickle: move it to the module's top level first" in result.stdout

@@ -24,6 +24,7 @@ from optimizer_codemod.analysis.loaders import (
     outside_dataset,
     runs_only_under_main_guard,
     unguarded_callers,
+    unpicklable_for_workers,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -87,7 +88,9 @@ class DataloaderInMainProcess(Rule):
         `TensorDataset` or a dataset of device tensors (workers add only overhead, or would
         touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
         whole stream unless it shards by worker), a `collate_fn` that moves batches to the
-        device, a dataset changed from outside after it is built (`dataset.set_epoch(...)`:
+        device, a `collate_fn`, `worker_init_fn` or dataset class that workers started by
+        spawn cannot unpickle (a lambda, or a function or class defined inside a function), a
+        dataset changed from outside after it is built (`dataset.set_epoch(...)`:
         persistent workers keep their own copy), or one whose `__init__` keeps an open file,
         HDF5, LMDB or database handle (forked workers would share its state and read garbage;
         open it lazily in `__getitem__`). Options built in a dict (`loader_args = dict(...)` or
@@ -180,6 +183,10 @@ class DataloaderInMainProcess(Rule):
                         "loader: worker processes started with spawn would re-run the script"
                     ),
                 )
+                continue
+            unpicklable = unpicklable_for_workers(facts, site)
+            if unpicklable is not None:
+                self.decline(call, unpicklable)
                 continue
             if dataset_mutated(facts, site):
                 self.decline(

@@ -337,6 +337,68 @@ def opens_handles_when_built(facts: "ScriptFacts", class_name: str) -> bool:
     return False
 
 
+# What a DataLoader hands each worker process, pickled when workers start by spawn or
+# forkserver (the default on macOS, Windows and, from Python 3.14, Linux).
+PICKLED_FOR_WORKERS = ("collate_fn", "worker_init_fn")
+
+
+def unpicklable_for_workers(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """Why workers started by spawn could not receive this loader's dataset, collate_fn or
+    worker_init_fn: a lambda, or a function or class defined inside a function (pickle
+    finds functions and classes by their module-level name); None when nothing says so."""
+    local = _local_definitions(facts)
+    for name in PICKLED_FOR_WORKERS:
+        value = option_value(facts, site.node, name)
+        while isinstance(value, cst.Call) and value.args:  # `functools.partial(f, ...)`
+            if (facts.qualified_name(value.func) or "") != "functools.partial":
+                break
+            value = value.args[0].value
+        if _is_lambda(facts, value):
+            return f"its `{name}` is a lambda, which {_SPAWNED_WORKERS_CANNOT_PICKLE}"
+        if isinstance(value, cst.Name) and value.value in local:
+            return (
+                f"its `{name}` is `{value.value}`, defined inside a function, which "
+                f"{_SPAWNED_WORKERS_CANNOT_PICKLE}"
+            )
+    inside = [name for name in dataset_classes(facts, site) if name in local]
+    if inside:
+        return (
+            f"its dataset class `{inside[0]}` is defined inside a function, which "
+            f"{_SPAWNED_WORKERS_CANNOT_PICKLE}"
+        )
+    return None
+
+
+def _is_lambda(facts: "ScriptFacts", value: Optional[cst.BaseExpression]) -> bool:
+    """`lambda batch: ...`, or a name assigned one (`collate = lambda batch: ...`)."""
+    if isinstance(value, cst.Name):
+        return any(isinstance(a.value, cst.Lambda) for a in facts.assignments_to(value.value))
+    return isinstance(value, cst.Lambda)
+
+
+_SPAWNED_WORKERS_CANNOT_PICKLE = (
+    "worker processes started by spawn or forkserver (the default on macOS, Windows and, from "
+    "Python 3.14, Linux) cannot unpickle: move it to the module's top level first"
+)
+
+
+def _local_definitions(facts: "ScriptFacts") -> Set[str]:
+    """Names of the functions and classes defined inside a function or method (any depth)."""
+    memo = facts.memo("local_definitions")
+    if "names" not in memo:
+        bodies = []
+        for statement in facts.module.body:
+            if isinstance(statement, cst.FunctionDef):
+                bodies.append(statement.body)
+            elif isinstance(statement, cst.ClassDef):
+                methods = find_all(statement.body, cst.FunctionDef)
+                bodies.extend(m.body for m in methods)
+        memo["names"] = {
+            d.name.value for body in bodies for d in find_all(body, cst.FunctionDef, cst.ClassDef)
+        }
+    return memo["names"]
+
+
 def collate_places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> Optional[bool]:
     """Whether `collate_fn` may return tensors on an accelerator; None when it is unknown."""
     value = option_value(facts, call, "collate_fn")
