@@ -34,7 +34,7 @@ NAMES = sorted(
 DRIVERS = {"trainer_lm": ["train.py"], "trainer_convnet": ["train.py"]}
 DRIVERS["two_drivers"] = ["train_small.py", "train_large.py"]
 DRIVERS.update(star_models=["train.py"], imported_demo=["train.py"])
-DRIVERS.update(engine_loop=["main.py"])
+DRIVERS.update(engine_loop=["main.py"], padded_elsewhere=["train.py"])
 
 
 def copy(name: str, tmp_path: Path) -> Path:
@@ -756,3 +756,51 @@ def test_a_convnet_fed_batches_padded_in_another_module_gets_no_cudnn_benchmark(
     assert "cudnn.benchmark = True" not in together.stdout
     alone = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path / "train.py")])
     assert "cudnn.benchmark = True" in alone.stdout  # without data.py, nothing says otherwise
+
+
+DETECTOR_MODEL = """\
+import torch
+import torchvision
+
+
+class Detector(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None)
+
+    def forward(self, images, targets):
+        return self.net(images, targets)
+"""
+DETECTOR_TRAIN = """\
+import torch
+from model import Detector
+
+if __name__ == "__main__":
+    model = Detector().cuda()
+    for images, targets in loader:
+        loss = sum(model(images, targets).values())
+        loss.backward()
+"""
+
+
+def test_a_detection_model_class_of_another_module_gets_the_allocator_report(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "model.py").write_text(DETECTOR_MODEL)
+    (tmp_path / "train.py").write_text(DETECTOR_TRAIN)
+    result = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path)])
+    assert "train.py:5:13: OPT410" in result.stdout, result.stdout
+    assert "`Detector` from model.py resizes each image: batches change shape" in result.stdout
+
+
+def test_cuda_graphs_are_declined_for_batches_padded_in_another_module(tmp_path: Path) -> None:
+    (tmp_path / "data.py").write_text(PADDING_DATA)
+    train = PADDING_TRAIN.replace("import {module}", "from data import get_data")
+    train = train.replace("{call}", "get_data").replace(
+        ".cuda()\n", '.cuda()\n    model = torch.compile(model, mode="reduce-overhead")\n', 1
+    )
+    (tmp_path / "train.py").write_text(train)
+    together = run_cli(["apply", "--check", "--select", "OPT409", str(tmp_path)])
+    assert "batches change shape (`get_data`)" in together.stdout, together.stdout
+    alone = run_cli(["apply", "--check", "--select", "OPT409", str(tmp_path / "train.py")])
+    assert "batches change shape" not in alone.stdout

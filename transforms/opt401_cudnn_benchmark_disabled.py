@@ -13,13 +13,11 @@ from optimizer_codemod.analysis.precision import (
     entry_points_elsewhere,
     imported_by_others,
     imported_convolutions,
-    imported_shape_varying_call,
-    imported_variable_shapes,
     loops_elsewhere,
     runs_as_script,
     setting_placement,
     setting_statement,
-    variable_input_shapes,
+    shape_variation,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
@@ -143,11 +141,7 @@ class CudnnBenchmarkDisabled(Rule):
                 self.decline(anchor.node, reason)
             return
         first = anchor.node
-        varying = (
-            variable_input_shapes(facts)
-            or imported_variable_shapes(facts)
-            or imported_shape_varying_call(facts)  # `get_data()` whose collate pads
-        )
+        varying = shape_variation(facts)
         if varying is not None or (imported is not None and imported.variable_shapes):
             self.report(
                 first,

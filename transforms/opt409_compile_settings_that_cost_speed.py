@@ -8,7 +8,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.precision import variable_input_shapes
+from optimizer_codemod.analysis.precision import shape_variation
 from optimizer_codemod.analysis.training import model_classes, the_trained_model
 from optimizer_codemod.rule import Example, Rule, Safety
 
@@ -133,7 +133,8 @@ class CompileSettingsThatCostSpeed(Rule):
 
     def _check_graph_modes(self, calls: List[cst.Call]) -> None:
         facts = self.facts
-        shapes = variable_input_shapes(facts)
+        variation = shape_variation(facts)
+        shapes = variation.call if variation is not None else None
         item = self._item_in_compiled_code(calls)
         for call in calls:
             mode = self._graph_mode(call)

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.precision import (
-    imported_shape_varying_call,
-    runs_as_script,
-    variable_input_shapes,
-)
+from optimizer_codemod.analysis.precision import runs_as_script, shape_variation
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Rule, Safety
 
@@ -114,18 +109,10 @@ class VaryingShapesWithoutExpandableSegments(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        shapes = variable_input_shapes(facts)
-        why = f"`{code_of(shapes.node.func)}`: batches change shape" if shapes else ""
-        if shapes is None:
-            imported = imported_shape_varying_call(facts)
-            if imported is not None:
-                shapes, function = imported
-                why = (
-                    f"`{function.name}` from {function.module} makes batches change shape "
-                    f"(`{function.code}`)"
-                )
-        if shapes is None or not facts.backward_calls:
+        variation = shape_variation(facts)
+        if variation is None or not facts.backward_calls:
             return
+        shapes = variation.call
         if self._configured() or facts.calls_to(ALLOCATOR_SETTINGS):
             self.decline(shapes.node, "the script already configures the CUDA allocator")
             return
@@ -138,7 +125,7 @@ class VaryingShapesWithoutExpandableSegments(Rule):
             return
         self.report(
             shapes.node,
-            message=f"{why}, but the CUDA "
+            message=f"{variation.why}, but the CUDA "
             "allocator keeps fixed segments; set `PYTORCH_CUDA_ALLOC_CONF="
             "expandable_segments:True` before CUDA starts (torchtune#1185: 34% less memory)",
         )

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, callee_name, keyword, literal, receiver
+from optimizer_codemod.analysis.calls import (
+    argument,
+    callee_name,
+    code_of,
+    keyword,
+    literal,
+    receiver,
+)
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import builds_module
 from optimizer_codemod.analysis.values import imported_module_class
@@ -344,6 +351,39 @@ def imported_convolutions(facts: "ScriptFacts") -> Optional["CallSite"]:
 def imported_variable_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """As variable_input_shapes, for the classes this file builds from other modules."""
     return _first_imported_class_call(facts, varies_shapes)
+
+
+@dataclass(frozen=True)
+class ShapeVariation:
+    """Where batches are seen to change shape, for rules that care (OPT401, OPT409, OPT410)."""
+
+    call: "CallSite"  # the call in this file: the padding itself, or what leads to it
+    why: str  # "`pad_sequence`: batches change shape", naming the other module when there
+
+
+def shape_variation(facts: "ScriptFacts") -> Optional[ShapeVariation]:
+    """Batches change shape from step to step: by a call of this file (variable_input_shapes),
+    a model class of another module of the run built from a detection model, or a function
+    of another module that pads or resizes (`get_data()` whose collate function pads)."""
+    own = variable_input_shapes(facts)
+    if own is not None:
+        return ShapeVariation(own, f"`{code_of(own.node.func)}`: batches change shape")
+    built = imported_variable_shapes(facts)
+    project = getattr(facts, "project", None)
+    if built is not None and project is not None:
+        name = dotted_name(built.node.func) or ""
+        imported = project.imported_class(name)
+        where = f" from {imported.module}" if imported is not None else ""
+        return ShapeVariation(built, f"`{name}`{where} resizes each image: batches change shape")
+    called = imported_shape_varying_call(facts)
+    if called is not None:
+        call, function = called
+        why = (
+            f"`{function.name}` from {function.module} makes batches change shape "
+            f"(`{function.code}`)"
+        )
+        return ShapeVariation(call, why)
+    return None
 
 
 def imported_shape_varying_call(
