@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from optimizer_codemod.config import RuleSelection, Settings, validate_codes
@@ -55,6 +55,9 @@ class SourceRewrite:
     diff_parts: List[Tuple[str, str, str]] = field(default_factory=list)
     skipped: Optional[str] = None  # why the file was not looked at, when it was not
     warning: Optional[str] = None  # something the user should know; the rewrite still stands
+    # False: the changed lines keep the layout the fixes gave them (format_rewrite lays
+    # them out as the project's black would).
+    formatted: bool = True
 
 
 def is_notebook(path: str) -> bool:
@@ -94,15 +97,19 @@ def _check_notebook_syntax(src: bytes, path: str) -> None:
         raise
 
 
-def rewrite_source(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
-    """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem."""
+def rewrite_source(
+    src: bytes, path: str, options: RewriteOptions, formatted: bool = True
+) -> SourceRewrite:
+    """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem.
+    Without `formatted`, changed lines keep the layout the fixes gave them (for a run that
+    shows no text: findings and whether the file changes are the same)."""
     settled = settle_without_parsing(src, path, options.rules, options.project)
     if settled is not None:
         return settled
     # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive
     # visitors need more than Python's default recursion limit.
     with recursion_headroom(), _cyclic_gc_paused():
-        return _rewrite_parsed(src, path, options)
+        return _rewrite_parsed(src, path, options, formatted)
 
 
 @contextmanager
@@ -123,7 +130,9 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _rewrite_parsed(src: bytes, path: str, options: RewriteOptions) -> SourceRewrite:
+def _rewrite_parsed(
+    src: bytes, path: str, options: RewriteOptions, formatted: bool = True
+) -> SourceRewrite:
     if is_notebook(path):
         return _rewrite_notebook(src, path, options)
     result = rewrite_bytes(src, path, options)
@@ -132,10 +141,27 @@ def _rewrite_parsed(src: bytes, path: str, options: RewriteOptions) -> SourceRew
         return SourceRewrite(result.code, False, result.diagnostics)
     encoding = _encoding_of(src, path)
     old_text, new_text = src.decode(encoding), result.code.decode(encoding)
+    unformatted = SourceRewrite(
+        result.code, True, result.diagnostics, [(path, old_text, new_text)], formatted=False
+    )
+    return format_rewrite(unformatted, src, path) if formatted else unformatted
+
+
+def format_rewrite(rewrite: SourceRewrite, src: bytes, path: str) -> SourceRewrite:
+    """`rewrite` with its changed lines laid out as the project's black would."""
+    if rewrite.formatted:
+        return rewrite
+    encoding = _encoding_of(src, path)
+    [(label, old_text, new_text)] = rewrite.diff_parts
     new_text, warning = _format_like_project(path, old_text, new_text, encoding)
     new = new_text.encode(encoding)
-    return SourceRewrite(
-        new, new != src, result.diagnostics, [(path, old_text, new_text)], warning=warning
+    return replace(
+        rewrite,
+        new=new,
+        changed=new != src,
+        diff_parts=[(label, old_text, new_text)],
+        warning=warning or rewrite.warning,
+        formatted=True,
     )
 
 

@@ -200,6 +200,7 @@ def _encode(result: "SourceRewrite") -> bytes:
         "diff_parts": [list(part) for part in result.diff_parts],
         "skipped": result.skipped,
         "warning": result.warning,
+        "formatted": result.formatted,
     }
     body = json.dumps(header, ensure_ascii=True).encode("ascii") + b"\n"
     if result.changed:
@@ -224,6 +225,7 @@ def _decode(data: bytes, src: bytes) -> Optional["SourceRewrite"]:
         diff_parts=[tuple(part) for part in header["diff_parts"]],
         skipped=header["skipped"],
         warning=header["warning"],
+        formatted=header.get("formatted", True),
     )
 
 

@@ -29,7 +29,13 @@ from optimizer_codemod.engine import PRECISIONS, TARGET_DEVICES
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.extras import missing_torch
 from optimizer_codemod.registry import all_rules, rule_by_code
-from optimizer_codemod.report import FORMATS, ReportContext, fixes_summary, statistics
+from optimizer_codemod.report import (
+    FORMATS,
+    FORMATS_WITH_EDITS,
+    ReportContext,
+    fixes_summary,
+    statistics,
+)
 from optimizer_codemod.measured_gains import load_results
 from optimizer_codemod.rule_docs import render_rule_page, stale_pages, write_docs
 from optimizer_codemod.rule import Safety
@@ -250,7 +256,12 @@ def apply(
             settings, diff, check, stdin_filename or "-", output_format, quiet, verbose, exit_zero
         )
         return
-    mode = Mode(write=not (diff or check), diff=diff, cache=open_cache(settings, not no_cache))
+    mode = Mode(
+        write=not (diff or check),
+        diff=diff,
+        cache=open_cache(settings, not no_cache),
+        text_shown=not check or diff or output_format in FORMATS_WITH_EDITS,
+    )
     found = discover(list(paths), settings)
     if verbose:
         for path, reason in found.skipped:

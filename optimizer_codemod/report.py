@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import click
 
@@ -22,11 +22,15 @@ class ReportContext:
 
 
 FORMATS: Dict[str, Callable[[ReportContext], str]] = {}
+# The formats that print each fix's edits (edits_of_fixes): they need the rewritten text.
+FORMATS_WITH_EDITS: Set[str] = set()
 
 
-def output_format(name: str):
+def output_format(name: str, shows_edits: bool = False):
     def register(function: Callable[[ReportContext], str]):
         FORMATS[name] = function
+        if shows_edits:
+            FORMATS_WITH_EDITS.add(name)
         return function
 
     return register
@@ -226,14 +230,14 @@ def github_report(context: ReportContext) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-@output_format("sarif")
+@output_format("sarif", shows_edits=True)
 def sarif_report(context: ReportContext) -> str:
     from optimizer_codemod.sarif import sarif_document
 
     return json.dumps(sarif_document(context.outcomes, context.writing), indent=2) + "\n"
 
 
-@output_format("json")
+@output_format("json", shows_edits=True)
 def json_report(context: ReportContext) -> str:
     findings = []
     for outcome in context.outcomes:

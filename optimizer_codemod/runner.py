@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from optimizer_codemod.api import (
     SourceRewrite,
     is_notebook,
+    format_rewrite,
     rewrite_source,
 )
 from optimizer_codemod.analysis.project import project_facts
@@ -52,6 +53,11 @@ class Mode:
     diff: bool = False
     keep_text: bool = False  # keep the new bytes (stdin mode)
     cache: Optional[Cache] = None  # where outcomes are looked up and stored; None: nowhere
+    # Whether anything shows or keeps the rewritten text (it is written, diffed, kept, or its
+    # edits go into a JSON or SARIF report). Without it (`--check` with a text report, as in a
+    # pre-commit hook) the changed lines are not formatted, a tenth of a cold run: findings,
+    # exit code and "would change" do not depend on the layout.
+    text_shown: bool = True
 
 
 def unified_diff(parts) -> str:
@@ -91,7 +97,7 @@ def process_bytes(
 ) -> FileOutcome:
     """`project`: what the other files of the run tell this one (analysis/project.py)."""
     try:
-        result = _cached_rewrite(src, path, settings, mode.cache, project)
+        result = _cached_rewrite(src, path, settings, mode.cache, project, mode.text_shown)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.with_path(error.path or path).render())
     except RecursionError:
@@ -108,18 +114,25 @@ def process_bytes(
 
 
 def _cached_rewrite(
-    src: bytes, path: str, settings: Settings, cache: Optional[Cache], project: Any = None
+    src: bytes,
+    path: str,
+    settings: Settings,
+    cache: Optional[Cache],
+    project: Any = None,
+    formatted: bool = True,
 ) -> SourceRewrite:
     key = cache.key(src, path, settings, project) if cache is not None else None
-    if key is not None:
-        hit = cache.get(key, src)
-        if hit is not None:
-            return hit
-    options = settings.options_for(path)
-    if project is not None:
-        options = replace(options, project=project)
-    result = rewrite_source(src, path, options)
-    if key is not None:
+    result = cache.get(key, src) if key is not None else None
+    stale = result is None
+    if result is None:
+        options = settings.options_for(path)
+        if project is not None:
+            options = replace(options, project=project)
+        result = rewrite_source(src, path, options, formatted)
+    if formatted and not result.formatted:
+        # Kept by a run that showed no text (`--check`): laid out now, once.
+        result, stale = format_rewrite(result, src, path), True
+    if key is not None and stale:
         cache.put(key, result)
     return result
 
@@ -142,10 +155,10 @@ def _outcome(
         outcome.warning = result.warning
     if result.changed and mode.diff:
         outcome.diff = unified_diff(result.diff_parts)
-    if result.changed and is_notebook(path):
+    if result.changed and mode.text_shown and is_notebook(path):
         # A notebook's fixes edit its JSON text (the diff shows its cells).
         outcome.edits = text_edits(src.decode("utf-8"), result.new.decode("utf-8"))
-    elif result.changed:
+    elif result.changed and mode.text_shown:
         [(_, old_text, new_text)] = result.diff_parts
         outcome.edits = text_edits(old_text, new_text)
     if mode.keep_text:
@@ -268,7 +281,9 @@ def _cached_outcome(
     except OptcodemodError:
         return None  # reported when the file is processed
     hit = mode.cache.get(mode.cache.key(src, path, settings, project), src)
-    return _outcome(hit, src, path, mode, stamp) if hit is not None else None
+    if hit is None or (mode.text_shown and not hit.formatted):
+        return None  # an unformatted hit is laid out where files are processed
+    return _outcome(hit, src, path, mode, stamp)
 
 
 def run(

@@ -12,7 +12,7 @@ from typing import List
 
 import pytest
 
-from conftest import ATTENTION_SCRIPT, FUSED_LINE, TRAINING_SCRIPT, run_cli
+from conftest import ATTENTION_SCRIPT, FUSED_LINE, ROOT, TRAINING_SCRIPT, run_cli
 from optimizer_codemod import cache as cache_module
 from optimizer_codemod import runner
 from optimizer_codemod.api import SourceRewrite
@@ -38,9 +38,9 @@ def rewrites(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     calls: List[str] = []
     real = runner.rewrite_source
 
-    def counting(src, path, options):
+    def counting(src, path, options, *formatted):
         calls.append(path)
-        return real(src, path, options)
+        return real(src, path, options, *formatted)
 
     monkeypatch.setattr(runner, "rewrite_source", counting)
     return calls
@@ -101,6 +101,29 @@ def test_a_hit_writes_the_same_files_as_a_cold_run(
     for name in ("train.py", "attention.py", "clean.py", "empty.py"):
         assert (warm_folder / name).read_bytes() == (cold_folder / name).read_bytes()
     assert FUSED_LINE in (warm_folder / "train.py").read_bytes()
+
+
+def test_a_check_run_keeps_its_rewrites_unformatted_and_apply_lays_them_out(
+    tmp_path: Path, cache_dir: Path, rewrites: List[str]
+) -> None:
+    # `--check` with a text report shows no text, so it skips laying out the changed lines;
+    # the `apply` after it uses the kept rewrite and writes what a cold run writes.
+    example = (ROOT / "examples" / "train.py").read_bytes()
+    checked, cold = tmp_path / "checked", tmp_path / "cold"
+    for folder in (checked, cold):
+        folder.mkdir()
+        (folder / "train.py").write_bytes(example)
+    check = run_cli(["apply", "--check", "."], cwd=checked)
+    assert check.exit_code == 1 and rewrites == ["train.py"]
+    [entry] = [
+        p for p in cache_dir.rglob("*") if p.is_file() and b'"formatted": false' in p.read_bytes()
+    ]
+    applied = run_cli(["apply", "."], cwd=checked)
+    assert rewrites == ["train.py"]  # a hit: laid out, not rewritten again
+    reference = run_cli(["apply", "--no-cache", "."], cwd=cold)
+    assert (checked / "train.py").read_bytes() == (cold / "train.py").read_bytes() != example
+    assert outputs(applied) == outputs(reference)
+    assert b'"formatted": true' in entry.read_bytes()  # stored laid out for the next one
 
 
 def test_changed_bytes_settings_or_tool_miss(

@@ -489,3 +489,23 @@ def test_a_statement_laid_out_alone_is_laid_out_as_in_its_function(
     if shape in ("a call in a loop of a function", "a with header that changed") or "fit" in shape:
         assert alone != new  # it was laid out,
         assert laid_out_alone and not any(t.startswith("def ") for t in laid_out_alone)  # alone
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["examples/train.py", "fixtures/OPT101/fix_options_from_a_dict.py"],
+)
+def test_a_rewrite_kept_unformatted_lays_out_as_one_formatted_at_once(source: str) -> None:
+    from conftest import ROOT
+    from optimizer_codemod.api import format_rewrite, rewrite_source
+    from optimizer_codemod.config import Settings
+
+    src = (ROOT / source).read_bytes()
+    path = str(ROOT / "examples" / "elsewhere.py")  # the project's black style applies
+    options = Settings().options_for(path)
+    at_once = rewrite_source(src, path, options)
+    kept = rewrite_source(src, path, options, formatted=False)
+    assert not kept.formatted and kept.changed
+    assert kept.new != at_once.new  # the layout is the only difference...
+    assert kept.diagnostics == at_once.diagnostics  # ...findings, lines, statuses the same
+    assert format_rewrite(kept, src, path) == at_once

@@ -136,8 +136,8 @@ def test_a_file_saved_during_the_run_is_kept_and_reported(tmp_path: Path, monkey
     saved = b"# saved by the editor while optcodemod was working\n"
     rewrite = runner.rewrite_source
 
-    def rewrite_while_someone_saves(src, name, options):
-        result = rewrite(src, name, options)
+    def rewrite_while_someone_saves(src, name, options, *formatted):
+        result = rewrite(src, name, options, *formatted)
         with open(name, "ab") as handle:  # after the read, before the replace
             handle.write(saved)
         return result
@@ -362,13 +362,13 @@ def test_sigint_that_a_library_turns_into_another_error_still_stops_the_run(
         (tmp_path / name).write_bytes(TRAINING_SCRIPT)
     rewrite = runner.rewrite_source
 
-    def rewrite_and_lose_sigint(src, name, options):
+    def rewrite_and_lose_sigint(src, name, options, *formatted):
         if name.endswith("b.py"):
             try:
                 os.kill(os.getpid(), signal.SIGINT)
             except KeyboardInterrupt:  # as LibCST's position provider does, mid-codegen
                 raise KeyError("a node whose position was never recorded") from None
-        return rewrite(src, name, options)
+        return rewrite(src, name, options, *formatted)
 
     monkeypatch.setattr(runner, "rewrite_source", rewrite_and_lose_sigint)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
