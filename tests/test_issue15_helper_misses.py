@@ -288,6 +288,88 @@ def test_padding_to_the_longest_sequence_is_told_from_a_fixed_length(call, varie
     assert (variable_input_shapes(facts) is not None) is varies
 
 
+PADDING_FUNCTION = """import torch
+import numpy as np
+
+
+def collate(batch, MAX_LEN=64):
+    {body}
+    return padded
+"""
+
+
+@pytest.mark.parametrize(
+    "body, varies",
+    [
+        # Padded by hand to the longest item of the batch.
+        (
+            "longest = max(len(s) for s in batch)\n"
+            "    padded = torch.zeros(len(batch), longest)\n"
+            "    for i, s in enumerate(batch):\n"
+            "        padded[i, : len(s)] = torch.as_tensor(s)",
+            True,
+        ),
+        (
+            "lengths = torch.tensor([s.size(0) for s in batch])\n"
+            "    padded = batch[0].new_full((len(batch), int(lengths.max())), -1)\n"
+            "    for i, s in enumerate(batch):\n"
+            "        padded[i][0 : s.size(0)] = s",
+            True,
+        ),
+        (
+            "size = np.amax([s.shape for s in batch], axis=0)\n"
+            "    padded = np.zeros((len(batch), *size))\n"
+            "    for s, p in zip(batch, padded):\n"
+            "        p[: s.shape[0], : s.shape[1]] = s",
+            True,
+        ),
+        # A fixed length: one shape throughout, whatever the maximum computed beside it.
+        (
+            "padded = torch.zeros(len(batch), MAX_LEN)\n"
+            "    longest = max(len(s) for s in batch)\n"
+            "    for i, s in enumerate(batch):\n"
+            "        padded[i, : len(s)] = s",
+            False,
+        ),
+        # Sized by the maximum, but nothing is copied into an item's own extent.
+        (
+            "padded = torch.zeros(len(batch), max(len(s) for s in batch))\n"
+            "    n = 3\n"
+            "    for i, s in enumerate(batch):\n"
+            "        padded[i, :n] = s[:n]",
+            False,
+        ),
+        (  # the bound is read from elsewhere, not from the item: not tied to it
+            "lengths = [len(s) for s in batch]\n"
+            "    padded = torch.zeros(len(batch), max(lengths))\n"
+            "    for i, s in enumerate(batch):\n"
+            "        padded[i, : lengths[i]] = s",
+            False,
+        ),
+        (  # another item's extent
+            "padded = torch.zeros(len(batch), max(len(s) for s in batch))\n"
+            "    for i, (s, t) in enumerate(batch):\n"
+            "        padded[i, : len(t)] = s",
+            False,
+        ),
+        (  # an offset into a buffer (a ring), not its corner
+            "padded = torch.zeros(max(len(s) for s in batch) * 4)\n"
+            "    for i, s in enumerate(batch):\n"
+            "        padded[i : i + len(s)] = s",
+            False,
+        ),
+    ],
+)
+def test_padding_by_hand_to_the_largest_item_is_told_from_fixed_sizes_and_slicing(
+    body, varies
+) -> None:
+    facts = ScriptFacts.of(cst.parse_module(PADDING_FUNCTION.format(body=body)))
+    found = variable_input_shapes(facts)
+    assert (found is not None) is varies
+    if varies:
+        assert found.method in ("zeros", "new_full")
+
+
 CALLBACK = """import torch
 from mingpt.trainer import Trainer
 

@@ -804,3 +804,128 @@ def test_cuda_graphs_are_declined_for_batches_padded_in_another_module(tmp_path:
     assert "batches change shape (`get_data`)" in together.stdout, together.stdout
     alone = run_cli(["apply", "--check", "--select", "OPT409", str(tmp_path / "train.py")])
     assert "batches change shape" not in alone.stdout
+
+
+# A collate function of another module whose helper pads by hand (DETR) --------------------------
+HAND_PADDING_UTILS = """\
+import torch
+
+
+def _max_by_axis(the_list):
+    maxes = the_list[0]
+    for sublist in the_list[1:]:
+        for index, item in enumerate(sublist):
+            maxes[index] = max(maxes[index], item)
+    return maxes
+
+
+def nested_tensor_from_tensor_list(tensor_list):
+    max_size = _max_by_axis([list(img.shape) for img in tensor_list])
+    batch_shape = [len(tensor_list)] + max_size
+    tensor = torch.zeros(batch_shape, dtype=tensor_list[0].dtype)
+    for img, pad_img in zip(tensor_list, tensor):
+        pad_img[: img.shape[0], : img.shape[1], : img.shape[2]].copy_(img)
+    return tensor
+
+
+def collate_fn(batch):
+    batch = list(zip(*batch))
+    batch[0] = nested_tensor_from_tensor_list(batch[0])
+    return tuple(batch)
+
+
+def stack_fn(batch):
+    images, labels = zip(*batch)
+    return torch.stack(images), torch.stack(labels)
+"""
+HAND_PADDING_ENGINE = """\
+def train_one_epoch(model, criterion, data_loader, optimizer, device):
+    model.train()
+    for samples, targets in data_loader:
+        loss = criterion(model(samples.to(device)), targets.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+HAND_PADDING_MAIN = """\
+import torch
+from torch.utils.data import DataLoader
+
+{importing}
+from engine import train_one_epoch
+
+
+def main(dataset):
+    device = torch.device("cuda")
+    model = torch.nn.Conv2d(3, 8, 3).to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    loader = DataLoader(dataset, batch_size=2, collate_fn={collate})
+    for epoch in range(10):
+        train_one_epoch(model, torch.nn.MSELoss(), loader, optimizer, device)
+
+
+if __name__ == "__main__":
+    main(None)
+"""
+
+
+@pytest.mark.parametrize(
+    "importing, collate, reported",
+    [
+        ("import util.misc as utils", "utils.collate_fn", True),
+        ("from util.misc import collate_fn", "collate_fn", True),
+        ("from util.misc import stack_fn", "stack_fn", False),  # stacks, pads nothing
+    ],
+)
+def test_a_collate_fn_whose_helper_pads_by_hand_gets_the_allocator_report_in_the_entry_point(
+    tmp_path: Path, importing: str, collate: str, reported: bool
+) -> None:
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "__init__.py").write_text("")
+    (tmp_path / "util" / "misc.py").write_text(HAND_PADDING_UTILS)
+    (tmp_path / "engine.py").write_text(HAND_PADDING_ENGINE)
+    main = HAND_PADDING_MAIN.format(importing=importing, collate=collate)
+    (tmp_path / "main.py").write_text(main)
+    result = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path)])
+    found = [line for line in result.stdout.splitlines() if "OPT410" in line]
+    if not reported:
+        assert found == [], result.stdout
+        return
+    # Reported at the loader handed the collate function, in the script that runs the loop.
+    assert len(found) == 1 and "main.py:12:" in found[0], result.stdout
+    assert f"`{collate}` from util/misc.py makes batches change shape (`pad_img[" in found[0]
+    assert "(the training loop runs in engine.py)" in found[0]
+    alone = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path / "main.py")])
+    assert "OPT410" not in alone.stdout  # neither the padding nor the loop is in the file
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    functions = facts[str(tmp_path / "main.py")].imported_functions
+    assert (collate, "util/misc.py", "torch.zeros") in [
+        (f.name, f.module, f.call) for f in functions
+    ]
+    assert project_module.from_json(project_module.to_json(facts)) == facts
+
+
+def test_padding_by_hand_reaches_a_function_through_several_calls_of_its_module(
+    tmp_path: Path,
+) -> None:
+    # collate_fn -> nested_tensor_from_tensor_list -> pad_to_largest, each in util/misc.py.
+    utils = HAND_PADDING_UTILS.replace(
+        "def nested_tensor_from_tensor_list(tensor_list):",
+        "def nested_tensor_from_tensor_list(tensor_list):\n"
+        "    return pad_to_largest(tensor_list)\n\n\n"
+        "def pad_to_largest(tensor_list):",
+    )
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text(utils)
+    (tmp_path / "engine.py").write_text(HAND_PADDING_ENGINE)
+    main = HAND_PADDING_MAIN.format(
+        importing="import util.misc as utils", collate="utils.collate_fn"
+    )
+    (tmp_path / "main.py").write_text(main)
+    facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
+    names = [f.name for f in facts[str(tmp_path / "main.py")].imported_functions]
+    assert names == [
+        "utils.collate_fn",
+        "utils.nested_tensor_from_tensor_list",
+        "utils.pad_to_largest",
+    ]

@@ -16,9 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
+import libcst as cst
 import pytest
 
 from optimizer_codemod import chunks, linediff
+from optimizer_codemod.analysis import ScriptFacts
+from optimizer_codemod.analysis.padding import hand_padding
+from optimizer_codemod.analysis.project import _find_shape_varying_functions
 from optimizer_codemod.api import rewrite_source
 from optimizer_codemod.config import Settings
 
@@ -80,3 +84,47 @@ def test_four_times_the_code_costs_at_most_about_four_times_the_work(
         reverse=True,
     )
     assert not grew, f"superlinear for {FACTOR}x the code: {grew[:5]}"
+
+
+def _padding_functions(count: int) -> str:
+    """`count` collate functions that pad by hand, each calling the one before (a chain of
+    calls inside one module, as project.py follows them), and a module-level maximum."""
+    parts = ["import torch\n\nlongest = max(3, 4)\nbuffer = torch.zeros(longest)\n"]
+    for index in range(count):
+        previous = f"    collate_{index - 1}(batch)\n" if index else ""
+        parts.append(f"""
+
+def collate_{index}(batch):
+{previous}    size = max(len(s) for s in batch)
+    width = size + 1
+    padded = torch.zeros(len(batch), width)
+    for i, s in enumerate(batch):
+        padded[i, : len(s)] = s
+    return padded
+""")
+    return "".join(parts)
+
+
+def test_padding_by_hand_costs_linear_work() -> None:
+    def work(count: int) -> Counter:
+        facts = ScriptFacts.of(cst.parse_module(_padding_functions(count)))
+        counts: Counter = Counter()
+
+        def local(frame, event, arg):
+            if event == "line":
+                counts[frame.f_code] += 1
+            return local
+
+        sys.settrace(lambda frame, event, arg: local)
+        try:
+            found = hand_padding(facts)
+            varying = _find_shape_varying_functions(facts)
+        finally:
+            sys.settrace(None)
+        assert len(found) == count and len(varying) == count
+        return counts
+
+    work(1)  # imports
+    before, after = work(10), work(10 * FACTOR)
+    total = sum(after.values()) / sum(before.values())
+    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the code"

@@ -65,9 +65,11 @@ class CudnnBenchmarkDisabled(Rule):
         literal False), builds no convolution or does not train. Each new input shape is
         tuned again: with "highly variable input sizes" the guide advises against the
         autotuner, so the rule only reports when batches are padded to their longest
-        sequence (`pad_sequence`, `pack_*`) or the model is a torchvision detection model
-        (images resized keeping their aspect ratio). Other shape changes (a smaller last
-        batch, a few evaluation sizes) cost one tuning each and are not detected. Reported
+        sequence (`pad_sequence`, `pack_*`, or by hand: `padded[i, : len(seq)] = seq`
+        into a tensor sized by the batch's maximum) or the model is a torchvision
+        detection model (images resized keeping their aspect ratio). Other shape changes
+        (a smaller last batch, a few evaluation sizes) cost one tuning each and are not
+        detected. Reported
         without a fix in an importable module and when torch is not imported in the top
         import block (see OPT301); with the files rewritten together, the setting goes into
         the script that runs the module's loop, and the convolutions, determinism and shape

@@ -7,7 +7,6 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal, positional
-from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.precision import shape_variation
 from optimizer_codemod.analysis.training import model_classes, the_trained_model
 from optimizer_codemod.rule import Example, Rule, Safety
@@ -27,7 +26,8 @@ class CompileSettingsThatCostSpeed(Rule):
         `torch._dynamo.config.suppress_errors = True`; `dynamic=True` passed to
         `torch.compile` or `.compile()`; and a CUDA-graph mode (`mode="reduce-overhead"` or
         `"max-autotune"`) where the script shows that shapes change between steps (batches
-        padded to their longest sequence, detection models), or that `.item()` runs inside
+        padded to their longest sequence, by `pad_sequence` or by hand; detection models),
+        or that `.item()` runs inside
         the compiled code (the `forward` of the model's classes, or the compiled function).
 
     Why is it slow:
@@ -134,16 +134,15 @@ class CompileSettingsThatCostSpeed(Rule):
     def _check_graph_modes(self, calls: List[cst.Call]) -> None:
         facts = self.facts
         variation = shape_variation(facts)
-        shapes = variation.call if variation is not None else None
         item = self._item_in_compiled_code(calls)
         for call in calls:
             mode = self._graph_mode(call)
             mode_arg = keyword(call, "mode")
             assert mode_arg is not None
             reasons = []
-            if shapes is not None:
+            if variation is not None:
                 reasons.append(
-                    f"batches change shape (`{dotted_name(shapes.node.func) or 'padding'}`): "
+                    f"batches change shape (`{variation.label}`): "
                     "CUDA graphs record a new graph for every batch shape "
                     f"({ISSUE}: a 1.5x speedup was lost to it)"
                 )

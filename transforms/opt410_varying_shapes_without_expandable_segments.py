@@ -5,7 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.precision import runs_as_script, shape_variation
+from optimizer_codemod.analysis.padding import SLICE_TO_OWN_EXTENT
+from optimizer_codemod.analysis.precision import loops_elsewhere, runs_as_script, shape_variation
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Rule, Safety
 
@@ -31,12 +32,25 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         from step to step (sequences padded or packed to the longest in each batch, by
         `pad_sequence` or by a Hugging Face tokenizer or collator: `tokenizer.pad(batch,
         padding="longest")`, `DataCollatorWithPadding`; a torchvision detection model that
-        resizes every image) and that does not configure
+        resizes every image; padding by hand to the largest item, as DETR's
+        `nested_tensor_from_tensor_list` does: a tensor sized by a maximum computed in the
+        same function, `torch.zeros([len(images)] + max_size)`, and each item copied into
+        its own extent of it, `pad_img[: img.shape[0], : img.shape[1]].copy_(img)` or
+        `padded[i, : len(seq)] = seq`) and that does not configure
         the CUDA caching allocator: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`,
         set before CUDA's first allocation, usually cuts its reserved memory. The padding
         may be in a function of another module of the run that the script calls
         (`train_dl, valid_dl = get_data(opts)` in main.py, with a collate function in
-        src/data.py that calls `pad_sequence`): the report names that function and module.
+        src/data.py that calls `pad_sequence`), or hands to a DataLoader
+        (`DataLoader(ds, collate_fn=utils.collate_fn)`), directly or through the functions
+        of that module it calls (DETR's `collate_fn` calls the padding function beside it):
+        the report names that function and module. The script may train itself or run the
+        training loop of another module of the run (`train_one_epoch` from engine.py).
+
+        Padding to a constant length (`torch.zeros(len(batch), MAX_LEN)`), a buffer
+        allocated once at a fixed size, a copy whose bound is read from elsewhere
+        (`padded[i, : lengths[i]] = seq`) and plain slicing (`x[:, :n]`) are not counted:
+        only a size computed from the batch's own maximum changes from step to step.
 
     Why is it slow:
         The caching allocator carves tensors out of fixed-size segments it reserves from
@@ -66,9 +80,9 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         shared between processes through CUDA IPC (`torch.multiprocessing`), as noted in
         meta-pytorch/torchtune pull request #2881 (pytorch/pytorch issue #130330). Results
         do not change: only where blocks are placed. Reported only for a file that runs
-        (a `__main__` guard or module-level training), trains (a backward call), and names
-        neither `PYTORCH_CUDA_ALLOC_CONF` nor `expandable_segments`; not run for
-        `target-device = "cpu"`.
+        (a `__main__` guard or module-level training), trains (a backward call, or a call
+        of another module's training loop), and names neither `PYTORCH_CUDA_ALLOC_CONF` nor
+        `expandable_segments`; not run for `target-device = "cpu"`.
 
     Expected gain:
         meta-pytorch/torchtune issue #1185 measured a QLoRA fine-tune of Llama 3 8B on an
@@ -90,8 +104,11 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         r"\b(?:pad_sequence|pack_sequence|pack_padded_sequence|detection)\b",
         # Hugging Face padding to the longest sequence of each batch.
         r"\bpadding\s*=\s*(?:[\"']longest[\"']|True)|\bDataCollatorWithPadding\b",
+        SLICE_TO_OWN_EXTENT,  # padding by hand: `padded[i, : len(seq)] = seq`
     )
     requires = (BACKWARD_CALL,)
+    # The allocator setting belongs to the script that runs the loop, wherever the loop is.
+    process_wide = True
     examples = (
         Example(SCRIPT),
         Example(
@@ -110,7 +127,8 @@ class VaryingShapesWithoutExpandableSegments(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         variation = shape_variation(facts)
-        if variation is None or not facts.backward_calls:
+        elsewhere = loops_elsewhere(facts)
+        if variation is None or not (facts.backward_calls or elsewhere is not None):
             return
         shapes = variation.call
         if self._configured() or facts.calls_to(ALLOCATOR_SETTINGS):
@@ -123,9 +141,12 @@ class VaryingShapesWithoutExpandableSegments(Rule):
                 "the allocator setting belongs to the script or launcher that runs it",
             )
             return
+        trained = (
+            f" (the training loop runs in {', '.join(elsewhere.modules)})" if elsewhere else ""
+        )
         self.report(
             shapes.node,
-            message=f"{variation.why}, but the CUDA "
+            message=f"{variation.why}{trained}, but the CUDA "
             "allocator keeps fixed segments; set `PYTORCH_CUDA_ALLOC_CONF="
             "expandable_segments:True` before CUDA starts (torchtune#1185: 34% less memory)",
         )

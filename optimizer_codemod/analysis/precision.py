@@ -17,11 +17,14 @@ from optimizer_codemod.analysis.calls import (
     argument,
     callee_name,
     code_of,
+    excerpt,
     keyword,
     literal,
     receiver,
 )
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.padding import hand_padding, pads_by_hand
+from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.training import builds_module
 from optimizer_codemod.analysis.values import imported_module_class
 
@@ -316,11 +319,13 @@ def convolution_sites(facts: "ScriptFacts") -> List["CallSite"]:
 
 def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """A call showing batches change shape from step to step (padding to the longest
-    sequence, by torch or by a Hugging Face tokenizer or collator; detection models that
-    resize each image, box operations of detection code): each new shape is autotuned
-    again."""
+    sequence, by torch, by a Hugging Face tokenizer or collator, or by hand (padding.py);
+    detection models that resize each image, box operations of detection code): each new
+    shape is autotuned again."""
+    padded = hand_padding(facts)
+    first = padded[0].allocation if padded else None
     for call in facts.records.calls:
-        if shapes_vary_at(call):
+        if call is first or shapes_vary_at(call):
             return call
     return None
 
@@ -359,6 +364,9 @@ class ShapeVariation:
 
     call: "CallSite"  # the call in this file: the padding itself, or what leads to it
     why: str  # "`pad_sequence`: batches change shape", naming the other module when there
+    # The code that varies them, short, for messages: `pad_sequence`, `get_data`,
+    # `utils.collate_fn` (handed to a DataLoader), `padded[i, : len(seq)] = seq`.
+    label: str
 
 
 def shape_variation(facts: "ScriptFacts") -> Optional[ShapeVariation]:
@@ -367,14 +375,21 @@ def shape_variation(facts: "ScriptFacts") -> Optional[ShapeVariation]:
     of another module that pads or resizes (`get_data()` whose collate function pads)."""
     own = variable_input_shapes(facts)
     if own is not None:
-        return ShapeVariation(own, f"`{code_of(own.node.func)}`: batches change shape")
+        padded = pads_by_hand(facts, own)
+        if padded is not None:
+            label = excerpt(padded.copy)
+            why = f"`{label}` pads each batch to its largest item by hand: batches change shape"
+            return ShapeVariation(own, why, label)
+        label = code_of(own.node.func)
+        return ShapeVariation(own, f"`{label}`: batches change shape", label)
     built = imported_variable_shapes(facts)
     project = getattr(facts, "project", None)
     if built is not None and project is not None:
         name = dotted_name(built.node.func) or ""
         imported = project.imported_class(name)
         where = f" from {imported.module}" if imported is not None else ""
-        return ShapeVariation(built, f"`{name}`{where} resizes each image: batches change shape")
+        why = f"`{name}`{where} resizes each image: batches change shape"
+        return ShapeVariation(built, why, name)
     called = imported_shape_varying_call(facts)
     if called is not None:
         call, function = called
@@ -382,7 +397,7 @@ def shape_variation(facts: "ScriptFacts") -> Optional[ShapeVariation]:
             f"`{function.name}` from {function.module} makes batches change shape "
             f"(`{function.code}`)"
         )
-        return ShapeVariation(call, why)
+        return ShapeVariation(call, why, function.name)
     return None
 
 
@@ -391,13 +406,18 @@ def imported_shape_varying_call(
 ) -> Optional[Tuple["CallSite", "ImportedFunction"]]:
     """The first call in this file of a function of another module of the run that pads
     batches or resizes images (`train_dl, valid_dl = get_data(opts)`, whose collate function
-    pads to the longest sentence), with what the project index says of it."""
+    pads to the longest sentence), or the first DataLoader handed such a function as its
+    `collate_fn=` (`DataLoader(ds, collate_fn=utils.collate_fn)`), with what the project
+    index says of it."""
     project = getattr(facts, "project", None)
     functions = {f.name: f for f in getattr(project, "imported_functions", ())}
     if not functions:
         return None
     for call in facts.records.calls:
         found = functions.get(dotted_name(call.node.func) or "")
+        if found is None and call.qualname == DATALOADER:
+            collate = keyword(call.node, "collate_fn")
+            found = functions.get(dotted_name(collate.value) or "") if collate else None
         if found is not None:
             return call, found
     return None

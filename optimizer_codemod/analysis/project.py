@@ -813,8 +813,9 @@ def _own_facts(
 
 def _shape_varying_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
     """{top-level function of `module`: (qualified name, code) of the first call in it,
-    nested functions included, that makes batches change shape (precision.shapes_vary_at)},
-    memoised."""
+    nested functions and the top-level functions of the module it calls (transitively)
+    included, that makes batches change shape (precision.shapes_vary_at, or an allocation
+    that pads by hand, padding.py)}, memoised."""
     if module.varying is None:
         module.varying = {}
         if module.facts is not None:
@@ -823,20 +824,40 @@ def _shape_varying_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
 
 
 def _find_shape_varying_functions(facts) -> Dict[str, Tuple[str, str]]:
+    from optimizer_codemod.analysis.padding import hand_padding
     from optimizer_codemod.analysis.precision import shapes_vary_at
 
-    varying = [c for c in facts.records.calls if c.site.function is not None and shapes_vary_at(c)]
+    varying: Dict[int, Tuple[str, str]] = {}
+    for call in facts.records.calls:
+        if call.site.function is not None and shapes_vary_at(call):
+            name = call.qualname or callee_name(call.node) or ""
+            varying[id(call.node)] = (name, excerpt(call.node))
+    for padded in hand_padding(facts):
+        call = padded.allocation
+        if call.site.function is not None:
+            varying.setdefault(id(call.node), (call.qualname or "", excerpt(padded.copy)))
     if not varying:
         return {}
+    top = [s for s in facts.module.body if isinstance(s, cst.FunctionDef)]
+    names = {s.name.value for s in top}
     found: Dict[str, Tuple[str, str]] = {}
-    for statement in facts.module.body:
-        if not isinstance(statement, cst.FunctionDef):
-            continue
-        inside = {id(node) for node in find_all(statement.body, cst.Call)}
-        first = next((c for c in varying if id(c.node) in inside), None)
-        if first is not None:
-            name = first.qualname or callee_name(first.node) or ""
-            found[statement.name.value] = (name, excerpt(first.node))
+    callers: Dict[str, List[str]] = {}
+    for statement in top:
+        name = statement.name.value
+        for node in find_all(statement.body, cst.Call):
+            if name not in found and id(node) in varying:
+                found[name] = varying[id(node)]
+            called = node.func.value if isinstance(node.func, cst.Name) else None
+            if called in names and called != name:
+                callers.setdefault(called, []).append(name)
+    # A function that calls one that varies shapes varies them too (DETR's `collate_fn` calls
+    # `nested_tensor_from_tensor_list`, which pads): spread from callee to caller, each once.
+    pending = list(found)
+    for called in pending:  # grows as callers are found
+        for caller in callers.get(called, ()):
+            if caller not in found:
+                found[caller] = found[called]
+                pending.append(caller)
     return found
 
 
