@@ -437,6 +437,9 @@ def _pool_pass(paths, settings, mode, workers, record, index, journal) -> List[s
     )
     unrecorded = {}
     left: List[str] = []
+    # One file per task, largest first: a task's round trip is about 0.1 ms (908 empty tasks
+    # took 0.096 s on 2 fork workers; 2-core AMD EPYC, 2026-11-24), under 1% of a training
+    # script's 30 ms, so bigger chunks would only let one worker finish last alone.
     for number, path in enumerate(paths):
         try:
             future = pool.submit(_worker, (path, settings, mode, index.get(path), journal))
