@@ -69,11 +69,11 @@ class CudnnBenchmarkDisabled(Rule):
         into a tensor sized by the batch's maximum) or the model is a torchvision
         detection model (images resized keeping their aspect ratio). Other shape changes
         (a smaller last batch, a few evaluation sizes) cost one tuning each and are not
-        detected. Reported
-        without a fix in an importable module and when torch is not imported in the top
-        import block (see OPT301); with the files rewritten together, the setting goes into
-        the script that runs the module's loop, and the convolutions, determinism and shape
-        checks cover the modules that script imports too (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
+        detected. Reported without a fix in an importable module and when torch is not
+        imported in the top import block (see OPT301); with the files rewritten together,
+        the setting goes into the script that runs the module's loop, and the convolutions,
+        determinism and shape checks cover the modules that script imports too
+        (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
         `--why-not` names what decides the autotuner: a script that sets
         `cudnn.benchmark = False` or asks for determinism only in its seeded runs (pytorch/
         examples imagenet) keeps its choice in the others too (turning the autotuner on
