@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.calls import (
 from optimizer_codemod.analysis.loaders import (
     PARAMETERS,
     dataset_classes,
+    dataset_parameter,
     dataset_mutated,
     is_pure,
     loader_use_beyond_iteration,
@@ -224,6 +225,13 @@ def _not_tensor_dataset(facts, site) -> str:
         return (
             f"the dataset is a `{classes[0]}`, defined here: its `__getitem__` is not known to "
             "return a whole batch for a list of indices, as a `TensorDataset`'s does"
+        )
+    unfollowed = dataset_parameter(facts, site)
+    if unfollowed is not None:
+        # `Trainer(model, ds)` in another module: its summary tells tensors, not the class.
+        return (
+            f"the dataset {unfollowed}: it is not known to be a plain `TensorDataset` (a "
+            "subclass may need its items collated)"
         )
     return (
         "the dataset is not known to be a `TensorDataset` built in this file (a subclass, a "

@@ -10,6 +10,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import callee_name, positional, without_argument
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.values import alias_in
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -180,7 +181,8 @@ class StateDictSavedFromCompileWrapper(Rule):
             if a.site.function is assignment.site.function and a.site.order > assignment.site.order
         }
         return any(
-            c.receiver in readers and self._same_object(target, assignment, c.site)
+            (c.receiver in readers and self._same_object(target, assignment, c.site))
+            or self._passed_in(c.receiver, target, assignment, c.site)
             for c in self.facts.method_calls("state_dict")
         )
 
@@ -222,6 +224,18 @@ class StateDictSavedFromCompileWrapper(Rule):
         return assignment.site.function is None and not any(
             a.site.function is function for a in self.facts.assignments_to(target)
         )
+
+    def _passed_in(self, receiver: Optional[str], target: str, assignment, site) -> bool:
+        """`receiver` is the parameter of another function that the wrapper is handed to
+        (`train(model, ...)` -> `def train(model, ...)`, through one call site each)."""
+        home = assignment.site.function
+        if receiver is None or site.function is home or site.function is None:
+            return False
+        memo = self.facts.memo("compile_wrapper_aliases")
+        key = (target, id(home), id(site.function))
+        if key not in memo:
+            memo[key] = alias_in(self.facts, target, home, site.function)
+        return memo[key] == receiver
 
     def _problem(self, target: str, inner: cst.BaseExpression, assignment) -> Optional[str]:
         """Why `target.compile()` would change more than the key names, or None."""
@@ -273,7 +287,10 @@ class StateDictSavedFromCompileWrapper(Rule):
                 callee_name(site.node) in ("isinstance", "type")
                 and isinstance(site.node.func, cst.Name)
                 and args
-                and dotted_name(args[0].value) == target
+                and (
+                    dotted_name(args[0].value) == target
+                    or self._passed_in(dotted_name(args[0].value), target, assignment, site.site)
+                )
             ):
                 return f"the script tests the type of `{target}`, which the rewrite changes"
         return None
@@ -282,7 +299,9 @@ class StateDictSavedFromCompileWrapper(Rule):
         """Method calls on `target` that may run after it is compiled."""
         found = []
         for site in self.facts.records.calls:
-            if site.receiver != target or not self._same_object(target, assignment, site.site):
+            if not (
+                site.receiver == target and self._same_object(target, assignment, site.site)
+            ) and not self._passed_in(site.receiver, target, assignment, site.site):
                 continue
             same_body = site.site.function is assignment.site.function
             if not same_body or site.site.order > assignment.site.order or site.site.loops:

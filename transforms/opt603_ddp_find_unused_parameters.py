@@ -206,7 +206,7 @@ class DDPFindUnusedParameters(Rule):
                     call, "`static_graph=True`: DDP does not search the graph each iteration"
                 )
                 continue
-            class_name, reason = self._model_class(call)
+            class_name, reason = self._model_class(call, site.site.function)
             if class_name is not None:
                 reason = why_parameters_may_go_unused(facts, class_name)
             if reason is None:
@@ -250,12 +250,15 @@ class DDPFindUnusedParameters(Rule):
             self.facts, class_name
         ) or why_training_may_change_used_parameters(self.facts)
 
-    def _model_class(self, call: cst.Call) -> "tuple[str | None, str | None]":
-        """(the class of this file the wrapped model is built from, or why there is none)."""
+    def _model_class(
+        self, call: cst.Call, function: "cst.CSTNode | None"
+    ) -> "tuple[str | None, str | None]":
+        """(the class of this file the wrapped model, read in `function`, is built from, or
+        why there is none)."""
         args = positional(call)
         if not args:
             return None, "the wrapped model is not passed as the first argument"
-        class_name = built_class(self.facts, args[0].value)
+        class_name = built_class(self.facts, args[0].value, function)
         if class_name is None:
             return None, (
                 f"`{code_of(args[0].value)}` is not built here from one class of this file: "

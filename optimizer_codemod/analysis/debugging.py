@@ -90,20 +90,23 @@ class DebugSwitches:
     @cached_property
     def sites(self) -> List[DebugSite]:
         """Every site, in source order: anomaly detection turned on for training (a call at
-        module level or in a function holding a training loop; a `with` around a training
-        loop or a backward call, or inside a training loop), profilers entered the same way
-        (`torch.profiler.profile` only without a `schedule=`), and `gc.collect()`,
-        `empty_cache()`, `synchronize()` on every step of a training loop (its own body,
-        not under an `if`). Only what runs unconditionally: not under an `if` (the main
-        guard aside), an `except` or an `else`."""
+        module level, in a function holding a training loop or calling a function of this
+        file that reaches backward, such as `main()` running `Trainer(...).run()`; a `with`
+        around a training loop or a backward call, or inside a training loop), profilers
+        entered the same way (`torch.profiler.profile` only without a `schedule=`), and
+        `gc.collect()`, `empty_cache()`, `synchronize()` on every step of a training loop
+        (its own body, not under an `if`). Only what runs unconditionally: not under an
+        `if` (the main guard aside), an `except` or an `else`."""
         facts = self.facts
         if not facts.training_loops:
             return []
         found: List[DebugSite] = []
         for call in facts.calls_to(*ANOMALY_SETTERS):
             statement = call.site.statement
-            in_training = call.site.function is None or any(
-                loop.function is call.site.function for loop in facts.training_loops
+            in_training = (
+                call.site.function is None
+                or any(loop.function is call.site.function for loop in facts.training_loops)
+                or call.site.function.name.value in facts.functions_reaching_backward
             )
             if not (
                 _turns_on(call.node)

@@ -203,10 +203,17 @@ def dataset_parameter(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
 def dataset_value(
     facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.FunctionDef]
 ) -> cst.BaseExpression:
-    """The expression the dataset argument stands for: a parameter of the loader's function
-    is the argument at its one call site (`Trainer(model, ds)` for `DataLoader(dataset)` in
-    `Trainer.__init__`), and `self.X` the one `self.X = ...` of the method's class; otherwise
-    `node` itself (then followed file-wide by name)."""
+    """The expression the dataset argument stands for (see dataset_source)."""
+    return dataset_source(facts, node, function)[0]
+
+
+def dataset_source(
+    facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.FunctionDef]
+) -> Tuple[cst.BaseExpression, Optional[cst.FunctionDef]]:
+    """The expression the dataset argument stands for, with the function it is read in: a
+    parameter of the loader's function is the argument at its one call site (`Trainer(model,
+    ds)` for `DataLoader(dataset)` in `Trainer.__init__`), and `self.X` the one `self.X = ...`
+    of the method's class; otherwise `node` itself (then followed file-wide by name)."""
     for _ in range(MAX_DEPTH):
         name = dotted_name(node)
         sources = value_sources(facts, name, function) if name is not None else None
@@ -218,7 +225,7 @@ def dataset_value(
         ):
             break
         node, function = source.value, source.function
-    return node
+    return node, function
 
 
 def _kind_of(
@@ -452,6 +459,11 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
     arg = option(site.node, "dataset")
     if arg is not None and dotted_name(arg.value):
         names.add(dotted_name(arg.value))
+    if arg is not None and not arg.star:
+        # `Trainer(model, ds)`: the caller may change `ds` after handing it over.
+        followed = dotted_name(dataset_value(facts, arg.value, site.site.function))
+        if followed is not None:
+            names.add(followed)
     for loader in loader_names(facts, site):
         names.add(f"{loader}.dataset")
     return bool(names) and names_changed(facts, names)
@@ -730,12 +742,13 @@ BATCHING_ATTRIBUTES = frozenset(
 
 def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Call]:
     """The `TensorDataset(...)` call the loader's dataset is: the argument itself, or a name
-    (or attribute) assigned exactly once, in the loader's function or at module level."""
+    (or attribute) assigned exactly once, in the loader's function or at module level; a
+    parameter is first followed to its argument at the one call (dataset_source)."""
     arg = option(site.node, "dataset")
     if arg is None or arg.star:
         return None
-    node: cst.BaseExpression = arg.value
-    params = parameter_names(site.site.function)
+    node, function = dataset_source(facts, arg.value, site.site.function)
+    params = parameter_names(function)
     for _ in range(MAX_DEPTH):
         if isinstance(node, cst.Call):
             return node if facts.qualified_name(node.func) in TENSOR_DATASETS else None
@@ -749,7 +762,7 @@ def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Ca
         where = assignment.site.function
         if assignment.unpacked or assignment.augmented:
             return None
-        if "." not in name and where is not site.site.function and where is not None:
+        if "." not in name and where is not function and where is not None:
             return None
         node = assignment.value
     return None

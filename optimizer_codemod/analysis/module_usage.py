@@ -20,6 +20,7 @@ from optimizer_codemod.analysis.calls import callee_name, excerpt, receiver
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
+from optimizer_codemod.analysis.values import Source, value_sources
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -58,9 +59,17 @@ BRANCHING = (
 DETACHING = frozenset({"detach", "detach_", "requires_grad_", "no_grad", "inference_mode"})
 
 
-def built_class(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> Optional[str]:
-    """The class of this file that `node` builds: `Net(...)`, `Net(...).to(device)`, or a name
-    every (non self-rebinding) assignment of which builds the same class."""
+def built_class(
+    facts: "ScriptFacts",
+    node: cst.BaseExpression,
+    function: Optional[cst.CSTNode] = None,
+    depth: int = 0,
+) -> Optional[str]:
+    """The class of this file that `node`, read in `function`, builds: `Net(...)`,
+    `Net(...).to(device)`, or a name every (non self-rebinding) assignment of which builds the
+    same class. `self.X` and parameters are followed in their scope (values.value_sources:
+    `self.model = model.to(device)` in `Trainer.__init__`, called once as `Trainer(Net(),
+    ...)`); other names, file-wide."""
     if depth > MAX_DEPTH:
         return None
     if isinstance(node, cst.Call):
@@ -68,19 +77,22 @@ def built_class(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) 
             return node.func.value
         if callee_name(node) in MODULE_RETURNING and isinstance(node.func, cst.Attribute):
             inner = receiver(node)
-            return built_class(facts, inner, depth + 1) if inner is not None else None
+            return built_class(facts, inner, function, depth + 1) if inner is not None else None
         return None
     name = dotted_name(node)
     if name is None:
         return None
+    sources = value_sources(facts, name, function)
+    if sources is None:
+        sources = [Source(a.value, a.site.function, a) for a in facts.assignments_to(name)]
     found: Set[Optional[str]] = set()
-    for assignment in facts.assignments_to(name):
-        if assignment.unpacked or assignment.augmented:
+    for source in sources:
+        assignment, value = source.assignment, source.value
+        if assignment is not None and (assignment.unpacked or assignment.augmented):
             return None
-        value = assignment.value
-        if _rebinds(value, name) or _wraps(facts, value, name):
+        if assignment is not None and (_rebinds(value, name) or _wraps(facts, value, name)):
             continue
-        found.add(built_class(facts, value, depth + 1))
+        found.add(built_class(facts, value, source.function, depth + 1))
     return found.pop() if len(found) == 1 else None
 
 
