@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Tuple
 
 import libcst as cst
 import pytest
@@ -25,6 +25,7 @@ from optimizer_codemod.analysis.padding import hand_padding
 from optimizer_codemod.analysis.project import _find_shape_varying_functions
 from optimizer_codemod.api import rewrite_source
 from optimizer_codemod.config import Settings
+from optimizer_codemod.formatting import wrap_long_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import generate_training_file as generate  # noqa: E402
@@ -36,7 +37,8 @@ GROWTH_LIMIT = FACTOR * 1.25
 SLACK_LINES = 500
 
 
-def lines_executed(src: str) -> Counter:
+def counted(work: Callable[[], object]) -> Tuple[Counter, object]:
+    """The lines of Python `work()` executes, per function, and what it returned."""
     counts: Counter = Counter()
 
     def local(frame, event, arg):
@@ -44,13 +46,17 @@ def lines_executed(src: str) -> Counter:
             counts[frame.f_code] += 1
         return local
 
-    settings = Settings(unsafe_fixes=True)
-    options = settings.options_for("train.py")
     sys.settrace(lambda frame, event, arg: local)
     try:
-        result = rewrite_source(src.encode(), "train.py", options)
+        returned = work()
     finally:
         sys.settrace(None)
+    return counts, returned
+
+
+def lines_executed(src: str) -> Counter:
+    options = Settings(unsafe_fixes=True).options_for("train.py")
+    counts, result = counted(lambda: rewrite_source(src.encode(), "train.py", options))
     assert result.changed
     return counts
 
@@ -108,19 +114,9 @@ def collate_{index}(batch):
 def test_padding_by_hand_costs_linear_work() -> None:
     def work(count: int) -> Counter:
         facts = ScriptFacts.of(cst.parse_module(_padding_functions(count)))
-        counts: Counter = Counter()
-
-        def local(frame, event, arg):
-            if event == "line":
-                counts[frame.f_code] += 1
-            return local
-
-        sys.settrace(lambda frame, event, arg: local)
-        try:
-            found = hand_padding(facts)
-            varying = _find_shape_varying_functions(facts)
-        finally:
-            sys.settrace(None)
+        counts, (found, varying) = counted(
+            lambda: (hand_padding(facts), _find_shape_varying_functions(facts))
+        )
         assert len(found) == count and len(varying) == count
         return counts
 
@@ -128,3 +124,25 @@ def test_padding_by_hand_costs_linear_work() -> None:
     before, after = work(10), work(10 * FACTOR)
     total = sum(after.values()) / sum(before.values())
     assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the code"
+
+
+def test_laying_out_many_changed_lines_of_one_function_costs_linear_work() -> None:
+    # Each changed statement is laid out alone (formatting._innermost_statements): finding
+    # the statement of each changed line, and whether it shares its lines with another, must
+    # not compare every changed line with every statement of the function.
+    def work(count: int) -> Counter:
+        call = "f(a{0}, non_blocking=True, some_keyword_argument=another_value_to_pass_along_here)"
+        old = "def main():\n" + "".join(f"    x{i} = f(a{i})\n" for i in range(count))
+        new = "def main():\n" + "".join(f"    x{i} = {call.format(i)}\n" for i in range(count))
+        counts, wrapped = counted(lambda: wrap_long_calls(old, new, 88))
+        assert wrapped.count("\n") > new.count("\n")  # the long calls were laid out
+        return counts
+
+    work(2)  # imports
+    before, after = work(50), work(50 * FACTOR)
+    grew = sorted(
+        (after[code] / max(before[code], 1), code.co_name)
+        for code in after
+        if after[code] > GROWTH_LIMIT * before[code] + SLACK_LINES
+    )
+    assert not grew, f"superlinear for {FACTOR}x the changed lines: {grew[-5:]}"
