@@ -89,7 +89,7 @@ class Cache:
         try:
             self._prepare(entry.parent)
             stored = hashlib.sha256(text).hexdigest().encode("ascii")
-            _write_atomically(entry, stored + b"\n" + text)
+            write_atomically(entry, stored + b"\n" + text)
         except OSError:
             pass
         return index
@@ -112,7 +112,7 @@ class Cache:
         entry = self._entry(key)
         try:
             self._prepare(entry.parent)
-            _write_atomically(entry, _encode(result))
+            write_atomically(entry, _encode(result))
         except OSError:
             pass  # a cache that cannot be written (read-only checkout, full disk) is no cache
 
@@ -123,7 +123,7 @@ class Cache:
         root.mkdir(parents=True, exist_ok=True)
         ignore = root / ".gitignore"
         if not ignore.exists():
-            _write_atomically(ignore, _GITIGNORE.encode("utf-8"))
+            write_atomically(ignore, _GITIGNORE.encode("utf-8"))
         folder.mkdir(parents=True, exist_ok=True)
 
 
@@ -244,7 +244,7 @@ def _diagnostic_from(record: dict) -> Diagnostic:
     return Diagnostic(**fields)
 
 
-def _write_atomically(target: Path, data: bytes) -> None:
+def write_atomically(target: Path, data: bytes) -> None:
     # A temporary file in the same folder, then a rename: readers in other processes see the
     # old entry or the new one, never a part.
     handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)

@@ -15,18 +15,19 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from optimizer_codemod.api import (
     SourceRewrite,
-    is_notebook,
     format_rewrite,
+    is_notebook,
     rewrite_source,
 )
 from optimizer_codemod.analysis.project import project_facts
-from optimizer_codemod.cache import Cache
+from optimizer_codemod.cache import Cache, write_atomically
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
 from optimizer_codemod.edits import text_edits
@@ -206,11 +207,8 @@ def _save_outcome(journal: str, outcome: FileOutcome) -> None:
     rewritten, and without this its fixes would go unreported. It is saved right after the
     rename, while a SIGTERM still waits.
     """
-    final = _journal_path(journal, outcome.path)
-    temporary = final + f".{os.getpid()}.tmp"
-    with open(temporary, "wb") as handle:
-        pickle.dump(outcome, handle, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(temporary, final)
+    data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    write_atomically(Path(_journal_path(journal, outcome.path)), data)
 
 
 def _saved_outcome(journal: str, path: str) -> Optional[FileOutcome]:
