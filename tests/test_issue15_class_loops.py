@@ -181,6 +181,15 @@ FUNCTION_LOOP = textwrap.dedent("""\
     import torch.nn.functional as F
 
 
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            return self.linear(x)
+
+
     def train(model, loader, dev):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for x, y in loader:
@@ -192,7 +201,7 @@ FUNCTION_LOOP = textwrap.dedent("""\
 
     def main(loader):
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        net = torch.nn.Linear(8, 10).to(device)
+        net = Net().to(device)
         train(net, loader, device)
     """)
 

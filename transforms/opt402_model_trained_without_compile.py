@@ -6,17 +6,20 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.entry_points import chosen_by_name, models_trained_elsewhere
+from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
     compiles,
+    each_trained_model,
     imported_layer,
     device_type_code,
     model_built,
+    model_constructed,
     model_device,
     model_recurrent_layers,
     model_sparse_calls,
-    the_trained_model,
+    torch_own_module,
     visible_at,
     why_no_trained_model,
 )
@@ -71,10 +74,23 @@ class ModelTrainedWithoutCompile(Rule):
         names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
         graphs break on changing shapes and on outputs kept across steps). Compiling happens
-        before a DistributedDataParallel wrapper is built. Nothing is done when the script
-        already compiles anything (`torch.compile`, `.compile()`, TorchScript), when it
-        trains several models or the model is built inside a loop, or when the model is
-        never placed on a device. On CPU the guard leaves the model in eager mode: on the
+        before a DistributedDataParallel wrapper is built. A file that trains several models
+        (a GAN's generator and discriminator, each with its optimizer) gets each compiled
+        after the statement that places it; the finding points at the statement that builds
+        the model. Nothing is done when the script already compiles anything
+        (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a loop or
+        never placed on a device. Nor when the file differentiates a gradient again
+        (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
+        `backward(create_graph=True)`, `torch.autograd.functional.hessian`): the backward of
+        a compiled module cannot be differentiated, and the second backward raises
+        "torch.compile with aot_autograd does not currently support double backward" (torch
+        2.13, `_functorch/_aot_autograd/runtime_wrappers.py`; tests/test_compile_claims.py
+        runs it). Nor for a model built only from torch's own layers
+        (`nn.Sequential(nn.Linear(...), nn.ReLU())`): `Module.compile()` compiles the
+        module's `_call_impl`, and Dynamo skips the code of torch's own modules, so nothing
+        is compiled (measured on torch 2.13; pytorch/pytorch#150915, with a fix proposed in
+        pytorch/pytorch#185722); `model = torch.compile(model)` would compile it, but
+        renames its `state_dict()` keys. On CPU the guard leaves the model in eager mode: on the
         2-core x86_64 CPU used for our measurements compilation took about 20 s and made a
         bfloat16-autocast GPT step 5.9 times slower (85 ms eager, 501 ms compiled). For
         the same reason the rule does not run with `target-device = "cpu"`. Not applied when
@@ -137,21 +153,28 @@ class ModelTrainedWithoutCompile(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        model = the_trained_model(facts)
         if compiles(facts):
             return
-        if model is None:
+        models = each_trained_model(facts)
+        if not models:
             missing = why_no_trained_model(facts)
             if missing is not None:
                 self.decline(*missing)
             for handed in models_trained_elsewhere(facts):
                 self.decline(handed.placed, _why_not_followed(facts, handed))
             return
+        twice = double_backward_calls(facts)
+        for model in models:
+            self._compile(model, twice)
+
+    def _compile(self, model, twice) -> None:
+        """Compile `model` after the statement that places it, or say why not."""
+        facts = self.facts
         anchor = model_built(facts, model)
         device = model_device(facts, model)
         if anchor is None or device is None or not visible_at(facts, device, anchor):
             self.decline(
-                anchor or model.optimizer.node,
+                model_constructed(facts, model) or anchor or model.optimizer.node,
                 (
                     f"`{model.name}` is built or moved in several places, in a loop, or after its "
                     "optimizer: there is no one statement after which to compile it"
@@ -165,9 +188,10 @@ class ModelTrainedWithoutCompile(Rule):
                 ),
             )
             return
-        reason = self._why_compile_would_not_pay(model)
+        where = model_constructed(facts, model) or anchor
+        reason = self._why_compile_would_not_pay(model) or _why_compile_would_fail(twice)
         if reason is not None:
-            self.decline(anchor, reason)
+            self.decline(where, reason)
             return
         device_type = device_type_code(facts, device)
         compile_call = f"{model.name}.compile()"
@@ -176,7 +200,7 @@ class ModelTrainedWithoutCompile(Rule):
         else:
             inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
         self.report(
-            anchor,
+            where,
             Fix((InsertStatements(anchor, after=(inserted,)),)),
             message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
         )
@@ -196,6 +220,14 @@ class ModelTrainedWithoutCompile(Rule):
                 "graph-breaks on RNN, GRU and LSTM modules (`torch._dynamo.config.allow_rnn` "
                 "is False), so that layer stays eager and compiling the rest buys little"
             )
+        own = torch_own_module(self.facts, model)
+        if own is not None:
+            return (
+                f"`{model.name}` is a `{own}` of torch's own layers: `Module.compile()` compiles "
+                "its `_call_impl`, and Dynamo skips the code of torch's own modules (its skip "
+                "list), so nothing would be compiled (torch 2.13, measured; "
+                "pytorch/pytorch#150915)"
+            )
         sparse = model_sparse_calls(self.facts, model)
         if sparse:
             return (
@@ -204,6 +236,16 @@ class ModelTrainedWithoutCompile(Rule):
                 "Tensors and graph-breaks around them, so little is compiled"
             )
         return None
+
+
+def _why_compile_would_fail(twice) -> "str | None":
+    if twice:
+        return (
+            f"this file differentiates a gradient again (`{excerpt(twice[0].node)}`, a gradient "
+            "penalty or a Hessian), and torch.compile does not support double backward: the "
+            "second backward through a compiled module raises a RuntimeError"
+        )
+    return None
 
 
 def _why_not_followed(facts, handed) -> str:

@@ -1,4 +1,5 @@
-"""Where a script looks at `.grad`: the reads that would see None instead of a zero tensor."""
+"""Where a script looks at `.grad` (the reads that would see None instead of a zero tensor),
+and where it differentiates a gradient again."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import TYPE_CHECKING, List
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import literal, positional
-from optimizer_codemod.analysis.collect import Site
+from optimizer_codemod.analysis.calls import argument, is_literal, literal, positional
+from optimizer_codemod.analysis.collect import CallSite, Site
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -55,3 +56,43 @@ def grad_touches(facts: "ScriptFacts") -> List[cst.CSTNode]:
         if a.target.rsplit(".", 1)[-1] == "grad" and "." in a.target
     ]
     return [node for _, node in sorted(found, key=lambda item: item[0])]
+
+
+# Second derivatives: Hessians are computed through a graph of the backward pass.
+_HESSIANS = frozenset(
+    {
+        "torch.autograd.functional.hessian",
+        "torch.autograd.functional.hvp",
+        "torch.autograd.functional.vhp",
+        "torch.func.hessian",
+    }
+)
+
+
+def double_backward_calls(facts: "ScriptFacts") -> List[CallSite]:
+    """Calls that build a graph of the backward pass so that it can be differentiated again:
+    `torch.autograd.grad(..., create_graph=True)` (a gradient penalty), `loss.backward(
+    create_graph=True)`, Hessians; a `create_graph` that is not literally False counts."""
+    found = facts.calls_to(*_HESSIANS)
+    # `create_graph` is the fifth parameter of `torch.autograd.grad`, the fourth of
+    # `torch.autograd.backward` and the third of `Tensor.backward`.
+    found += [
+        call
+        for call in facts.calls_to("torch.autograd.grad")
+        if _builds_graph(argument(call.node, "create_graph", 4))
+    ]
+    found += [
+        call
+        for call in facts.calls_to("torch.autograd.backward")
+        if _builds_graph(argument(call.node, "create_graph", 3))
+    ]
+    found += [
+        call
+        for call in facts.method_calls("backward")
+        if _builds_graph(argument(call.node, "create_graph", 2))
+    ]
+    return sorted(found, key=lambda call: call.site.order)
+
+
+def _builds_graph(create_graph) -> bool:
+    return create_graph is not None and not is_literal(create_graph.value, False)

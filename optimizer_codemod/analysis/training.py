@@ -410,6 +410,17 @@ def the_trained_model(facts: "ScriptFacts") -> Optional[TrainedModel]:
     return models[0] if len(names) == 1 else None
 
 
+def each_trained_model(facts: "ScriptFacts") -> List[TrainedModel]:
+    """Every model this file trains, once each (its first optimizer), in source order."""
+    seen: Set[Tuple[str, Optional[str]]] = set()
+    found: List[TrainedModel] = []
+    for model in trained_models(facts):
+        if (model.name, model.owner) not in seen:
+            seen.add((model.name, model.owner))
+            found.append(model)
+    return found
+
+
 def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, str]]:
     """Where this file trains (its first `.backward()` call) and why `the_trained_model`
     finds no model there; None when the file does not train or the model is found."""
@@ -473,6 +484,20 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     if any(w.site.order < order for w in wrappers):
         return None
     return statement
+
+
+def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseStatement]:
+    """The statement that first builds `model` (its first assignment, data-parallel wrappers
+    left out): where a finding about the model as a whole points."""
+    wrappers = wrapper_assignments(facts, model.name)
+    built = [
+        assignment
+        for assignment in model_assignments(facts, model)
+        if assignment not in wrappers and assignment.site.statement is not None
+    ]
+    if not built:
+        return None
+    return min(built, key=lambda assignment: assignment.site.order).site.statement
 
 
 def _built_in_init(
@@ -882,6 +907,55 @@ def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.Ba
                 if facts.assignments_to(other) or value_sources(facts, other, source.function):
                     pending.append((other, source.function))
     return found
+
+
+def torch_own_module(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
+    """The torch.nn class `model` is (`torch.nn.Sequential`) when every module its
+    construction builds is one of torch's own (`nn.Sequential(nn.Linear(...), nn.ReLU())`),
+    None when it builds any other class (this file's, another module's, a library's) or the
+    analysis cannot see its construction."""
+    found: Optional[str] = None
+    for expression in _model_expressions(facts, model):
+        call = _constructor_call(facts, expression)
+        if call is None:
+            continue  # `net.to(device)`: `net` is followed on its own; a device, a number
+        qualname = facts.qualified_name(call.func) or ""
+        if not (qualname.startswith("torch.nn.") and builds_module(facts, call)):
+            if builds_module(facts, call):
+                return None
+            continue
+        if any(_may_build_other_modules(facts, inner) for inner in find_all(call, cst.Call)):
+            return None
+        found = found or qualname
+    return found
+
+
+def _constructor_call(facts: "ScriptFacts", expression: cst.BaseExpression) -> Optional[cst.Call]:
+    """`nn.Sequential(...)` in `nn.Sequential(...).to(device).float()`; None for a method
+    called on a name (`net.to(device)`) and for what is not a call."""
+    while isinstance(expression, cst.Call):
+        func = expression.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            expression = func.value
+        elif isinstance(func, cst.Attribute) and facts.qualified_name(func) is None:
+            return None
+        else:
+            return expression
+    return None
+
+
+# Calls inside a construction that build no module: torch's own, and libraries of numbers.
+_BUILDS_NO_OTHER_MODULE = ("torch.", "collections.", "numpy.", "math.", "functools.", "itertools.")
+
+
+def _may_build_other_modules(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """A call that may build a module other than torch's own: a class or function of this
+    file, a name it binds, or anything imported from elsewhere; Python's builtins do not."""
+    qualname = facts.qualified_name(call.func)
+    if qualname is not None:
+        return not qualname.startswith(_BUILDS_NO_OTHER_MODULE)
+    head = (dotted_name(call.func) or "").split(".")[0]
+    return not head or facts.imports.is_bound(head)
 
 
 def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
