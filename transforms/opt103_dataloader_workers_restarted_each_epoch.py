@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.loaders import (
     option,
     option_value,
     options_unknown,
+    repetition_unknown,
 )
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -36,7 +37,12 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         Adds `persistent_workers=True` to a `torch.utils.data.DataLoader` with worker
         processes (`num_workers` > 0) that is iterated once per epoch; when `num_workers` is
         an expression, adds `persistent_workers=<that expression> > 0` instead, because
-        `persistent_workers=True` raises a ValueError with `num_workers=0`.
+        `persistent_workers=True` raises a ValueError with `num_workers=0`. A loader counts as
+        iterated once per epoch also when it is handed, from inside the epoch loop, to a
+        function that loops over it: a function or method of the same file
+        (`self._run_epoch(epoch, self.train_loader)` in a `Trainer`), or one of another module
+        of the run (`train_one_epoch(model, data_loader_train, ...)` from engine.py), also
+        through a generator that loops over it (`metric_logger.log_every(data_loader, 10)`).
 
     Why is it slow:
         Without `persistent_workers`, every `for batch in loader` starts `num_workers` new
@@ -66,8 +72,13 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         at the start of each, so random augmentations differ from the original run, and
         `worker_init_fn` runs once instead of once per epoch. Never applied when the loader is
         built again for each epoch, when the dataset is changed from outside after it is built
-        (`dataset.set_epoch(...)`, assigning its attributes: persistent workers would keep a
-        stale copy), or when `persistent_workers` is already chosen. Options built in a dict
+        (`dataset.set_epoch(...)`, assigning its attributes, also `loader.dataset.x = ...` in
+        a function the loader is handed to: persistent workers would keep a stale copy), or
+        when `persistent_workers` is already chosen. `loader.sampler.set_epoch(epoch)` is fine:
+        the sampler runs in the main process, which draws a fresh iterator from it at every
+        epoch (torch/utils/data/dataloader.py, `_BaseDataLoaderIter._reset`). A loader handed
+        inside the epoch loop to a function that is not in the files of the run (or through
+        `*args`) is left alone with a reason naming that function. Options built in a dict
         (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
         read like keywords; the fix goes into the dict when every loader built from it gets it,
         else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). Reported, not
@@ -150,10 +161,15 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             if count is not NOT_LITERAL and not (type(count) is int and count > 0):
                 continue  # 0 (no workers), or a literal DataLoader would reject anyway
             if not iterated_repeatedly(facts, site):
+                unknown = repetition_unknown(facts, site)
                 self.decline(
                     call,
-                    "the loader is not iterated again and again (once per epoch), so its "
-                    "workers start only once",
+                    (
+                        f"whether the loader is iterated once per epoch is unknown: {unknown}"
+                        if unknown
+                        else "the loader is not iterated again and again (once per epoch), so its "
+                        "workers start only once"
+                    ),
                 )
                 continue
             if dataset_mutated(facts, site):

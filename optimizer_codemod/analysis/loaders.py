@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -25,6 +25,12 @@ from optimizer_codemod.analysis.calls import (
     with_keyword,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
+from optimizer_codemod.analysis.handoffs import (
+    LoopingFunction,
+    callee_key,
+    callee_summary,
+    looping_functions,
+)
 from optimizer_codemod.analysis.devices import (
     COPY_METHODS,
     may_live_on_accelerator,
@@ -466,6 +472,8 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
             names.add(followed)
     for loader in loader_names(facts, site):
         names.add(f"{loader}.dataset")
+    if handoffs_of(facts, site).dataset_changed:
+        return True
     return bool(names) and names_changed(facts, names)
 
 
@@ -601,8 +609,12 @@ def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
     """The same loader object is iterated again and again (once per epoch, typically).
 
     True when a loop over it sits inside an outer loop, or inside a function called from a
-    loop, and the loader is not rebuilt on each of those repetitions.
+    loop, and the loader is not rebuilt on each of those repetitions; or when it is handed to
+    a function that loops over it (handoffs.py: of this file or of another module of the
+    run) from such a place, or to one that loops over it inside a loop of its own.
     """
+    if handoffs_of(facts, site).repeated:
+        return True
     built_in = {id(loop) for loop in site.site.loops}
     for loop in loops_over(facts, site):
         if any(id(outer) not in built_in for outer in loop.ancestors):
@@ -626,6 +638,152 @@ def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
         ):
             return True
     return False
+
+
+# Loaders handed to functions -------------------------------------------------------------
+# Builtins that read a loader without iterating it.
+NOT_ITERATING = frozenset(
+    {"len", "print", "isinstance", "hasattr", "getattr", "id", "type", "repr"}
+)
+
+
+@dataclass(frozen=True)
+class Handoffs:
+    """What the functions a loader is handed to do with it (handoffs.py)."""
+
+    repeated: bool = False  # one of them loops over it again and again
+    dataset_changed: bool = False  # one of them changes its dataset
+    unknown: Optional[str] = None  # why one handed it inside a loop cannot be told
+
+
+def handoffs_of(facts: "ScriptFacts", site: CallSite) -> Handoffs:
+    """The calls that hand this loader to a function (`train_one_epoch(model, loader)`,
+    `self._run_epoch(epoch, self.train_loader)`) and what those functions do with it."""
+    table = facts.memo("loader_handoffs")
+    if "sites" not in table:
+        table["sites"] = _handoffs_by_site(facts)
+    return table["sites"].get(id(site), Handoffs())
+
+
+def looping_summaries(facts: "ScriptFacts") -> Dict[str, LoopingFunction]:
+    """This file's LoopingFunction summaries, with those the project index gives."""
+    memo = facts.memo("looping_functions")
+    if "table" not in memo:
+        memo["table"] = looping_functions(facts, imported_looping_functions(facts))
+    return memo["table"]
+
+
+def imported_looping_functions(facts: "ScriptFacts") -> Dict[str, LoopingFunction]:
+    project = getattr(facts, "project", None)
+    return dict(project.looping_functions) if project is not None else {}
+
+
+def _handoffs_by_site(facts: "ScriptFacts") -> Dict[int, Handoffs]:
+    local = looping_summaries(facts)
+    elsewhere = imported_looping_functions(facts)
+    found: Dict[int, Handoffs] = {}
+    for call in facts.records.calls:
+        for arg in call.node.args:
+            site, assigned_in = _loader_value(facts, arg.value, local)
+            if site is None:
+                continue
+            built_in = {id(loop) for loop in (*site.site.loops, *assigned_in)}
+            runs_again = any(id(loop) not in built_in for loop in call.site.loops) or (
+                call.site.function is not None
+                and _called_in_loop(facts, call.site.function, site, built_in, 0, set())
+            )
+            summary = callee_summary(facts, call, local, elsewhere)
+            bound = summary.bound(call.node, arg) if summary is not None else None
+            before = found.get(id(site), Handoffs())
+            if bound is not None:
+                repeated = bound in summary.repeated or (runs_again and bound in summary.iterated)
+                found[id(site)] = replace(
+                    before,
+                    repeated=before.repeated or repeated,
+                    dataset_changed=before.dataset_changed or bound in summary.dataset_changed,
+                )
+            elif runs_again and before.unknown is None:
+                reason = _unknown_callee(facts, call, summary, arg)
+                if reason is not None:
+                    found[id(site)] = replace(before, unknown=reason)
+    return found
+
+
+def _unknown_callee(facts, call, summary, arg) -> Optional[str]:
+    written = excerpt(call.node.func)
+    if written in NOT_ITERATING and not facts.imports.is_bound(written):
+        return None
+    if summary is not None:
+        return (
+            f"it is handed to `{written}` inside a loop in a way that cannot be matched to "
+            "one of its parameters (`*args`)"
+        )
+    return (
+        f"it is handed to `{written}` inside a loop, and that function is not in the files "
+        "of this run (or is called through a name that cannot be followed), so what it does "
+        "with the loader cannot be read"
+    )
+
+
+def _loader_value(facts, node, local) -> Tuple[Optional[CallSite], Tuple[Loop, ...]]:
+    """The DataLoader construction `node` is, with the loops the name it is read through is
+    assigned in: the call itself, a name bound to it, or a name bound only to it (or to
+    None) and to calls of a function of this file that returns it
+    (`self.train_loader = self._prepare_dataloader(ds)`)."""
+    direct = facts.call_site_of.get(node)
+    if direct is not None and direct.qualname == DATALOADER:
+        return direct, ()
+    name = dotted_name(node)
+    if name is None:
+        return None, ()
+    named = facts.loader_named(name)
+    if named is not None:
+        return named, ()
+    found, loops = None, []
+    for assignment in facts.assignments_to(name):
+        value = assignment.value
+        if is_name(value, "None") and not assignment.unpacked:
+            continue  # `data_loader_val = None` without a validation set: nothing to iterate
+        site = facts.call_site_of.get(value) if not assignment.unpacked else None
+        direct = site if site is not None and site.qualname == DATALOADER else None
+        made = direct or (_returned_loader(facts, site) if site is not None else None)
+        if made is None or (found is not None and made is not found):
+            return None, ()
+        found = made
+        loops.extend(assignment.site.loops)
+    return found, tuple(loops)
+
+
+def _returned_loader(facts: "ScriptFacts", call: CallSite) -> Optional[CallSite]:
+    """The DataLoader construction a function of this file returns, when every `return` of
+    it returns that one call: `def _prepare_dataloader(self, ds): return DataLoader(ds, ...)`."""
+    key = callee_key(facts, call)
+    memo = facts.memo("returned_loader")
+    if key not in memo:
+        function = _function_named(facts, key)
+        returns = find_all(function.body, cst.Return) if function is not None else []
+        made = [facts.call_site_of.get(r.value) if r.value is not None else None for r in returns]
+        first = made[0] if made else None
+        same = first is not None and all(m is first for m in made)
+        memo[key] = first if same and first.qualname == DATALOADER else None
+    return memo[key]
+
+
+def _function_named(facts: "ScriptFacts", key: Optional[str]) -> Optional[cst.FunctionDef]:
+    if key is None:
+        return None
+    owner, _, name = key.rpartition(".")
+    body = facts.module.body if not owner else getattr(facts.classes.get(owner), "node", None)
+    statements = body if not owner else (body.body.body if body is not None else [])
+    return next(
+        (s for s in statements if isinstance(s, cst.FunctionDef) and s.name.value == name), None
+    )
+
+
+def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """Why it cannot be told whether the loader is iterated once per epoch: it is handed,
+    inside a loop, to a function that cannot be read (None when nothing is in doubt)."""
+    return handoffs_of(facts, site).unknown
 
 
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:

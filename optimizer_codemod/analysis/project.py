@@ -70,6 +70,12 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import callee_name, excerpt
+from optimizer_codemod.analysis.handoffs import (
+    LoopingFunction,
+    callee_key,
+    looping_functions,
+    spelled_summaries,
+)
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -199,6 +205,9 @@ class ProjectFacts:
     imported_classes: Tuple[ImportedClass, ...] = ()
     importers: Tuple[str, ...] = ()  # the files of the run that import this one
     imported_functions: Tuple[ImportedFunction, ...] = ()  # those that vary batch shapes
+    # (spelling, summary) of the functions and methods of other modules it calls, for a
+    # loader handed to them: which parameters they loop over (handoffs.py).
+    looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -245,6 +254,11 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
         )
 
+    def looping_function(record) -> LoopingFunction:
+        return LoopingFunction(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
+        )
+
     def imported_class(record) -> ImportedClass:
         return ImportedClass(
             **{**record, "layers": tuple(record["layers"]), "optional": tuple(record["optional"])}
@@ -259,6 +273,10 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             importers=tuple(record["importers"]),
             imported_functions=tuple(
                 ImportedFunction(**f) for f in record.get("imported_functions", ())
+            ),
+            looping_functions=tuple(
+                (spelling, looping_function(summary))
+                for spelling, summary in record.get("looping_functions", ())
             ),
         )
         for path, record in data.items()
@@ -287,6 +305,7 @@ class _Module:
     calls_by_name: Optional[Dict[str, list]] = None  # calls of each class and function
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
     varying: Optional[Dict[str, Tuple[str, str]]] = None  # functions varying shapes, once asked
+    looping: Dict[str, LoopingFunction] = field(default_factory=dict)  # handoffs.py summaries
 
 
 def _search_roots(path: str, run_root: str = "") -> List[str]:
@@ -520,6 +539,7 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
     if not any(m.objects or m.modules for m in parsed):
         return {}
     _training_reach(parsed, files)
+    _looping_reach(parsed, files)
     scripts: Dict[str, List[str]] = {}  # file -> the scripts that run its loops
     for module in parsed:
         for path in _runs(module, files):
@@ -658,6 +678,35 @@ def _training_reach(parsed: List[_Module], files: Dict[str, _Module]) -> None:
                     changed = True
         if not changed:
             break
+
+
+def _looping_reach(parsed: List[_Module], files: Dict[str, _Module]) -> None:
+    """Each module's LoopingFunction summaries (handoffs.py), with those of the modules it
+    imports: a few rounds, for a chain of calls across modules (main.py -> engine.py's
+    `train_one_epoch` -> util/misc.py's `MetricLogger.log_every`)."""
+    for _ in range(MAX_ROUNDS):
+        changed = False
+        for module in parsed:
+            found = looping_functions(module.facts, _spelled_looping(module, files))
+            if found != module.looping:
+                module.looping = found
+                changed = True
+        if not changed:
+            break
+
+
+def _spelled_looping(module: _Module, files: Dict[str, _Module]) -> Dict[str, LoopingFunction]:
+    """The summaries of other modules' functions, under the names `module` spells them."""
+    spellings = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        if defined is not None and defined[0] is not module:
+            spellings.append((name, defined[0].looping, defined[1]))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        if owner is not None and owner is not module:
+            spellings.append((spelling, owner.looping, ""))
+    return spelled_summaries(spellings)
 
 
 def _steps_when_called(module: _Module) -> bool:
@@ -802,7 +851,12 @@ def _own_facts(
         for name, call in (_shape_varying_functions(owner) if owner is not None else {}).items():
             functions.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
     loops = _loops_elsewhere(module, files)
+    # Only a file that builds a loader hands one on; the others' summaries stay in the index.
+    builds = bool(module.facts.dataloader_constructions())
+    called = {callee_key(module.facts, c) for c in module.facts.records.calls} if builds else ()
+    looping = _spelled_looping(module, files) if builds else {}
     return ProjectFacts(
+        looping_functions=tuple(sorted((k, v) for k, v in looping.items() if k in called)),
         entry_points=tuple(sorted(scripts)),
         loops=loops,
         imported_classes=tuple(sorted(classes, key=lambda c: c.name)),
