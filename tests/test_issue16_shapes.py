@@ -459,3 +459,29 @@ def test_a_variation_of_the_shape(
         assert written["train.py"] == unvaried
     else:
         assert output in written["train.py"]
+
+
+@pytest.mark.parametrize(
+    "where", ["in-main", "at-module-level"], ids=["in-main", "at-module-level"]
+)
+def test_anomaly_turned_on_by_the_script_whose_loop_is_in_another_module(
+    where: str, tmp_path: Path
+) -> None:
+    """train.py turns anomaly detection on and runs the training loop of trainer.py: the
+    switch is process-wide, so it is on for that loop as in the flat script (no backward
+    call in train.py's own text)."""
+    files = render(CASES["OPT104"], "project", caller=ANOMALY.strip())
+    if where == "at-module-level":
+        script = files["train.py"].replace(ANOMALY, "")
+        files["train.py"] = script.replace(
+            "\n\ndef main():", "\n" + ANOMALY.strip() + "\n\n\ndef main():"
+        )
+    assert "backward" not in files["train.py"] and "set_detect_anomaly(True)" in files["train.py"]
+    outcomes, written = run_case(files, "OPT703", tmp_path / "run")
+    found = findings(outcomes, "OPT703")
+    assert set(found) == {"train.py"}
+    [finding] = found["train.py"]
+    assert finding.status is Status.FIXED
+    assert "anomaly detection is on for training" in finding.message
+    assert "set_detect_anomaly" not in written["train.py"]
+    assert all(written[name] == files[name] for name in files if name != "train.py")

@@ -27,7 +27,11 @@ class BlockingHostToDeviceCopy(Rule):
         `pin_memory=torch.cuda.is_available()`, which OPT101 adds, or set in an options dict
         filled under a condition: `if use_cuda: kwargs.update(pin_memory=True)`), inside a
         loop over the loader (training or evaluation) of a script that trains,
-        and the device is CUDA or chosen at run time between CUDA and the CPU.
+        and the device is CUDA or chosen at run time between CUDA and the CPU. The loader is
+        followed through `self.train_data` set from a parameter, a parameter every call
+        binds to a loader, `enumerate`/`iter`, a helper that returns the DataLoader, and a
+        generator of the file that only yields the items of a loop over its argument
+        (`cycle(dl)`); batches drawn with `batch = next(it)` count as well.
 
     Why is it slow:
         A blocking copy makes the Python thread wait until the batch has reached the GPU, and

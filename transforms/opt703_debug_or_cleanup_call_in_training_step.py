@@ -133,6 +133,9 @@ class DebugOrCleanupCallInTrainingStep(Rule):
     min_torch = TorchVersion(1, 0)
     triggers = (r"(?:detect_anomaly|\bprofile|emit_nvtx|\bcollect|empty_cache|synchronize)\b",)
     requires = (BACKWARD_CALL,)
+    # Anomaly detection is a process-wide autograd switch: a script whose training loops are
+    # in other modules of the run turns it on for them, with no backward call of its own.
+    process_wide = True
     removes_syncs = {SYNCHRONIZE: Safety.BEHAVIOR, EMPTY_CACHE: Safety.BEHAVIOR}
     examples = (
         Example(

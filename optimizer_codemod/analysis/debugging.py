@@ -91,22 +91,32 @@ class DebugSwitches:
     def sites(self) -> List[DebugSite]:
         """Every site, in source order: anomaly detection turned on for training (a call at
         module level, in a function holding a training loop or calling a function of this
-        file that reaches backward, such as `main()` running `Trainer(...).run()`; a `with`
+        file that reaches backward, such as `main()` running `Trainer(...).run()`, or a
+        training loop of another module of the run, as the project index found; a `with`
         around a training loop or a backward call, or inside a training loop), profilers
         entered the same way (`torch.profiler.profile` only without a `schedule=`), and
         `gc.collect()`, `empty_cache()`, `synchronize()` on every step of a training loop
         (its own body, not under an `if`). Only what runs unconditionally: not under an
         `if` (the main guard aside), an `except` or an `else`."""
+        from optimizer_codemod.analysis.precision import entry_calls
+
         facts = self.facts
-        if not facts.training_loops:
+        # A script whose training loops are in other modules of the run (project.py) turns
+        # anomaly detection on for them: the switch is process-wide.
+        runs_elsewhere = {id(call.site.function) for call in entry_calls(facts)}
+        if not facts.training_loops and not runs_elsewhere:
             return []
         found: List[DebugSite] = []
         for call in facts.calls_to(*ANOMALY_SETTERS):
             statement = call.site.statement
             in_training = (
-                call.site.function is None
+                (call.site.function is None and (facts.training_loops or runs_elsewhere))
+                or id(call.site.function) in runs_elsewhere
                 or any(loop.function is call.site.function for loop in facts.training_loops)
-                or call.site.function.name.value in facts.functions_reaching_backward
+                or (
+                    call.site.function is not None
+                    and call.site.function.name.value in facts.functions_reaching_backward
+                )
             )
             if not (
                 _turns_on(call.node)

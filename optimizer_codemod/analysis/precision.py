@@ -165,13 +165,21 @@ def loops_elsewhere(facts: "ScriptFacts"):
 
 def entry_call(facts: "ScriptFacts") -> Optional["CallSite"]:
     """The first call of this script that runs a training loop of another module."""
+    calls = entry_calls(facts)
+    return min(calls, key=lambda c: c.site.order) if calls else None
+
+
+def entry_calls(facts: "ScriptFacts") -> List["CallSite"]:
+    """The calls of this script that run a training loop of another module (`Trainer(net,
+    ds).run()`, `train_one_epoch(...)`), as the project index found them."""
     loops = loops_elsewhere(facts)
     if loops is None:
-        return None
-    for call in sorted(facts.records.calls, key=lambda c: c.site.order):
-        if dotted_name(call.node.func) in loops.functions or call.method in loops.methods:
-            return call
-    return None
+        return []
+    return [
+        call
+        for call in facts.records.calls
+        if dotted_name(call.node.func) in loops.functions or call.method in loops.methods
+    ]
 
 
 def entry_points_elsewhere(facts: "ScriptFacts") -> Tuple[str, ...]:

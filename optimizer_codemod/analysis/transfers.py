@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Sequence, Set
 
 import libcst as cst
 
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
 from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
@@ -30,7 +31,7 @@ from optimizer_codemod.analysis.calls import (
     literal,
     positional,
 )
-from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
+from optimizer_codemod.analysis.collect import CallSite, Loop, Site, target_names
 from optimizer_codemod.analysis.devices import (
     COPY_METHODS,
     DeviceKind,
@@ -51,7 +52,7 @@ from optimizer_codemod.analysis.loaders import (
     option_values,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
-from optimizer_codemod.analysis.values import attribute_mentions, name_mentions, parameter_names
+from optimizer_codemod.analysis.values import parameter_names, parameter_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -97,14 +98,16 @@ def blocking_batch_copies(
     """
     found: List[BatchCopy] = []
     examined: Set[int] = set()
-    for loop, loaders, pinned in _batch_loops(facts):
+    for loop, loaders, pinned, seeds, drawn in _batch_loops(facts) + _drawn_batch_loops(facts):
         if not pinned and declined is None:
             continue
-        names = facts.names_derived_in(loop, set(loop.targets))
+        names = facts.names_derived_in(loop, set(loop.targets) | seeds)
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders)
         for call in facts.loop_calls(loop):
+            if id(call.node) in examined:
+                continue
             examined.add(id(call.node))
-            copy = _batch_copy(facts, call, loop, names, custom_collate)
+            copy = _batch_copy(facts, call, loop, names, custom_collate, drawn)
             if isinstance(copy, BatchCopy):
                 if pinned:
                     found.append(copy)
@@ -138,8 +141,19 @@ def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[c
         if origin is None or not places_on_accelerator(facts, node):
             continue
         text = code_of(origin).strip()
-        if _prepared_by_accelerate(facts, origin):
+        wrapper = _wrapper_class(facts, origin)
+        if _prepared_by_accelerate(facts, origin) or _from_prepared(facts, origin, call):
             unfollowed.append((node, PREPARED_BY_ACCELERATE.format(text)))
+        elif pinned and wrapper is not None:
+            unfollowed.append(
+                (
+                    node,
+                    f"the batch comes from `{text}`, a method of `{wrapper}`, a class of this "
+                    "file: the analysis does not follow a batch through the methods of a class "
+                    "that wraps a DataLoader: add `non_blocking=True` by hand if the loader it "
+                    "wraps is pinned and the device is CUDA",
+                )
+            )
         elif pinned:
             unfollowed.append(
                 (
@@ -165,27 +179,51 @@ def _prepared_by_accelerate(facts: "ScriptFacts", iterable: cst.BaseExpression) 
     """`iterable` (or the loader `enumerate`/`tqdm` wrap) is bound to what `prepare` of an
     Accelerate `Accelerator` returns, with device placement left on (its default)."""
     name = facts.iterated_name(iterable)
-    for assignment in facts.assignments_to(name or ""):
-        call = assignment.value
-        if not (
-            isinstance(call, cst.Call)
-            and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value == "prepare"
-            and keyword(call, "device_placement") is None
-        ):
-            continue
-        receiver = call.func.value
-        bound = facts.assignments_to(dotted_name(receiver) or "")
-        makers = [receiver] if isinstance(receiver, cst.Call) else [a.value for a in bound]
-        if makers and all(
-            isinstance(maker, cst.Call)
-            and facts.qualified_name(maker.func) == ACCELERATOR
-            and not has_double_star(maker)
-            and _placement_left_on(keyword(maker, "device_placement"))
-            for maker in makers
-        ):
-            return True
-    return False
+    return any(
+        _accelerate_prepare(facts, assignment.value)
+        for assignment in facts.assignments_to(name or "")
+    )
+
+
+def _from_prepared(facts: "ScriptFacts", origin: cst.BaseExpression, copy: CallSite) -> bool:
+    """The batch source, followed (batch_sources.py: `next(self.dl)` with `self.dl =
+    cycle(dl)`), may be a loader that Accelerate prepared."""
+    iterable = drawn_from(facts, origin) or origin
+    source = batch_source(facts, iterable, copy.site.function)
+    return source is not None and any(_accelerate_prepare(facts, c) for c in source.prepared)
+
+
+def _accelerate_prepare(facts: "ScriptFacts", call: cst.BaseExpression) -> bool:
+    """`accelerator.prepare(...)` of an Accelerate `Accelerator` built with device placement
+    left on (its default)."""
+    if not (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "prepare"
+        and keyword(call, "device_placement") is None
+    ):
+        return False
+    receiver = call.func.value
+    bound = facts.assignments_to(dotted_name(receiver) or "")
+    makers = [receiver] if isinstance(receiver, cst.Call) else [a.value for a in bound]
+    return bool(makers) and all(
+        isinstance(maker, cst.Call)
+        and facts.qualified_name(maker.func) == ACCELERATOR
+        and not has_double_star(maker)
+        and _placement_left_on(keyword(maker, "device_placement"))
+        for maker in makers
+    )
+
+
+def _wrapper_class(facts: "ScriptFacts", origin: cst.BaseExpression) -> Optional[str]:
+    """`Wrapper` for `wrapper.next()`, where every binding of `wrapper` builds `Wrapper`, a
+    class of this file."""
+    if not (_is_next(origin) and isinstance(origin.func, cst.Attribute)):
+        return None
+    bound = facts.assignments_to(dotted_name(origin.func.value) or "")
+    classes = {dotted_name(a.value.func) if isinstance(a.value, cst.Call) else None for a in bound}
+    name = classes.pop() if len(classes) == 1 else None
+    return name if name in facts.classes else None
 
 
 def _placement_left_on(option: Optional[cst.Arg]) -> bool:
@@ -231,20 +269,69 @@ NOT_PINNED = (
 )
 
 
-def _batch_loops(facts: "ScriptFacts") -> List[Tuple[Loop, List[CallSite], bool]]:
+# A loop that takes batches from loaders: the loop, the loaders, whether all are pinned, the
+# names bound to batches besides the loop's targets, and the `next(it)` calls that give them.
+BatchLoop = Tuple[Loop, List[CallSite], bool, FrozenSet[str], FrozenSet[int]]
+
+
+def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
     """Loops over loaders in a script that trains (its training loops and its evaluation
     loops: each copy runs once per batch either way), and whether every loader they iterate
-    is pinned."""
+    is pinned: found by name (loaders.loops_over) or followed further (batch_sources.py)."""
     if not facts.trains:
         return []
     loaders_of: Dict[int, Tuple[Loop, List[CallSite]]] = {}
     for site in facts.dataloader_constructions():
         for loop in loops_over(facts, site):
             loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
-    return [
-        (loop, loaders, all(facts.is_pinned(loader) for loader in loaders))
+    found = [
+        (loop, loaders, all(facts.is_pinned(loader) for loader in loaders), NO_NAMES, NO_CALLS)
         for loop, loaders in loaders_of.values()
         if facts.loader_of(loop) is not None or _only_loaders_passed(facts, loop)
+    ]
+    listed = {id(loop) for loop, *_ in found}
+    for loop in facts.records.loops:
+        if isinstance(loop.node, cst.For) and id(loop) not in listed:
+            # `for x, y in self.train_data`, `enumerate(dataloader)` over a parameter
+            source = batch_source(facts, loop.iter, loop.function)
+            if source is not None and source.loaders and not source.prepared:
+                pinned = all(facts.is_pinned(loader) for loader in source.loaders)
+                found.append((loop, list(source.loaders), pinned, NO_NAMES, NO_CALLS))
+    return found
+
+
+NO_NAMES: FrozenSet[str] = frozenset()
+NO_CALLS: FrozenSet[int] = frozenset()
+
+
+def _drawn_batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
+    """Loops that draw batches with `batch = next(it)` from an iterator of pinned or unpinned
+    loaders (`it = iter(train_loader)`, `self.dl = cycle(dl)`), with the names bound to the
+    batches and the `next` calls."""
+    if not facts.trains:
+        return []
+    drawn: Dict[int, Tuple[Loop, Set[str], Set[int], List[CallSite]]] = {}
+    for assignment in facts.records.assignments:
+        loop = assignment.site.loop
+        iterator = drawn_from(facts, assignment.value)
+        if loop is None or iterator is None or assignment.augmented:
+            continue
+        source = batch_source(facts, iterator, assignment.site.function)
+        if source is None or not source.loaders or source.prepared:
+            continue
+        _, seeds, calls, loaders = drawn.setdefault(id(loop), (loop, set(), set(), []))
+        seeds.add(assignment.target)
+        calls.add(id(assignment.value))
+        loaders.extend(source.loaders)
+    return [
+        (
+            loop,
+            loaders,
+            all(facts.is_pinned(l) for l in loaders),
+            frozenset(seeds),
+            frozenset(calls),
+        )
+        for loop, seeds, calls, loaders in drawn.values()
     ]
 
 
@@ -280,7 +367,12 @@ def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
 
 
 def _batch_copy(
-    facts: "ScriptFacts", call: CallSite, loop: Loop, names: Set[str], custom_collate: bool
+    facts: "ScriptFacts",
+    call: CallSite,
+    loop: Loop,
+    names: Set[str],
+    custom_collate: bool,
+    drawn: FrozenSet[int] = frozenset(),
 ) -> Union[BatchCopy, str, None]:
     """The copy, or why a copy of the batch to an accelerator is left out (None: not one)."""
     node = call.node
@@ -299,7 +391,7 @@ def _batch_copy(
             f"with a custom `collate_fn`, `{text}` may be an object of the user's class whose "
             "`.to` takes no `non_blocking`"
         )
-    chain = _host_chain(facts, source, loop, names, call.site.statement, node)
+    chain = _host_chain(facts, source, loop, names, call.site.statement, node, drawn, call.site)
     if chain is None:
         return (
             f"`{text}` may hold a tensor already on the device (a name it comes from is bound "
@@ -384,13 +476,18 @@ def _host_chain(
     names: Set[str],
     statement: Optional[cst.BaseStatement],
     copy: Optional[cst.Call] = None,
+    drawn: FrozenSet[int] = frozenset(),
+    copy_site: Optional[Site] = None,
 ) -> Optional[Set[str]]:
     """The batch names `source` comes from, when all of them still hold host tensors.
 
     Every binding of each name inside the loop (other than in the copy's own statement,
-    `x = x.to(device)`) must take a part of another batch name, never a computed value: a
+    `x = x.to(device)`) must take a part of another batch name or a batch drawn from a
+    loader (`drawn`: ids of `next(it)` calls), never a computed value: a
     name rebound to `x.to(device)` or `model(x)` may live on the device, and a copy from it
-    could be a device-to-host copy.
+    could be a device-to-host copy. A target of the loop itself that is rebound only after
+    the copy (`x = x.to(device)`, then `x = vae.encode(x)`) holds the batch again when the
+    copy runs: the loop binds it anew before each iteration reaches the copy.
     """
     first = derived_root(source, names)
     if first is None:
@@ -416,6 +513,8 @@ def _host_chain(
                 continue
             if assignment.augmented:
                 continue  # an in-place update: see _written
+            if id(assignment.value) in drawn or _rebound_after(loop, name, assignment, copy_site):
+                continue
             root = derived_root(assignment.value, names)
             if root is None:
                 return None
@@ -430,6 +529,16 @@ def _host_chain(
                     return None
                 pending.append(root)
     return chain
+
+
+def _rebound_after(loop: Loop, name: str, assignment, copy_site: Optional[Site]) -> bool:
+    """`name`, a target of `loop`, is rebound by `assignment` after the copy in the same
+    iteration, and no loop inside `loop` runs both (where the next inner round would copy
+    the rebound value)."""
+    if copy_site is None or name not in loop.targets or assignment.site.order < copy_site.order:
+        return False
+    inner = assignment.site.loops[assignment.site.loops.index(loop) + 1 :]
+    return not any(inner_loop in copy_site.loops for inner_loop in inner)
 
 
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
@@ -566,70 +675,6 @@ def _target_types(
             found |= types
         return found
     return device_types(facts, target)
-
-
-def _calls_by_callee(facts: "ScriptFacts") -> Dict[Tuple[bool, str], List[CallSite]]:
-    """Calls `f(...)` by (False, `f`), and `self.f(...)`/`cls.f(...)` by (True, `f`), in
-    source order."""
-    memo = facts.memo("calls_by_callee")
-    if "table" not in memo:
-        table: Dict[Tuple[bool, str], List[CallSite]] = {}
-        for call in facts.records.calls:
-            if isinstance(call.node.func, cst.Name):
-                table.setdefault((False, call.node.func.value), []).append(call)
-            elif call.method is not None and call.receiver in ("self", "cls"):
-                table.setdefault((True, call.method), []).append(call)
-        memo["table"] = table
-    return memo["table"]
-
-
-def parameter_values(
-    facts: "ScriptFacts", function: cst.FunctionDef, name: str
-) -> Optional[Sequence[cst.BaseExpression]]:
-    """What parameter `name` of `function` receives at every call by name in this file.
-
-    None when some call hides it in `*args`/`**kwargs`, when there are no calls, or when the
-    function is also used some other way (passed around, assigned): then its callers are
-    unknown.
-    """
-    params = function.params
-    positional_names = [p.name.value for p in (*params.posonly_params, *params.params)]
-    method = bool(positional_names) and positional_names[0] in ("self", "cls")
-    default = next(
-        (
-            p.default
-            for p in (*params.posonly_params, *params.params, *params.kwonly_params)
-            if p.name.value == name
-        ),
-        None,
-    )
-    called = function.name.value
-    callers = list(_calls_by_callee(facts).get((method, called), ()))
-    if not callers or facts.assignments_to(called):
-        return None
-    # Used other than by these calls (passed to a thread, stored): its callers are unknown. A
-    # method may also be called through an instance (`trainer.fit(...)`): any `.fit` counts.
-    mentions = name_mentions(facts).get(called, 0)
-    if method:
-        mentions += attribute_mentions(facts).get(called, 0)
-    if mentions > len(callers) + 1:
-        return None
-    values: List[cst.BaseExpression] = []
-    for caller in callers:
-        arg = keyword(caller.node, name)
-        if arg is None and name in positional_names:
-            index = positional_names.index(name) - (1 if method else 0)
-            args = positional(caller.node)
-            if has_star_args(caller.node):
-                return None
-            arg = args[index] if 0 <= index < len(args) else None
-        if arg is None:
-            if has_double_star(caller.node) or default is None:
-                return None
-            values.append(default)
-        else:
-            values.append(arg.value)
-    return values
 
 
 # Tensors created on the host and then copied ----------------------------------------------------

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import has_star_args, keyword, positional
+from optimizer_codemod.analysis.calls import has_double_star, has_star_args, keyword, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 
@@ -141,6 +141,80 @@ def parameter_names(function: Optional[cst.CSTNode]) -> List[str]:
         if isinstance(star, cst.Param):
             every.append(star)
     return [p.name.value for p in every]
+
+
+def _calls_by_callee(facts: "ScriptFacts") -> Dict[Tuple[bool, str], List["CallSite"]]:
+    """Calls `f(...)` by (False, `f`), and `self.f(...)`/`cls.f(...)` by (True, `f`), in
+    source order."""
+    memo = facts.memo("calls_by_callee")
+    if "table" not in memo:
+        table: Dict[Tuple[bool, str], List["CallSite"]] = {}
+        for call in facts.records.calls:
+            if isinstance(call.node.func, cst.Name):
+                table.setdefault((False, call.node.func.value), []).append(call)
+            elif call.method is not None and call.receiver in ("self", "cls"):
+                table.setdefault((True, call.method), []).append(call)
+        memo["table"] = table
+    return memo["table"]
+
+
+def parameter_values(
+    facts: "ScriptFacts", function: cst.FunctionDef, name: str
+) -> Optional[Sequence[cst.BaseExpression]]:
+    """What parameter `name` of `function` receives at every call by name in this file (see
+    parameter_sources)."""
+    sources = parameter_sources(facts, function, name)
+    return None if sources is None else [source.value for source in sources]
+
+
+def parameter_sources(
+    facts: "ScriptFacts", function: cst.FunctionDef, name: str
+) -> Optional[List[Source]]:
+    """What parameter `name` of `function` receives at every call by name in this file, each
+    with the caller's scope (a default: the scope of the definition).
+
+    None when some call hides it in `*args`/`**kwargs`, when there are no calls, or when the
+    function is also used some other way (passed around, assigned): then its callers are
+    unknown.
+    """
+    params = function.params
+    positional_names = [p.name.value for p in (*params.posonly_params, *params.params)]
+    method = bool(positional_names) and positional_names[0] in ("self", "cls")
+    default = next(
+        (
+            p.default
+            for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+            if p.name.value == name
+        ),
+        None,
+    )
+    called = function.name.value
+    callers = list(_calls_by_callee(facts).get((method, called), ()))
+    if not callers or facts.assignments_to(called):
+        return None
+    # Used other than by these calls (passed to a thread, stored): its callers are unknown. A
+    # method may also be called through an instance (`trainer.fit(...)`): any `.fit` counts.
+    mentions = name_mentions(facts).get(called, 0)
+    if method:
+        mentions += attribute_mentions(facts).get(called, 0)
+    if mentions > len(callers) + 1:
+        return None
+    values: List[Source] = []
+    for caller in callers:
+        arg = keyword(caller.node, name)
+        if arg is None and name in positional_names:
+            index = positional_names.index(name) - (1 if method else 0)
+            args = positional(caller.node)
+            if has_star_args(caller.node):
+                return None
+            arg = args[index] if 0 <= index < len(args) else None
+        if arg is None:
+            if has_double_star(caller.node) or default is None:
+                return None
+            values.append(Source(default, None))
+        else:
+            values.append(Source(arg.value, caller.site.function))
+    return values
 
 
 def calls_named(facts: "ScriptFacts", name: str) -> List["CallSite"]:
