@@ -573,7 +573,8 @@ class _Planner:
         """A statement's value that is a method chain (`y = f(x).transpose(1, 2).view(B, T)`).
         With two or more links after a bracket black puts it in parentheses, on one line when
         it fits there, else one link per line; with one, it splits the last call whose
-        opening line fits."""
+        opening line fits. A bare expression statement (`Trainer(...).fit().save()`) gets no
+        parentheses: black splits its last call whose opening line fits, however many links."""
         for node in candidates:
             top = self._chain_top(node)
             where = self.positions[top]
@@ -583,7 +584,9 @@ class _Planner:
                 and top in candidates
                 or where.start.line != line
                 or where.end.line != line
-                or not isinstance(holder, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return))
+                or not isinstance(
+                    holder, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Expr)
+                )
                 or _code_part(self.lines[line - 1][where.end.column :]).strip()
                 or "#" in self.lines[line - 1]
                 or "\n" in cst.Module([]).code_for_node(top)
@@ -593,7 +596,7 @@ class _Planner:
             if not dots:
                 return None  # no link after a bracket: the bracket that ends the line splits
             indent = self._indent(line)
-            if len(dots) == 1:
+            if len(dots) == 1 or isinstance(holder, cst.Expr):
                 return self._call_in_chain(line, top, indent)
             flat = cst.Module([]).code_for_node(top)
             if len(indent) + 4 + len(flat) > self.limit:

@@ -394,6 +394,14 @@ CHAIN_OLD = "def forward(self, q, k, v):\n    if self.flash:\n        pass\n"
         " extra_dimension)",
         # links after an expression in parentheses (OPT201 on an evaluation loop's accuracy)
         "accuracy = (logits.argmax(1) == labels.to(device, non_blocking=True)).float().mean()",
+        # a bare expression statement gets no parentheses: its last call whose opening line
+        # fits is split, with one link after it or several (OPT501 in `Trainer(...).train()`)
+        "Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1, fused=True), data, data)"
+        ".train()",
+        "Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1, fused=True), data, data)"
+        ".train().save()",
+        "Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1, fused=True), data)"
+        ".train(1, 2, 3, 4, 5, 6)",
     ],
 )
 def test_a_method_chain_made_too_long_is_split_as_black_splits_it(statement: str) -> None:

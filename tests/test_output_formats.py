@@ -294,7 +294,7 @@ MIXED_SCRIPT = b"""import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
-model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10)).cuda()
+model = Net().cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # noqa: OPT501
 loader = DataLoader(TensorDataset(torch.randn(64, 32), torch.randint(0, 10, (64,))), batch_size=8)
 for epoch in range(2):
@@ -304,6 +304,16 @@ for epoch in range(2):
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         optimizer.step()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(32, 32)
+        self.out = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
 """
 
 
