@@ -15,7 +15,6 @@ from optimizer_codemod.analysis.training import (
     imported_layer,
     device_type_code,
     model_built,
-    model_constructed,
     model_device,
     model_recurrent_layers,
     model_sparse_calls,
@@ -76,10 +75,9 @@ class ModelTrainedWithoutCompile(Rule):
         graphs break on changing shapes and on outputs kept across steps). Compiling happens
         before a DistributedDataParallel wrapper is built. A file that trains several models
         (a GAN's generator and discriminator, each with its optimizer) gets each compiled
-        after the statement that places it; the finding points at the statement that builds
-        the model. Nothing is done when the script already compiles anything
-        (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a loop or
-        never placed on a device. Nor when the file differentiates a gradient again
+        after the statement that places it. Nothing is done when the script already compiles
+        anything (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a
+        loop or never placed on a device. Nor when the file differentiates a gradient again
         (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
         `backward(create_graph=True)`, `torch.autograd.functional.hessian`): the backward of
         a compiled module cannot be differentiated, and the second backward raises
@@ -174,7 +172,7 @@ class ModelTrainedWithoutCompile(Rule):
         device = model_device(facts, model)
         if anchor is None or device is None or not visible_at(facts, device, anchor):
             self.decline(
-                model_constructed(facts, model) or anchor or model.optimizer.node,
+                anchor or model.optimizer.node,
                 (
                     f"`{model.name}` is built or moved in several places, in a loop, or after its "
                     "optimizer: there is no one statement after which to compile it"
@@ -188,10 +186,9 @@ class ModelTrainedWithoutCompile(Rule):
                 ),
             )
             return
-        where = model_constructed(facts, model) or anchor
         reason = self._why_compile_would_not_pay(model) or _why_compile_would_fail(twice)
         if reason is not None:
-            self.decline(where, reason)
+            self.decline(anchor, reason)
             return
         device_type = device_type_code(facts, device)
         compile_call = f"{model.name}.compile()"
@@ -200,7 +197,7 @@ class ModelTrainedWithoutCompile(Rule):
         else:
             inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
         self.report(
-            where,
+            anchor,
             Fix((InsertStatements(anchor, after=(inserted,)),)),
             message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
         )
