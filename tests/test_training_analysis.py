@@ -10,9 +10,11 @@ import pytest
 from optimizer_codemod.analysis.script import ScriptFacts
 from optimizer_codemod.analysis.training import (
     device_type_code,
+    each_trained_model,
     model_built,
     model_device,
     the_trained_model,
+    torch_own_module,
     trained_models,
     training_steps,
     visible_at,
@@ -164,3 +166,52 @@ def test_training_step_with_a_divided_loss_assigned_under_a_with() -> None:
     (step,) = training_steps(facts, the_trained_model(facts))
     assert (step.loss, step.scaler) == ("loss", "scaler")
     assert [code(s).splitlines()[0] for s in step.forward] == ["with torch.enable_grad():"]
+
+
+TORCH_OWN_BASE = """\
+import numpy as np
+import torch
+import torch.nn as nn
+
+device = torch.device("cuda")
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return x
+
+
+{build}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in loader:
+    model(x).sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        ("model = nn.Sequential(nn.Linear(8, 16), nn.ReLU()).to(device)", "torch.nn.Sequential"),
+        ("net = nn.Sequential(nn.Linear(8, 16))\nmodel = net.to(device)", "torch.nn.Sequential"),
+        ("model = nn.Sequential(nn.Linear(8, 2))\nmodel = model.to(device)", "torch.nn.Sequential"),
+        ("model = nn.Sequential(nn.Linear(int(np.prod((28, 28))), 10))", "torch.nn.Sequential"),
+        ("d = 8\nmodel = nn.Linear(d, 10).to(device)", "torch.nn.Linear"),
+        # a module class of the file, inside or by name, or modules the analysis cannot list
+        ("model = Block().to(device)", None),
+        ("model = nn.Sequential(Block(), nn.ReLU()).to(device)", None),
+        ("encoder = Block()\nmodel = nn.Sequential(encoder, nn.ReLU())", None),
+        ("model = nn.Sequential(*[Block() for _ in range(3)])", None),
+        (
+            "layers = []\nfor i in range(3):\n    layers.append(Block())\n"
+            "model = nn.Sequential(*layers).to(device)",
+            None,
+        ),
+    ],
+)
+def test_a_model_of_torchs_own_layers_is_told_from_one_holding_other_modules(
+    build: str, expected
+) -> None:
+    facts = ScriptFacts.of(cst.parse_module(TORCH_OWN_BASE.format(build=build)))
+    [model] = each_trained_model(facts)
+    assert torch_own_module(facts, model) == expected

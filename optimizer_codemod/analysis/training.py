@@ -897,11 +897,14 @@ def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.Ba
 
 def torch_own_module(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
     """The torch.nn class `model` is (`torch.nn.Sequential`) when every module its
-    construction builds is one of torch's own (`nn.Sequential(nn.Linear(...), nn.ReLU())`),
-    None when it builds any other class (this file's, another module's, a library's) or the
-    analysis cannot see its construction."""
+    construction builds is one of torch's own, written out in it (`nn.Sequential(nn.Linear(
+    ...), nn.ReLU())`); None when it may build any other class (this file's, another module's,
+    a library's), holds modules passed by name or unpacked (`nn.Sequential(*layers)`: a list
+    filled by `append` is not followed), or the analysis cannot see its construction."""
     found: Optional[str] = None
     for expression in _model_expressions(facts, model):
+        if any(_may_build_other_modules(facts, call) for call in find_all(expression, cst.Call)):
+            return None
         call = _constructor_call(facts, expression)
         if call is None:
             continue  # `net.to(device)`: `net` is followed on its own; a device, a number
@@ -910,10 +913,15 @@ def torch_own_module(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]
             if builds_module(facts, call):
                 return None
             continue
-        if any(_may_build_other_modules(facts, inner) for inner in find_all(call, cst.Call)):
+        if qualname in _CONTAINERS and any(
+            arg.star or not isinstance(arg.value, cst.Call) for arg in call.args
+        ):
             return None
         found = found or qualname
     return found
+
+
+_CONTAINERS = frozenset({"torch.nn.Sequential", "torch.nn.ModuleList", "torch.nn.ModuleDict"})
 
 
 def _constructor_call(facts: "ScriptFacts", expression: cst.BaseExpression) -> Optional[cst.Call]:
@@ -934,14 +942,22 @@ def _constructor_call(facts: "ScriptFacts", expression: cst.BaseExpression) -> O
 _BUILDS_NO_OTHER_MODULE = ("torch.", "collections.", "numpy.", "math.", "functools.", "itertools.")
 
 
+# Methods of a model or tensor value that build no module (`net.to(device)`).
+_VALUE_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train"})
+
+
 def _may_build_other_modules(facts: "ScriptFacts", call: cst.Call) -> bool:
     """A call that may build a module other than torch's own: a class or function of this
-    file, a name it binds, or anything imported from elsewhere; Python's builtins do not."""
+    file, a name it binds, a method of `self`, or anything imported from elsewhere; Python's
+    builtins and the placement methods of a value do not."""
     qualname = facts.qualified_name(call.func)
     if qualname is not None:
         return not qualname.startswith(_BUILDS_NO_OTHER_MODULE)
-    head = (dotted_name(call.func) or "").split(".")[0]
-    return not head or facts.imports.is_bound(head)
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value in _VALUE_METHODS:
+        return False
+    head = (dotted_name(func) or "").split(".")[0]
+    return not head or head == "self" or facts.imports.is_bound(head)
 
 
 def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
