@@ -26,7 +26,12 @@ a small picklable `ProjectFacts` (part of its cache key):
   `__init__` that re-exports), so that `TinyLM()` builds a module, with the layers the
   class is built from (per-model rules ask whether it convolves, recurs, calls `.view`);
 - `importers`: the files of the run that import it: a process-wide setting at its top
-  would run in each of them.
+  would run in each of them;
+- `imported_datasets`: the names it imports that are Dataset classes of other modules, or
+  functions of them returning an instance of one (`from datasets import *` then
+  `ImageDataset(...)`; `get_training_set(...)` returning `DatasetFromFolder(...)`), with
+  what loader rules ask of a dataset class of their own file: its kind, whether anything it
+  runs may place tensors on an accelerator, whether `__init__` keeps an open handle.
 
 Cost: files are first read as text. A run in which no code calls backward or names a
 DataLoader (a library: torch's nn and optim mention both only in docstrings) has nothing to
