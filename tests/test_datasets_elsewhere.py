@@ -119,6 +119,13 @@ ON_DEVICE = {
         DATASETS.replace("image.clamp(-1.0, 1.0)", "image.clamp(-1.0, 1.0).cuda()"),
         TRAIN,
     ),
+    "its module's top level makes a device tensor": (
+        DATASETS.replace(
+            "def to_unit_range(image):",
+            'SHIFT = torch.ones(8, device="cuda")\n\n\ndef to_unit_range(image):',
+        ).replace("image.clamp(-1.0, 1.0)", "(image + SHIFT).clamp(-1.0, 1.0)"),
+        TRAIN,
+    ),
     "the driver passes a device tensor": (
         DATASETS.replace("def __init__(self, count=32):", "def __init__(self, images):").replace(
             "torch.randn(count, 8)", "images"
