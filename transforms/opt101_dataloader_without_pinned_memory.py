@@ -64,7 +64,12 @@ class DataloaderWithoutPinnedMemory(Rule):
         else onto the call. Reported, not fixed, when options arrive through `*args`/`**kwargs`
         the file does not show in full (they may carry `pin_memory`; a dict changed after it is
         built, or passed elsewhere too) and when the dataset or collate function is defined in
-        another module, where the analysis cannot see whether its items are on the host.
+        another module the analysis cannot read, where it cannot see whether its items are on
+        the host. A dataset class of another module of the run (`from datasets import *`,
+        then `ImageDataset(...)`; or a function of it returning one, `get_training_set(...)`)
+        is read from the project index's summary of it: fixed when its every base is torch's
+        or found in the run and nothing its methods reach (calls by name in its file, a few
+        files deep, and its file's top level) or the driver passes it may be on the device.
         Declined, with the reason, in a script that trains in another module of the run and
         hands its loaders there (`train_one_epoch(model, loader, ...)` from engine.py): the
         copies, and whether a custom batch type from `collate_fn` can be pinned at all

@@ -98,7 +98,9 @@ class DataloaderInMainProcess(Rule):
         goes into the dict when every loader built from it gets it, else onto the call.
         Reported, not fixed, when options arrive through `*args`/`**kwargs` the file does not
         show in full (a dict changed after it is built, or passed elsewhere too), or when the
-        dataset or collate function is defined in another module.
+        dataset or collate function is defined in another module the analysis cannot read (a
+        dataset class of another module of the run is read from the project index's summary:
+        its kind, and whether its `__init__` opens a handle).
 
     Expected gain:
         The data-loading time that workers move off the training loop, up to the number of

@@ -222,9 +222,14 @@ class TensorDatasetFetchedItemByItem(Rule):
 def _not_tensor_dataset(facts, site) -> str:
     classes = dataset_classes(facts, site)
     if classes:
+        what = (
+            f"a `{classes[0]}`, defined here"
+            if classes[0] in facts.classes
+            else f"built by `{classes[0]}`, from another module of the run"
+        )
         return (
-            f"the dataset is a `{classes[0]}`, defined here: its `__getitem__` is not known to "
-            "return a whole batch for a list of indices, as a `TensorDataset`'s does"
+            f"the dataset is {what}: its `__getitem__` is not known to return a whole batch "
+            "for a list of indices, as a `TensorDataset`'s does"
         )
     unfollowed = dataset_parameter(facts, site)
     if unfollowed is not None:

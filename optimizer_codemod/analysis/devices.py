@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import holds_module
+from optimizer_codemod.analysis.values import imported_dataset
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -337,6 +338,9 @@ def _may_live(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> boo
             return True
         constructed = facts.imports.qualified_name(call.func) or dotted_name(call.func)
         if constructed in facts.classes and facts.class_places_on_accelerator(constructed):
+            return True
+        imported = imported_dataset(facts, dotted_name(call.func))
+        if imported is not None and imported.places_on_accelerator:
             return True
     return any(_other_values_may_live(facts, name, node, depth + 1) for name in names)
 

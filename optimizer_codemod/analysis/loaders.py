@@ -41,6 +41,7 @@ from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
     declares_global,
+    imported_dataset,
     locally_assigned,
     name_mentions,
     outside_value,
@@ -270,7 +271,25 @@ def _kind_of(
     local = dotted_name(node.func)
     if qualname is None and local in facts.classes:
         return _class_kind(facts, local, 0, classes)
+    imported = imported_dataset(facts, local)
+    if imported is not None:
+        classes.append(imported.name)
+        return DatasetKind(imported.kind)
     return DatasetKind.UNKNOWN
+
+
+def class_kind_of(
+    facts: "ScriptFacts", node: cst.BaseExpression, classes: List[str]
+) -> DatasetKind:
+    """What `node` builds as a dataset, as this file alone shows (collecting into `classes`
+    the classes it is built from): for the project index, summarising another module."""
+    return _kind_of(facts, node, 0, classes)
+
+
+def class_kind(facts: "ScriptFacts", name: str, classes: List[str]) -> DatasetKind:
+    """What class `name` of this file is as a dataset, collecting into `classes` it and the
+    bases of this file its kind was read from."""
+    return _class_kind(facts, name, 0, classes)
 
 
 def _kind_of_name(facts: "ScriptFacts", name: str, depth: int, classes: List[str]) -> DatasetKind:
@@ -312,7 +331,9 @@ def _class_kind(facts: "ScriptFacts", name: str, depth: int, classes: List[str])
 
 
 def dataset_classes(facts: "ScriptFacts", site: CallSite) -> List[str]:
-    """The classes defined in this file that the loader's dataset is built from."""
+    """The classes the loader's dataset is built from: those of this file, and the dataset
+    classes (or functions returning one) imported from other modules of the run, as spelled
+    here (values.imported_dataset)."""
     arg = option(site.node, "dataset")
     classes: List[str] = []
     if arg is not None and not arg.star:
@@ -324,8 +345,12 @@ def opens_handles_when_built(facts: "ScriptFacts", class_name: str) -> bool:
     """`__init__` keeps an open file, HDF5, LMDB or database handle on `self`.
 
     Forked workers share such a handle's file offset and library state, which corrupts
-    reads; the usual remedy is to open it lazily in `__getitem__`, once per worker.
+    reads; the usual remedy is to open it lazily in `__getitem__`, once per worker. A class
+    imported from another module of the run is answered from the project index's summary.
     """
+    imported = imported_dataset(facts, class_name) if class_name not in facts.classes else None
+    if imported is not None:
+        return imported.opens_handles
     info = facts.classes.get(class_name)
     init = next(
         (
@@ -373,7 +398,7 @@ def unpicklable_for_workers(facts: "ScriptFacts", site: CallSite) -> Optional[st
                 f"its `{name}` is `{value.value}`, defined inside a function, which "
                 f"{_SPAWNED_WORKERS_CANNOT_PICKLE}"
             )
-    inside = [name for name in dataset_classes(facts, site) if name in local]
+    inside = [n for n in dataset_classes(facts, site) if n in local and n in facts.classes]
     if inside:
         return (
             f"its dataset class `{inside[0]}` is defined inside a function, which "

@@ -26,7 +26,12 @@ a small picklable `ProjectFacts` (part of its cache key):
   `__init__` that re-exports), so that `TinyLM()` builds a module, with the layers the
   class is built from (per-model rules ask whether it convolves, recurs, calls `.view`);
 - `importers`: the files of the run that import it: a process-wide setting at its top
-  would run in each of them.
+  would run in each of them;
+- `imported_datasets`: the names it imports that are Dataset classes of other modules, or
+  functions of them returning an instance of one (`from datasets import *` then
+  `ImageDataset(...)`; `get_training_set(...)` returning `DatasetFromFolder(...)`), with
+  what loader rules ask of a dataset class of their own file: its kind, whether anything it
+  runs may place tensors on an accelerator, whether `__init__` keeps an open handle.
 
 Cost: files are first read as text. A run in which no code calls backward or names a
 DataLoader (a library: torch's nn and optim mention both only in docstrings) has nothing to
@@ -196,6 +201,23 @@ class ImportedFunction:
 
 
 @dataclass(frozen=True)
+class ImportedDataset:
+    """A Dataset class another module of the run defines, or a function of it that returns an
+    instance of one (`get_training_set` returning `DatasetFromFolder(...)`), which this module
+    imports: what the loader rules ask of a dataset class of their own file (loaders.py).
+    Only classes whose every base is known are summarised; any other stays unknown."""
+
+    name: str  # as this module spells it: `ImageDataset`, `data.get_training_set`
+    module: str  # the file that defines it
+    kind: str  # loaders.DatasetKind value: per-item, iterable or tensors
+    # Some call of its methods, of its bases, of what they call or build in their files, or
+    # of those files' top level may place a tensor on an accelerator; for a function, also a
+    # call in it or an argument of the instance it returns (pinning a device tensor raises).
+    places_on_accelerator: bool
+    opens_handles: bool  # an `__init__` of it or of a base keeps an open file handle
+
+
+@dataclass(frozen=True)
 class ProjectFacts:
     """What the other modules of the run tell one file (picklable, part of its cache key)."""
 
@@ -208,6 +230,7 @@ class ProjectFacts:
     # (spelling, summary) of the functions and methods of other modules it calls, for a
     # loader handed to them: which parameters they loop over (handoffs.py).
     looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
+    imported_datasets: Tuple[ImportedDataset, ...] = ()  # their dataset classes, summarised
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -219,6 +242,9 @@ class ProjectFacts:
 
     def imported_class(self, name: str) -> Optional[ImportedClass]:
         return next((c for c in self.imported_classes if c.name == name), None)
+
+    def imported_dataset(self, name: str) -> Optional[ImportedDataset]:
+        return next((d for d in self.imported_datasets if d.name == name), None)
 
 
 # Stored as JSON (the results cache keeps the index of an unchanged run) ----------------------
@@ -278,6 +304,9 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
                 (spelling, looping_function(summary))
                 for spelling, summary in record.get("looping_functions", ())
             ),
+            imported_datasets=tuple(
+                ImportedDataset(**d) for d in record.get("imported_datasets", ())
+            ),
         )
         for path, record in data.items()
     }
@@ -306,6 +335,10 @@ class _Module:
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
     varying: Optional[Dict[str, Tuple[str, str]]] = None  # functions varying shapes, once asked
     looping: Dict[str, LoopingFunction] = field(default_factory=dict)  # handoffs.py summaries
+    # Dataset classes and functions returning one: (kind, places, handles), None when unknown.
+    datasets: Dict[str, Optional[Tuple[str, bool, bool]]] = field(default_factory=dict)
+    placing: Dict[str, bool] = field(default_factory=dict)  # its classes and functions, once asked
+    top_level_places: Optional[bool] = None  # a call at its top level places on an accelerator
 
 
 def _search_roots(path: str, run_root: str = "") -> List[str]:
@@ -465,7 +498,11 @@ def _shadowed(facts, name: str) -> bool:
 
 def _imported_object(module: "_Module", func: cst.BaseExpression) -> Optional[Tuple[str, str]]:
     """(file, object) for a call of an imported object: `Trainer(...)`, `trainer.Trainer(...)`."""
-    name = dotted_name(func)
+    return _imported_name(module, dotted_name(func))
+
+
+def _imported_name(module: "_Module", name: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(file, object) that the dotted `name` names in `module` through its imports."""
     if name is None or _shadowed(module.facts, name):
         return None
     if name in module.objects:
@@ -850,6 +887,18 @@ def _own_facts(
         owner = files.get(path)
         for name, call in (_shape_varying_functions(owner) if owner is not None else {}).items():
             functions.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
+    datasets = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        found = _dataset_summary(*defined, files, 0) if defined is not None else None
+        if found is not None:
+            datasets.append(ImportedDataset(name, defined[0].label, *found))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        for name in _top_level_definitions(owner) if owner is not None else ():
+            found = _dataset_summary(owner, name, files, 0)
+            if found is not None:
+                datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found))
     loops = _loops_elsewhere(module, files)
     # Only a file that builds a loader hands one on; the others' summaries stay in the index.
     builds = bool(module.facts.dataloader_constructions())
@@ -862,6 +911,7 @@ def _own_facts(
         imported_classes=tuple(sorted(classes, key=lambda c: c.name)),
         importers=tuple(sorted(importers)),
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
+        imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
     )
 
 
@@ -971,6 +1021,171 @@ def _class_layers(
     optional.discard("")
     owner.summaries[name] = (layers, optional, views[0] if views else "")
     return owner.summaries[name]
+
+
+# Dataset classes of other modules ---------------------------------------------------------------
+# Bases whose items and state the summary knows: torch's datasets (and `object`); any other
+# base not found in the run leaves the class unknown.
+_KNOWN_BASES = ("torch.utils.data.", "torchvision.datasets.")
+
+
+def _top_level_definitions(module: _Module) -> Dict[str, cst.CSTNode]:
+    """The classes and functions `module` defines once, at its top level (workers unpickle a
+    dataset by its module-level name; a name defined twice is not one class)."""
+    counts = module.facts.records.definition_counts
+    return {
+        s.name.value: s
+        for s in module.facts.module.body
+        if isinstance(s, (cst.ClassDef, cst.FunctionDef)) and counts.get(s.name.value) == 1
+    }
+
+
+def _dataset_summary(
+    owner: _Module, name: str, files: Dict[str, _Module], depth: int
+) -> Optional[Tuple[str, bool, bool]]:
+    """(DatasetKind value, may place tensors on an accelerator, opens handles when built) of
+    the class `name` of `owner`, or of the dataset its function `name` returns; None when it
+    is no dataset or the summary cannot tell. Memoised per module."""
+    if name in owner.datasets:
+        return owner.datasets[name]
+    owner.datasets[name] = None  # a class deriving from itself ends here
+    found = None
+    if depth <= MAX_ROUNDS and owner.facts is not None:
+        node = _top_level_definitions(owner).get(name)
+        if isinstance(node, cst.ClassDef):
+            found = _dataset_class(owner, name, files, depth)
+        elif isinstance(node, cst.FunctionDef):
+            found = _returned_dataset(owner, node, files, depth)
+    owner.datasets[name] = found
+    return found
+
+
+def _dataset_class(owner: _Module, name: str, files: Dict[str, _Module], depth: int):
+    from optimizer_codemod.analysis.loaders import (
+        DatasetKind,
+        class_kind,
+        opens_handles_when_built,
+    )
+
+    facts = owner.facts
+    chain: List[str] = []
+    kind = class_kind(facts, name, chain)
+    inherited = []
+    for current in chain:
+        for base in facts.classes[current].node.bases:
+            spelled = dotted_name(base.value)
+            known = facts.qualified_name(base.value) or spelled or ""
+            if spelled in facts.classes or spelled == "object" or known.startswith(_KNOWN_BASES):
+                continue
+            found = _imported_name(owner, spelled)
+            defined = _defined(files, *found) if found is not None else None
+            summary = _dataset_summary(*defined, files, depth + 1) if defined else None
+            if summary is None:
+                return None
+            inherited.append(summary)
+    if kind is DatasetKind.UNKNOWN:
+        kinds = {summary[0] for summary in inherited}
+        if len(kinds) != 1:
+            return None
+        kind = DatasetKind(kinds.pop())
+    places = any(s[1] for s in inherited) or _reaches_accelerator(owner, chain, files, depth)
+    handles = any(s[2] for s in inherited) or any(opens_handles_when_built(facts, c) for c in chain)
+    return kind.value, places, handles
+
+
+def _returned_dataset(
+    owner: _Module, function: cst.FunctionDef, files: Dict[str, _Module], depth: int
+):
+    """The summary of the dataset every `return` of `function` builds, all of one kind."""
+    from optimizer_codemod.analysis.devices import may_live_on_accelerator
+    from optimizer_codemod.analysis.loaders import DatasetKind, class_kind_of
+
+    facts = owner.facts
+    if find_all(function.body, cst.FunctionDef, cst.ClassDef):
+        return None  # a nested definition's returns are not the function's
+    returns = find_all(function.body, cst.Return)
+    summaries = []
+    for statement in returns:
+        value = statement.value
+        if value is None:
+            return None
+        found = _imported_object(owner, value.func) if isinstance(value, cst.Call) else None
+        defined = _defined(files, *found) if found is not None else None
+        if defined is not None:
+            summary = _dataset_summary(*defined, files, depth + 1)
+        else:
+            classes: List[str] = []
+            kind = class_kind_of(facts, value, classes)
+            local = [_dataset_summary(owner, c, files, depth + 1) for c in classes]
+            summary = None
+            if kind is not DatasetKind.UNKNOWN and None not in local:
+                summary = (
+                    kind.value,
+                    any(s[1] for s in local),
+                    any(s[2] for s in local),
+                )
+        if summary is None:
+            return None
+        kind, places, handles = summary
+        summaries.append((kind, places or may_live_on_accelerator(facts, value), handles))
+    if not summaries or len({kind for kind, _, _ in summaries}) != 1:
+        return None
+    places = any(places for _, places, _ in summaries) or _reaches_accelerator(
+        owner, [function.name.value], files, depth
+    )
+    return summaries[0][0], places, any(handles for _, _, handles in summaries)
+
+
+def _reaches_accelerator(
+    owner: _Module, names: Sequence[str], files: Dict[str, _Module], depth: int
+) -> bool:
+    """Some call of the classes or functions `names` of `owner`, of what they call or build
+    by name in that file or (a few files deep) in other files of the run, or of the top
+    level of a file on the way, may place a tensor on an accelerator. Memoised per name."""
+    from optimizer_codemod.analysis.devices import places_on_accelerator
+
+    facts = owner.facts
+    if owner.top_level_places is None:
+        owner.top_level_places = any(
+            call.site.function is None
+            and call.site.class_name is None
+            and places_on_accelerator(facts, call.node)
+            for call in facts.records.calls
+        )
+    if owner.top_level_places:
+        return True
+    if owner.calls_by_name is None:
+        owner.calls_by_name = _calls_by_name(facts)
+    pending, seen = list(names), set()
+    places = False
+    while pending and not places:
+        current = pending.pop()
+        if current in seen or owner.placing.get(current) is False:
+            continue
+        seen.add(current)
+        places = bool(owner.placing.get(current))
+        for call in owner.calls_by_name.get(current, ()) if not places else ():
+            if places_on_accelerator(facts, call.node):
+                places = True
+                break
+            called = call.node.func.value if isinstance(call.node.func, cst.Name) else None
+            if called in facts.classes or called in facts.records.functions:
+                pending.append(called)
+                continue
+            found = _imported_object(owner, call.node.func)
+            defined = _defined(files, *found) if found is not None else None
+            # Past the last file followed, a call into the run may place: cautiously, it does.
+            if defined is not None and (
+                depth >= MAX_ROUNDS
+                or _reaches_accelerator(defined[0], [defined[1]], files, depth + 1)
+            ):
+                places = True
+                break
+    # Everything a walk that found nothing reached finds nothing either: each name is walked
+    # once per module. A walk that found something tells only about the names it began with.
+    for name in names if places else seen:
+        owner.placing[name] = places
+    return places
 
 
 def _conditional_calls(owner: _Module, call) -> Set[int]:

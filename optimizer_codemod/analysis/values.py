@@ -37,7 +37,7 @@ from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
-    from optimizer_codemod.analysis.project import Argument, IncomingCall
+    from optimizer_codemod.analysis.project import Argument, ImportedDataset, IncomingCall
     from optimizer_codemod.analysis.script import ScriptFacts
 
 SELF = "self"
@@ -491,11 +491,25 @@ def imported_module_class(facts: "ScriptFacts", func: cst.BaseExpression) -> boo
     if project is None or not project.module_classes:
         return False
     name = dotted_name(func)
-    return (
-        name is not None
-        and name in project.module_classes
-        and not facts.assignments_to(name.split(".")[0])
-    )
+    return name is not None and name in project.module_classes and not _rebound(facts, name)
+
+
+def imported_dataset(facts: "ScriptFacts", name: Optional[str]) -> Optional["ImportedDataset"]:
+    """The project index's summary of the dataset class (or function returning one) that the
+    dotted `name` names, imported from another module of the run (`ImageDataset`,
+    `data.get_training_set`); None when it is no such import or this file binds it again."""
+    project = getattr(facts, "project", None)
+    if project is None or not project.imported_datasets or name is None:
+        return None
+    root = name.split(".")[0]
+    if _rebound(facts, name) or root in facts.classes or root in facts.records.functions:
+        return None
+    return project.imported_dataset(name)
+
+
+def _rebound(facts: "ScriptFacts", name: str) -> bool:
+    """The first part of dotted `name` is assigned in this file: not (only) the import."""
+    return bool(facts.assignments_to(name.split(".")[0]))
 
 
 def alias_in(
