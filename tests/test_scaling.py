@@ -146,3 +146,36 @@ def test_laying_out_many_changed_lines_of_one_function_costs_linear_work() -> No
         if after[code] > GROWTH_LIMIT * before[code] + SLACK_LINES
     )
     assert not grew, f"superlinear for {FACTOR}x the changed lines: {grew[-5:]}"
+
+
+def _datasets_sharing_helpers(count: int, chain: int) -> str:
+    """`count` Dataset classes whose items all go through one chain of helpers, the last of
+    which moves them to the device."""
+    parts = ["import torch\nfrom torch.utils.data import Dataset\n\n"]
+    for link in range(chain - 1):
+        parts.append(f"def helper_{link}(i):\n    return helper_{link + 1}(i)\n\n\n")
+    parts.append(f"def helper_{chain - 1}(i):\n    return torch.zeros(4).to('cuda')\n\n\n")
+    for index in range(count):
+        parts.append(
+            f"class Items{index}(Dataset):\n"
+            "    def __getitem__(self, i):\n"
+            "        return helper_0(i)\n\n\n"
+        )
+    return "".join(parts)
+
+
+def test_datasets_reaching_one_placing_helper_cost_linear_work() -> None:
+    # Each class's walk stops at the first name an earlier walk found placing: the chain of
+    # helpers is walked once, not once per class.
+    def work(count: int) -> Counter:
+        facts = ScriptFacts.of(cst.parse_module(_datasets_sharing_helpers(count, chain=count)))
+        counts, placing = counted(
+            lambda: [facts.class_places_on_accelerator(f"Items{i}") for i in range(count)]
+        )
+        assert all(placing)
+        return counts
+
+    work(1)  # imports
+    before, after = work(20), work(20 * FACTOR)
+    total = sum(after.values()) / sum(before.values())
+    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the classes"

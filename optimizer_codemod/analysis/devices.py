@@ -331,6 +331,85 @@ def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression, dept
     return _memoized(facts, "may_live", (node, depth), _may_live, node, depth)
 
 
+def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> bool:
+    """A method of this file's class `class_name` (or of its bases of this file), or a function
+    or class of this file they call by name, transitively, may place a tensor on an accelerator
+    (`load(i)` returning `torch.load(p).to(device)`), or reads a module-level value that may
+    live there (`return DATA[i]` with `DATA = torch.randn(n, 4, device="cuda")`). Each name is
+    walked once per pass."""
+    memo = facts.memo("class_may_place")
+    if class_name in memo:
+        return memo[class_name]
+    index = _definitions_index(facts)
+    # `reached_from` leads a finding back to the class: every name on that path places too,
+    # so each name is walked once per pass, whatever number of classes reach it.
+    pending, reached_from, seen = [class_name], {class_name: None}, set()
+    found: Optional[str] = None
+    while pending and found is None:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name != class_name and name in memo:
+            found = name if memo[name] else None
+            continue
+        definition = facts.classes[name].node if name in facts.classes else None
+        if definition is None:
+            definition = facts.records.functions.get(name)
+        if definition is None:
+            continue
+        called = (
+            [b for b in facts.classes[name].bases if b in facts.classes]
+            if (name in facts.classes)
+            else []
+        )
+        for call in index.get(id(definition), ()):
+            if places_on_accelerator(facts, call.node):
+                found = name
+                break
+            if isinstance(call.node.func, cst.Name):
+                called.append(call.node.func.value)
+        if found is None and _reads_global_on_accelerator(facts, definition):
+            found = name
+        for other in called:
+            reached_from.setdefault(other, name)
+            pending.append(other)
+    if found is None:
+        for name in seen:
+            memo[name] = False
+        return False
+    while found is not None:
+        memo[found] = True
+        found = reached_from.get(found)
+    return True
+
+
+def _definitions_index(facts: "ScriptFacts"):
+    """{id of a class or function definition: the calls made in its body}."""
+    memo = facts.memo("calls_by_definition")
+    if "index" not in memo:
+        index: dict = {}
+        for call in facts.records.calls:
+            if call.site.function is not None:
+                index.setdefault(id(call.site.function), []).append(call)
+            if call.site.class_name in facts.classes:
+                owner = facts.classes[call.site.class_name].node
+                index.setdefault(id(owner), []).append(call)
+        memo["index"] = index
+    return memo["index"]
+
+
+def _reads_global_on_accelerator(facts: "ScriptFacts", definition: cst.CSTNode) -> bool:
+    names = {node.value for node in find_all(definition, cst.Name)}
+    return any(
+        assignment.site.function is None
+        and assignment.site.class_name is None
+        and may_live_on_accelerator(facts, assignment.value)
+        for name in names
+        for assignment in facts.assignments_to(name)
+    )
+
+
 def _may_live(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> bool:
     calls, names = _calls_and_names(facts, node)
     for call in calls:

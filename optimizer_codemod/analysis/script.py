@@ -298,12 +298,9 @@ class ScriptFacts:
         )
 
     def class_places_on_accelerator(self, class_name: str) -> bool:
-        from optimizer_codemod.analysis.devices import places_on_accelerator
+        from optimizer_codemod.analysis.devices import class_may_place_on_accelerator
 
-        return any(
-            call.site.class_name == class_name and places_on_accelerator(self, call.node)
-            for call in self.records.calls
-        )
+        return class_may_place_on_accelerator(self, class_name)
 
     # Data loading ----------------------------------------------------------------------
     def _iterated_name(self, node: Optional[cst.BaseExpression]) -> Optional[str]:
