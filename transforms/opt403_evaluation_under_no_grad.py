@@ -74,8 +74,11 @@ class EvaluationUnderNoGrad(Rule):
         tensors created in the block become inference tensors, which raise when later saved
         for backward or updated in place outside inference mode. So the block is rewritten
         only when nothing it creates can reach later code as a tensor: every name it binds is
-        either a plain Python value wherever the scope binds it, or unused after the block
-        (or bound again before any later use); it stores into no attribute or subscript,
+        either a plain Python value wherever the scope binds it (numbers, `.item()`, `math`
+        functions of them), unused after the block (or bound again before any later use), or
+        only read after it for its value (`loss.item()`, `.tolist()`, `float(loss)`,
+        `print(loss)`, an f-string: reading an inference tensor outside inference mode is
+        allowed; tests/test_inference_mode_claims.py runs each case); it stores into no attribute or subscript,
         returns or yields no tensor, updates nothing in place (`x.add_(...)`, `p -= ...`,
         `optimizer.step()`), and wants no autograd (`backward`, `enable_grad`,
         `requires_grad`). Its calls must be known not to keep or replace tensors: a model or
@@ -176,8 +179,8 @@ class EvaluationUnderNoGrad(Rule):
             if reason is not None:
                 self.decline(
                     call,
-                    f"{reason}, and tensors made under `inference_mode` must not reach later "
-                    "code",
+                    f"{reason}, and a tensor made under `inference_mode` may only be read "
+                    "later, never saved for backward nor updated in place",
                 )
                 continue
             self.report(call, _inference_mode_fix(call, call.func))
@@ -297,11 +300,11 @@ def _names_no_grad(expr: cst.BaseExpression) -> bool:
 def _function_escape(facts, function: cst.FunctionDef) -> Optional[str]:
     """Why a tensor made in the decorated `function` may reach code after it runs; None
     when none can. Its callers are not followed, so it may return plain values only."""
-    host = host_names(function)
+    host = host_names(function, facts)
     for node in find_all(function.body, cst.Return, cst.Yield):
         if isinstance(node, cst.Yield):
             return "it is a generator, and what it yields goes to its caller"
-        if node.value is not None and not is_host_value(node.value, host):
+        if node.value is not None and not is_host_value(node.value, host, facts):
             text = code_of(node.value).strip().splitlines()[0][:40]
             return (
                 f"it returns `{text}`, maybe a tensor, to callers the analysis does not "

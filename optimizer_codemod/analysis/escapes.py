@@ -71,8 +71,11 @@ def _is_inplace(name: Optional[str]) -> bool:
     return bool(name) and name.endswith("_") and not name.endswith("__")
 
 
-def is_host_value(node: cst.BaseExpression, host: Set[str]) -> bool:
-    """`node` evaluates to a plain Python value (never a tensor), given the host names."""
+def is_host_value(
+    node: cst.BaseExpression, host: Set[str], facts: Optional["ScriptFacts"] = None
+) -> bool:
+    """`node` evaluates to a plain Python value (never a tensor), given the host names; with
+    the file's facts, a call of the `math` module (`log10(1 / mse.item())`) is one too."""
     if isinstance(
         node,
         (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString),
@@ -83,20 +86,22 @@ def is_host_value(node: cst.BaseExpression, host: Set[str]) -> bool:
     if isinstance(node, cst.Call):
         if method_name(node) in HOST_METHODS:
             return True
+        if facts is not None and (facts.qualified_name(node.func) or "").startswith("math."):
+            return True  # math functions take and return Python numbers (a tensor raises)
         return isinstance(node.func, cst.Name) and node.func.value in HOST_BUILTINS
     if isinstance(node, cst.BinaryOperation):
-        return is_host_value(node.left, host) and is_host_value(node.right, host)
+        return is_host_value(node.left, host, facts) and is_host_value(node.right, host, facts)
     if isinstance(node, cst.UnaryOperation):
-        return is_host_value(node.expression, host)
+        return is_host_value(node.expression, host, facts)
     if isinstance(node, (cst.Tuple, cst.List)):
         return all(
-            not isinstance(e, cst.StarredElement) and is_host_value(e.value, host)
+            not isinstance(e, cst.StarredElement) and is_host_value(e.value, host, facts)
             for e in node.elements
         )
     return False
 
 
-def host_names(scope: Scope) -> Set[str]:
+def host_names(scope: Scope, facts: Optional["ScriptFacts"] = None) -> Set[str]:
     """Names of `scope` whose every binding there is a host value (greatest fixpoint)."""
     bindings: Dict[str, List[Optional[cst.BaseExpression]]] = {}
 
@@ -142,7 +147,7 @@ def host_names(scope: Scope) -> Set[str]:
     while changed:
         changed = False
         for name in list(host):
-            if not all(v is not None and is_host_value(v, host) for v in bindings[name]):
+            if not all(v is not None and is_host_value(v, host, facts) for v in bindings[name]):
                 host.discard(name)
                 changed = True
     return host
@@ -179,7 +184,7 @@ def block_escape(
     known_host = facts.memo("host_names")
     host = known_host.get(scope)
     if host is None:
-        host = known_host[scope] = host_names(scope)
+        host = known_host[scope] = host_names(scope, facts)
     bound_inside: Set[str] = set()
     for node in find_all(
         body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.AsName
@@ -211,7 +216,9 @@ def block_escape(
             if func_name in SAFE_BUILTINS:
                 continue
             return f"`{_short(node)}` runs code the analysis cannot see"
-        if method in KEEPING_METHODS and all(is_host_value(a.value, host) for a in node.args):
+        if method in KEEPING_METHODS and all(
+            is_host_value(a.value, host, facts) for a in node.args
+        ):
             continue  # `losses.append(loss.item())`
         if method not in PURE_METHODS:
             return f"`{_short(node)}` may change state that outlives the block"
@@ -223,16 +230,16 @@ def block_escape(
         )
         for target in targets:
             for part in find_all(target, cst.Attribute, cst.Subscript):
-                if node.value is not None and not is_host_value(node.value, host):
+                if node.value is not None and not is_host_value(node.value, host, facts):
                     return f"`{_short(node)}` stores a value from the block"
                 break
-        if isinstance(node, cst.AugAssign) and not is_host_value(node.value, host):
+        if isinstance(node, cst.AugAssign) and not is_host_value(node.value, host, facts):
             return f"`{_short(node)}` updates a value in place"
     for node in find_all(body, cst.Return, cst.Yield, cst.Global, cst.Nonlocal):
         value = getattr(node, "value", None)
         if isinstance(node, (cst.Global, cst.Nonlocal)):
             return "the block declares global names"
-        if value is not None and not is_host_value(value, host):
+        if value is not None and not is_host_value(value, host, facts):
             return f"`{_short(node)}` hands a value from the block to the caller"
     table = None
     for name in sorted(bound_inside - host):
@@ -244,7 +251,9 @@ def block_escape(
             if use.store:
                 continue
             table = parents(scope) if table is None else table
-            if not _rebound_before(table, use.node, name, block, scope):
+            if _rebound_before(table, use.node, name, block, scope):
+                continue
+            if not _reads_only_its_value(table, use.node):
                 return f"`{name}` is used after the block"
     return None
 
@@ -276,6 +285,33 @@ def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
         if parent is scope:
             return False
         node = parent
+
+
+# An inference tensor may be read outside inference mode; only saving it for backward and
+# updating it in place are refused. These uses read a Python value or text out of it.
+_VALUE_READING_METHODS = frozenset({"item", "tolist"})
+_VALUE_READING_BUILTINS = frozenset({"float", "int", "bool", "str", "repr", "print"})
+
+
+def _reads_only_its_value(table, read: cst.Name) -> bool:
+    """`read` only takes a Python value or text out of the tensor: `loss.item()`,
+    `float(loss)`, `print(loss)`, `f"{loss}"`."""
+    parent = table.get(read)
+    if isinstance(parent, cst.Attribute) and parent.value is read:
+        call = table.get(parent)
+        return (
+            parent.attr.value in _VALUE_READING_METHODS
+            and isinstance(call, cst.Call)
+            and call.func is parent
+        )
+    if isinstance(parent, cst.Arg) and parent.value is read and not parent.keyword:
+        call = table.get(parent)
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value in _VALUE_READING_BUILTINS
+        )
+    return isinstance(parent, cst.FormattedStringExpression) and parent.expression is read
 
 
 def _binds(statement: cst.CSTNode, name: str) -> bool:
