@@ -288,34 +288,44 @@ def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
 
 
 # An inference tensor may be read outside inference mode; only saving it for backward and
-# updating it in place are refused. These uses read a Python value or text out of it.
-_VALUE_READING_METHODS = frozenset({"item", "tolist"})
-_VALUE_READING_BUILTINS = frozenset({"float", "int", "bool", "str", "repr", "print"})
+# updating it in place are refused. These uses read a Python value or text out of it, maybe
+# through an index first (`xgen[i, :n].tolist()`).
+_VALUE_READING_METHODS = frozenset({"item", "tolist", "size", "dim", "numel"})
+_VALUE_READING_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
+_VALUE_READING_BUILTINS = frozenset({"float", "int", "bool", "str", "repr", "print", "len"})
 
 
 def _reads_only_its_value(table, read: cst.Name) -> bool:
     """`read` only takes a Python value or text out of the tensor: `loss.item()`,
-    `float(loss)`, `print(loss)`, `f"{loss}"`."""
-    parent = table.get(read)
-    if isinstance(parent, cst.Attribute) and parent.value is read:
+    `xgen[i].tolist()`, `x.size(1)`, `x.shape`, `float(loss)`, `print(loss)`, `f"{loss}"`."""
+    node: cst.CSTNode = read
+    parent = table.get(node)
+    while isinstance(parent, cst.Subscript) and parent.value is node:
+        node, parent = parent, table.get(parent)
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        if parent.attr.value in _VALUE_READING_ATTRIBUTES:
+            return True
         call = table.get(parent)
         return (
             parent.attr.value in _VALUE_READING_METHODS
             and isinstance(call, cst.Call)
             and call.func is parent
         )
-    if isinstance(parent, cst.Arg) and parent.value is read and not parent.keyword:
+    if isinstance(parent, cst.Arg) and parent.value is node and not parent.keyword:
         call = table.get(parent)
         return (
             isinstance(call, cst.Call)
             and isinstance(call.func, cst.Name)
             and call.func.value in _VALUE_READING_BUILTINS
         )
-    return isinstance(parent, cst.FormattedStringExpression) and parent.expression is read
+    return isinstance(parent, cst.FormattedStringExpression) and parent.expression is node
 
 
 def _binds(statement: cst.CSTNode, name: str) -> bool:
-    """`statement` is a simple line that always binds `name` with a plain assignment."""
+    """`statement` always binds `name` with a plain assignment: a simple line, or a `with`
+    block whose body does (a `with` body runs whenever the statement completes)."""
+    if isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock):
+        return any(_binds(inner, name) for inner in statement.body.body)
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
     for small in statement.body:
