@@ -22,12 +22,13 @@ from optimizer_codemod.analysis.training import (
     imported_layer,
     is_expression_statement,
     loop_method_calls,
+    each_trained_model,
     model_built,
+    model_constructed,
     model_device,
     model_placement,
     model_recurrent_layers,
     optimizer_name,
-    the_trained_model,
     training_steps,
     visible_at,
     why_no_trained_model,
@@ -149,6 +150,18 @@ class Float32TrainingWithoutAutocast(Rule):
         autocast block, on the float32 weights, even where it comes before the forward in the
         loop. Such a model gets no float16 autocast: the GradScaler float16 needs steps a
         `torch.optim` optimizer (`--why-not` says so); bfloat16 needs none.
+        A file that trains several models (a GAN's generator and discriminator, each with its
+        optimizer and its own backward; two trainer classes each with its `self.model`) gets
+        the forward and loss of every training step wrapped, each step's forward starting
+        after the backward call before it in the same block, a step that runs several models
+        (the generator's loss calls the discriminator) once. It is one finding, at the first
+        step: the steps share the cast-back analysis, and a step of one model runs the
+        others, so a hazard of any model (a recurrent layer, `BCELoss` in the file, a custom
+        autograd Function, a device not visible at a step) leaves all of them in float32,
+        `--why-not` naming the model. With `precision = "fp16"` and several optimizers the
+        rule declines: one GradScaler would have to scale every loss, step every optimizer and
+        update once per iteration after the last step (PyTorch's AMP examples, "Working with
+        Multiple Models, Losses, and Optimizers"), which the analysis does not place.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -196,35 +209,28 @@ class Float32TrainingWithoutAutocast(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        model = the_trained_model(facts)
         if uses_reduced_precision(facts, count_grad_scalers=False):
             return
-        if model is None:
+        models = each_trained_model(facts)
+        if not models:
             missing = why_no_trained_model(facts)
             if missing is not None:
                 self.decline(*missing)
             return
-        steps = training_steps(facts, model)
-        device = model_device(facts, model)
-        if not steps or device is None:
-            anchor = model_built(facts, model) or model.optimizer.node
-            self.decline(
-                anchor,
-                (
-                    f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` in "
-                    "this file, so the device type autocast needs is unknown"
-                    if device is None
-                    else f"no step that computes a loss from `{model.name}` and calls "
-                    "`.backward()` on it was found"
-                ),
-            )
+        found = self._steps_of(models)
+        if found is None:
             return
+        steps, owners = found
         anchor = steps[0].forward[0]
-        if self._reports_hazard(anchor) or self._reports_hazard_elsewhere(model, anchor):
+        if self._reports_hazard(anchor) or any(
+            self._reports_hazard_elsewhere(model, anchor) for model in models
+        ):
             return
-        placement = model_placement(facts, model)
-        home = placement[1] if placement is not None else None
-        codes = [self._device_code(device, home, step) for step in steps]
+        codes = []
+        for step, model in zip(steps, owners):
+            placement = model_placement(facts, model)
+            home = placement[1] if placement is not None else None
+            codes.append(self._device_code(model_device(facts, model), home, step))
         if any(code is None for code in codes):
             self.report(
                 anchor,
@@ -234,21 +240,7 @@ class Float32TrainingWithoutAutocast(Rule):
             )
             return
         dtype = DTYPES[self.context.precision]
-        recurrent = model_recurrent_layers(facts, model)
-        elsewhere = imported_layer(facts, model, RECURRENT_LAYERS.__contains__)
-        if (recurrent or elsewhere is not None) and dtype == "bfloat16":
-            shown = (
-                f"`{excerpt(recurrent[0].node)}`"
-                if recurrent
-                else f"`{elsewhere[0]}` in {elsewhere[1].module}"
-            )
-            self.decline(
-                anchor,
-                f"`{model.name}` has a cuDNN recurrent layer ({shown}): "
-                "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
-                "autocast would train it in float16 without a GradScaler (set precision to "
-                "fp16, which adds one)",
-            )
+        if dtype == "bfloat16" and any(self._declines_recurrent(model, anchor) for model in models):
             return
         torch_name = facts.imports.name_for_module("torch")
         imports = () if torch_name else (ImportSpec("torch"),)
@@ -257,41 +249,133 @@ class Float32TrainingWithoutAutocast(Rule):
         guards = facts.feature_guards
         regions = [step.forward for step in steps]
         contexts = [autocast.format(torch=torch_name, device=code, dtype=dtype) for code in codes]
-        for statement in evaluation_forwards(facts, model):
-            if visible_at(facts, device, statement) and not guards.in_fallback(statement):
-                regions.append((statement,))
-                code = device_type_code(facts, device)
-                contexts.append(autocast.format(torch=torch_name, device=code, dtype=dtype))
+        for model in models:
+            device = model_device(facts, model)
+            for statement in evaluation_forwards(facts, model):
+                if any(statement is s for region in regions for s in region):
+                    continue
+                if visible_at(facts, device, statement) and not guards.in_fallback(statement):
+                    regions.append((statement,))
+                    code = device_type_code(facts, device)
+                    contexts.append(autocast.format(torch=torch_name, device=code, dtype=dtype))
         edits: List[Edit] = []
         for region, context in zip(regions, contexts):
             edits.extend(wrapped_in(region, context))
         edits.extend(cast_back(facts, regions))
-        if dtype == "float16" and model.updated_by is not None:
-            update = model.updated_by.loop.node
-            self.decline(
-                anchor,
-                f"`{model.name}` is updated by hand (`for {excerpt(update.target, 20)} in "
-                f"{excerpt(update.iter, 40)}`), not by a `torch.optim` optimizer: float16 needs a "
-                "GradScaler, which steps an optimizer (set precision to bf16, which needs none)",
-            )
-            return
         if dtype == "float16" and not all(step.scaler for step in steps):
-            scaling = self._loss_scaling(model, steps, torch_name, device)
+            scaling = self._float16_scaling(models, steps, torch_name, anchor)
             if scaling is None:
-                self.report(
-                    anchor,
-                    message="Float32 training without autocast; float16 needs a GradScaler "
-                    "and the analysis cannot place one here (set precision to bf16, or add "
-                    "autocast and `torch.amp.GradScaler` by hand)",
-                )
                 return
             edits.extend(scaling)
+        names = ", ".join(
+            (
+                f"{model.owner}'s `{model.name}`"
+                if model.owner and len(models) > 1
+                else f"`{model.name}`"
+            )
+            for model in models
+        )
         self.report(
             anchor,
             Fix(tuple(edits), imports),
-            message=f"`{model.name}` is trained in float32 without autocast",
+            message=f"{names} {'is' if len(models) == 1 else 'are'} trained in float32 without "
+            "autocast",
             fix_title=f"Wrap forward and loss in `torch.autocast(..., dtype=torch.{dtype})`",
         )
+
+    def _steps_of(
+        self, models: Sequence[TrainedModel]
+    ) -> Optional[Tuple[List[TrainingStep], List[TrainedModel]]]:
+        """The training steps of all `models` in source order, a step whose backward call
+        several models share (a GAN's generator step runs the discriminator too) once, with
+        its longest forward, and the model each step was found for; None, after saying why,
+        when a model has no step or no device."""
+        facts = self.facts
+        by_backward = {}
+        for model in models:
+            steps = training_steps(facts, model)
+            device = model_device(facts, model)
+            if not steps or device is None:
+                anchor = model_built(facts, model) or model.optimizer.node
+                if len(models) > 1:
+                    anchor = model_constructed(facts, model) or anchor
+                self.decline(
+                    anchor,
+                    (
+                        f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` "
+                        "in this file, so the device type autocast needs is unknown"
+                        if device is None
+                        else f"no step that computes a loss from `{model.name}` and calls "
+                        "`.backward()` on it was found"
+                    ),
+                )
+                return None
+            for step in steps:
+                known = by_backward.get(id(step.backward.node))
+                if known is None or len(step.forward) > len(known[0].forward):
+                    by_backward[id(step.backward.node)] = (step, model)
+        ordered = sorted(by_backward.values(), key=lambda pair: pair[0].backward.site.order)
+        return [step for step, _ in ordered], [model for _, model in ordered]
+
+    def _declines_recurrent(self, model: TrainedModel, anchor: cst.CSTNode) -> bool:
+        facts = self.facts
+        recurrent = model_recurrent_layers(facts, model)
+        elsewhere = imported_layer(facts, model, RECURRENT_LAYERS.__contains__)
+        if not recurrent and elsewhere is None:
+            return False
+        shown = (
+            f"`{excerpt(recurrent[0].node)}`"
+            if recurrent
+            else f"`{elsewhere[0]}` in {elsewhere[1].module}"
+        )
+        self.decline(
+            anchor,
+            f"`{model.name}` has a cuDNN recurrent layer ({shown}): "
+            "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
+            "autocast would train it in float16 without a GradScaler (set precision to "
+            "fp16, which adds one)",
+        )
+        return True
+
+    def _float16_scaling(
+        self,
+        models: Sequence[TrainedModel],
+        steps: Sequence[TrainingStep],
+        torch_name: str,
+        anchor: cst.CSTNode,
+    ) -> Optional[List[Edit]]:
+        """The GradScaler edits float16 needs, or None after saying why there are none."""
+        manual = next((model for model in models if model.updated_by is not None), None)
+        if manual is not None:
+            update = manual.updated_by.loop.node
+            self.decline(
+                anchor,
+                f"`{manual.name}` is updated by hand (`for {excerpt(update.target, 20)} in "
+                f"{excerpt(update.iter, 40)}`), not by a `torch.optim` optimizer: float16 needs a "
+                "GradScaler, which steps an optimizer (set precision to bf16, which needs none)",
+            )
+            return None
+        optimizers = {id(model.optimizer.node) for model in models}
+        if len(optimizers) > 1:
+            names = ", ".join(f"`{model.name}`" for model in models)
+            self.decline(
+                anchor,
+                f"this file trains several models with their own optimizers ({names}): "
+                "float16 needs one GradScaler that scales every loss, steps every optimizer "
+                "and updates once per iteration after the last step, which the analysis does "
+                "not place (set precision to bf16, which needs no scaler)",
+            )
+            return None
+        model = models[0]
+        scaling = self._loss_scaling(model, steps, torch_name, model_device(self.facts, model))
+        if scaling is None:
+            self.report(
+                anchor,
+                message="Float32 training without autocast; float16 needs a GradScaler "
+                "and the analysis cannot place one here (set precision to bf16, or add "
+                "autocast and `torch.amp.GradScaler` by hand)",
+            )
+        return scaling
 
     def _device_code(
         self,
