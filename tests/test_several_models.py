@@ -1,0 +1,68 @@
+"""Rules that change how a model is trained, in files that train several models (a GAN's
+generator and discriminator, issue 15): OPT302 wraps every step or none, OPT407 converts
+each convnet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from optimizer_codemod import rewrite
+from optimizer_codemod.diagnostics import Status
+
+GAN = (Path(__file__).resolve().parent.parent / "fixtures/OPT302/fix_gan_two_models.py").read_text()
+
+
+def _opt302(source: str, **options):
+    result = rewrite(source, select=["OPT302"], why_not=True, **options)
+    return result, [d for d in result.diagnostics if d.code == "OPT302"]
+
+
+def test_each_step_of_a_gan_is_wrapped_once() -> None:
+    result, findings = _opt302(GAN)
+    assert [d.status for d in findings] == [Status.FIXED]
+    assert "`generator`, `discriminator` are trained" in findings[0].message
+    assert result.source.count('with torch.autocast("cuda", dtype=torch.bfloat16):') == 2
+    # The discriminator's step starts after the generator's backward, not at `generator(...)`.
+    generator_step, discriminator_step = result.source.split("loss_G.backward()")
+    assert "        fake_B = generator(real_A)" in generator_step
+    assert "        pred_real = discriminator(real_B, real_A)" in discriminator_step
+    assert "    loss_D.backward()" in discriminator_step
+
+
+def test_float16_with_an_optimizer_per_model_is_declined() -> None:
+    result, findings = _opt302(GAN, precision="fp16")
+    assert result.source == GAN
+    assert [d.status for d in findings] == [Status.DECLINED]
+    assert "several models with their own optimizers" in findings[0].message
+    assert "once per iteration after the last step" in findings[0].message
+
+
+def test_a_recurrent_discriminator_keeps_both_models_in_float32() -> None:
+    source = GAN.replace(
+        "        self.model = nn.Sequential(",
+        "        self.rnn = nn.LSTM(8, 8)\n        self.model = nn.Sequential(",
+    )
+    result, findings = _opt302(source)
+    assert result.source == source
+    assert [d.status for d in findings] == [Status.DECLINED]
+    assert "`discriminator` has a cuDNN recurrent layer" in findings[0].message
+
+
+def test_a_read_of_a_model_attribute_does_not_start_the_forward() -> None:
+    source = GAN.replace(
+        "    valid = Tensor(np.ones((real_A.size(0), *patch)))",
+        "    valid = Tensor(np.ones((real_A.size(0), *discriminator.patch)))",
+    ).replace(
+        "        super().__init__()\n        self.model",
+        "        super().__init__()\n        self.patch = (1, 8, 8)\n        self.model",
+    )
+    result, findings = _opt302(source)
+    assert [d.status for d in findings] == [Status.FIXED]
+    assert "    valid = Tensor(np.ones((real_A.size(0), *discriminator.patch)))" in result.source
+
+
+def test_each_convnet_of_a_gan_gets_channels_last_once() -> None:
+    result = rewrite(GAN, select=["OPT407"], why_not=True)
+    assert result.source.count("= generator.to(memory_format=torch.channels_last)") == 1
+    assert result.source.count("= discriminator.to(memory_format=torch.channels_last)") == 1
+    assert [d.status for d in result.diagnostics] == [Status.FIXED, Status.FIXED]
