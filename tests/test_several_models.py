@@ -29,12 +29,39 @@ def test_each_step_of_a_gan_is_wrapped_once() -> None:
     assert "    loss_D.backward()" in discriminator_step
 
 
-def test_float16_with_an_optimizer_per_model_is_declined() -> None:
+def test_float16_shares_one_scaler_updated_after_the_last_step() -> None:
     result, findings = _opt302(GAN, precision="fp16")
-    assert result.source == GAN
+    assert [d.status for d in findings] == [Status.FIXED]
+    loop = result.source.split("for i in range(3):")[1]
+    assert [line.strip() for line in loop.splitlines() if "scaler" in line] == [
+        "scaler.scale(loss_G).backward()",
+        "scaler.step(optimizer_G)",
+        "scaler.scale(loss_D).backward()",
+        "scaler.step(optimizer_D)",
+        "scaler.update()",
+    ]
+    assert result.source.count("GradScaler(") == 1
+
+
+def test_float16_with_a_generator_trained_every_other_step_is_declined() -> None:
+    """`update()` after the discriminator's step would skip iterations where only it steps,
+    and a second `scaler.step(optimizer_D)` before an update raises: no scaler is placed."""
+    generator_step = GAN[
+        GAN.index("    optimizer_G.zero_grad()") : GAN.index("    optimizer_D.zero_grad()")
+    ]
+    conditional = "    if i % 2 == 0:\n" + "".join(
+        f"    {line}\n" if line else "\n" for line in generator_step.splitlines()
+    )
+    source = GAN.replace(generator_step, conditional)
+    result, findings = _opt302(source, precision="fp16")
+    assert result.source == source
     assert [d.status for d in findings] == [Status.DECLINED]
     assert "several models with their own optimizers" in findings[0].message
     assert "once per iteration after the last step" in findings[0].message
+    # bfloat16 needs no scaler: both steps are wrapped.
+    result, findings = _opt302(source)
+    assert [d.status for d in findings] == [Status.FIXED]
+    assert result.source.count("torch.autocast(") == 2
 
 
 def test_a_recurrent_discriminator_keeps_both_models_in_float32() -> None:

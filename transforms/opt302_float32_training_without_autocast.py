@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
@@ -16,6 +17,8 @@ from optimizer_codemod.analysis.training import (
     TrainingStep,
     device_type_code,
     device_type_code_in,
+    enclosing_block,
+    GRADIENT_CLIPPING,
     RECURRENT_LAYERS,
     evaluation_forwards,
     gradient_clipping,
@@ -158,10 +161,15 @@ class Float32TrainingWithoutAutocast(Rule):
         step: the steps share the cast-back analysis, and a step of one model runs the
         others, so a hazard of any model (a recurrent layer, `BCELoss` in the file, a custom
         autograd Function, a device not visible at a step) leaves all of them in float32,
-        `--why-not` naming the model. With `precision = "fp16"` and several optimizers the
-        rule declines: one GradScaler would have to scale every loss, step every optimizer and
-        update once per iteration after the last step (PyTorch's AMP examples, "Working with
-        Multiple Models, Losses, and Optimizers"), which the analysis does not place.
+        `--why-not` naming the model. With `precision = "fp16"` and several optimizers, one
+        GradScaler serves them all as PyTorch's AMP examples show ("Working with Multiple
+        Models, Losses, and Optimizers"): every loss is scaled, every optimizer steps through
+        it, and it updates once per iteration after the last step. The rule declines where
+        that cannot be placed soundly: steps in several loops, a backward in the loop that is
+        no step it found, an optimizer stepped twice or in another block than the others (a
+        generator trained every `n_critic` iterations: an update after the last step would be
+        skipped, and a second `scaler.step` before an update raises), gradient clipping
+        (which optimizer to unscale is not followed), a gradient differentiated again.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -357,15 +365,19 @@ class Float32TrainingWithoutAutocast(Rule):
             return None
         optimizers = {id(model.optimizer.node) for model in models}
         if len(optimizers) > 1:
-            names = ", ".join(f"`{model.name}`" for model in models)
-            self.decline(
-                anchor,
-                f"this file trains several models with their own optimizers ({names}): "
-                "float16 needs one GradScaler that scales every loss, steps every optimizer "
-                "and updates once per iteration after the last step, which the analysis does "
-                "not place (set precision to bf16, which needs no scaler)",
-            )
-            return None
+            scaling = self._loss_scaling_shared(models, steps, torch_name)
+            if scaling is None:
+                names = ", ".join(f"`{model.name}`" for model in models)
+                self.decline(
+                    anchor,
+                    f"this file trains several models with their own optimizers ({names}): "
+                    "float16 needs one GradScaler that scales every loss, steps every "
+                    "optimizer and updates once per iteration after the last step; the "
+                    "analysis places it only where one loop runs every step, each optimizer "
+                    "steps once in one block and nothing clips gradients or differentiates "
+                    "them again (set precision to bf16, which needs no scaler)",
+                )
+            return scaling
         model = models[0]
         scaling = self._loss_scaling(model, steps, torch_name, model_device(self.facts, model))
         if scaling is None:
@@ -454,23 +466,11 @@ class Float32TrainingWithoutAutocast(Rule):
         """The GradScaler edits for float16, or None when a step cannot be followed."""
         facts = self.facts
         optimizer = optimizer_name(facts, model)
-        construction = model.optimizer.site.statement
-        if optimizer is None or not isinstance(construction, cst.SimpleStatementLine):
+        scaler = self._scaler_built_after(model.optimizer.site.statement, device, torch_name)
+        if optimizer is None or scaler is None:
             return None
-        if not visible_at(facts, device, construction):
-            return None
-        scaler = "scaler" if not facts.imports.is_bound("scaler") else "grad_scaler"
-        if facts.imports.is_bound(scaler):
-            return None
-        device_type = device_type_code(facts, device)
-        edits: List[Edit] = [
-            InsertStatements(
-                construction,
-                after=(
-                    cst.parse_statement(f"{scaler} = {torch_name}.amp.GradScaler({device_type})\n"),
-                ),
-            )
-        ]
+        name, built = scaler
+        edits: List[Edit] = [built]
         for step in steps:
             updates = loop_method_calls(facts, step, optimizer, "step")
             if len(updates) != 1 or not is_expression_statement(
@@ -478,26 +478,12 @@ class Float32TrainingWithoutAutocast(Rule):
             ):
                 return None
             update = updates[0]
-            backward = step.backward.node
-            edits.append(
-                Replace(
-                    backward,
-                    backward.with_changes(
-                        func=backward.func.with_changes(
-                            value=cst.Call(
-                                func=cst.parse_expression(f"{scaler}.scale"),
-                                # `(loss / 4).backward()`: as an argument the division needs no parentheses
-                                args=[cst.Arg(backward.func.value.with_changes(lpar=(), rpar=()))],
-                            )
-                        )
-                    ),
-                )
-            )
-            edits.append(Replace(update.node, cst.parse_expression(f"{scaler}.step({optimizer})")))
+            edits.append(_scaled_backward(step, name))
+            edits.append(Replace(update.node, cst.parse_expression(f"{name}.step({optimizer})")))
             edits.append(
                 InsertStatements(
                     update.site.statement,
-                    after=(cst.parse_statement(f"{scaler}.update()\n"),),
+                    after=(cst.parse_statement(f"{name}.update()\n"),),
                 )
             )
             for clip in gradient_clipping(facts, step):
@@ -506,10 +492,105 @@ class Float32TrainingWithoutAutocast(Rule):
                 edits.append(
                     InsertStatements(
                         clip.site.statement,
-                        before=(cst.parse_statement(f"{scaler}.unscale_({optimizer})\n"),),
+                        before=(cst.parse_statement(f"{name}.unscale_({optimizer})\n"),),
                     )
                 )
         return edits
+
+    def _loss_scaling_shared(
+        self, models: Sequence[TrainedModel], steps: Sequence[TrainingStep], torch_name: str
+    ) -> Optional[List[Edit]]:
+        """One GradScaler for several optimizers (PyTorch's AMP examples, "Working with
+        Multiple Models, Losses, and Optimizers"): every loss scaled, every optimizer stepped
+        through it, `update()` once after the last step. None unless all steps are in one
+        loop whose every backward call is one of them, each optimizer steps once there, all
+        those steps stand in one block (the update runs after each of them, every iteration
+        that runs one), and nothing clips gradients or differentiates a gradient again."""
+        facts = self.facts
+        loops = {id(step.loop.node) for step in steps}
+        if len(loops) != 1 or double_backward_calls(facts):
+            return None
+        loop_calls = facts.loop_calls(steps[0].loop)
+        backward_calls = [call for call in loop_calls if call.method == "backward"]
+        if len(backward_calls) != len(steps) or any(
+            call.qualname in GRADIENT_CLIPPING for call in loop_calls
+        ):
+            return None
+        devices = [model_device(facts, model) for model in models]
+        if len({device_type_code(facts, device) for device in devices}) != 1:
+            return None
+        updates = []
+        seen = set()
+        for model in models:
+            if id(model.optimizer.node) in seen:
+                continue
+            seen.add(id(model.optimizer.node))
+            optimizer = optimizer_name(facts, model)
+            calls = loop_method_calls(facts, steps[0], optimizer, "step") if optimizer else []
+            if len(calls) != 1 or not is_expression_statement(
+                calls[0].site.statement, calls[0].node
+            ):
+                return None
+            updates.append((optimizer, calls[0]))
+        statements = [call.site.statement for _, call in updates]
+        block = enclosing_block(steps[0].loop.node, statements[0])
+        if block is None or not all(any(s is t for t in block) for s in statements):
+            return None
+        last = max((model.optimizer for model in models), key=lambda call: call.site.order)
+        if any(model.optimizer.site.function is not last.site.function for model in models):
+            return None
+        scaler = self._scaler_built_after(last.site.statement, devices[0], torch_name)
+        if scaler is None:
+            return None
+        name, built = scaler
+        edits: List[Edit] = [built]
+        edits.extend(_scaled_backward(step, name) for step in steps)
+        for optimizer, call in updates:
+            edits.append(Replace(call.node, cst.parse_expression(f"{name}.step({optimizer})")))
+        final = max((call for _, call in updates), key=lambda call: call.site.order)
+        edits.append(
+            InsertStatements(
+                final.site.statement, after=(cst.parse_statement(f"{name}.update()\n"),)
+            )
+        )
+        return edits
+
+    def _scaler_built_after(
+        self,
+        construction: Optional[cst.CSTNode],
+        device: cst.BaseExpression,
+        torch_name: str,
+    ) -> Optional[Tuple[str, Edit]]:
+        """(its name, the edit that builds it) for a GradScaler built after `construction`
+        (an optimizer's), None where the device is not visible there or no name is free."""
+        facts = self.facts
+        if not isinstance(construction, cst.SimpleStatementLine):
+            return None
+        if not visible_at(facts, device, construction):
+            return None
+        scaler = "scaler" if not facts.imports.is_bound("scaler") else "grad_scaler"
+        if facts.imports.is_bound(scaler):
+            return None
+        device_type = device_type_code(facts, device)
+        built = cst.parse_statement(f"{scaler} = {torch_name}.amp.GradScaler({device_type})\n")
+        return scaler, InsertStatements(construction, after=(built,))
+
+
+def _scaled_backward(step: TrainingStep, scaler: str) -> Edit:
+    """`scaler.scale(loss).backward()` for the step's `loss.backward()`."""
+    backward = step.backward.node
+    return Replace(
+        backward,
+        backward.with_changes(
+            func=backward.func.with_changes(
+                value=cst.Call(
+                    func=cst.parse_expression(f"{scaler}.scale"),
+                    # `(loss / 4).backward()`: as an argument the division needs no parentheses
+                    args=[cst.Arg(backward.func.value.with_changes(lpar=(), rpar=()))],
+                )
+            )
+        ),
+    )
 
 
 def cast_back(facts, regions: Sequence[Tuple[cst.BaseStatement, ...]]) -> List[Edit]:
