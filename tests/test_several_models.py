@@ -93,3 +93,31 @@ def test_each_convnet_of_a_gan_gets_channels_last_once() -> None:
     assert result.source.count("= generator.to(memory_format=torch.channels_last)") == 1
     assert result.source.count("= discriminator.to(memory_format=torch.channels_last)") == 1
     assert [d.status for d in result.diagnostics] == [Status.FIXED, Status.FIXED]
+
+
+def test_float16_steps_an_optimizer_shared_by_two_models_through_the_scaler() -> None:
+    """InfoGAN's third optimizer, over the parameters of both models, is no model's first:
+    its step must go through the scaler too, before the one update."""
+    source = GAN.replace(
+        "optimizer_D = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))\n",
+        "optimizer_D = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))\n"
+        "optimizer_info = torch.optim.Adam(\n"
+        "    itertools.chain(generator.parameters(), discriminator.parameters()), lr=2e-4\n"
+        ")\n",
+    ).replace(
+        "    optimizer_D.step()\n",
+        "    optimizer_D.step()\n\n"
+        "    optimizer_info.zero_grad()\n"
+        "    info_loss = criterion_pixelwise(generator(real_A), real_B)\n"
+        "    info_loss.backward()\n"
+        "    optimizer_info.step()\n",
+    )
+    source = "import itertools\n" + source
+    result, findings = _opt302(source, precision="fp16")
+    assert [d.status for d in findings] == [Status.FIXED]
+    loop = result.source.split("for i in range(3):")[1]
+    assert [line.strip() for line in loop.splitlines() if "scaler" in line][-3:] == [
+        "scaler.scale(info_loss).backward()",
+        "scaler.step(optimizer_info)",
+        "scaler.update()",
+    ]

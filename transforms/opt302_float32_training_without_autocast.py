@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.training import (
     model_placement,
     model_recurrent_layers,
     optimizer_name,
+    trained_models,
     training_steps,
     visible_at,
     why_no_trained_model,
@@ -363,9 +364,12 @@ class Float32TrainingWithoutAutocast(Rule):
                 "GradScaler, which steps an optimizer (set precision to bf16, which needs none)",
             )
             return None
-        optimizers = {id(model.optimizer.node) for model in models}
+        # Every optimizer, not only each model's first: a third one over the parameters of
+        # two models (InfoGAN's `optimizer_info`) must step through the scaler too.
+        every_pair = trained_models(self.facts)
+        optimizers = {id(model.optimizer.node) for model in every_pair}
         if len(optimizers) > 1:
-            scaling = self._loss_scaling_shared(models, steps, torch_name)
+            scaling = self._loss_scaling_shared(every_pair, steps, torch_name)
             if scaling is None:
                 names = ", ".join(f"`{model.name}`" for model in models)
                 self.decline(
@@ -498,7 +502,7 @@ class Float32TrainingWithoutAutocast(Rule):
         return edits
 
     def _loss_scaling_shared(
-        self, models: Sequence[TrainedModel], steps: Sequence[TrainingStep], torch_name: str
+        self, pairs: Sequence[TrainedModel], steps: Sequence[TrainingStep], torch_name: str
     ) -> Optional[List[Edit]]:
         """One GradScaler for several optimizers (PyTorch's AMP examples, "Working with
         Multiple Models, Losses, and Optimizers"): every loss scaled, every optimizer stepped
@@ -516,12 +520,12 @@ class Float32TrainingWithoutAutocast(Rule):
             call.qualname in GRADIENT_CLIPPING for call in loop_calls
         ):
             return None
-        devices = [model_device(facts, model) for model in models]
+        devices = [model_device(facts, model) for model in pairs]
         if len({device_type_code(facts, device) for device in devices}) != 1:
             return None
         updates = []
         seen = set()
-        for model in models:
+        for model in pairs:
             if id(model.optimizer.node) in seen:
                 continue
             seen.add(id(model.optimizer.node))
@@ -532,12 +536,19 @@ class Float32TrainingWithoutAutocast(Rule):
             ):
                 return None
             updates.append((optimizer, calls[0]))
+        # An optimizer of the file that the analysis does not tie to a model, stepped here,
+        # would apply the scaled gradients.
+        constructed = [facts.assignment_of(call.node) for call in facts.optimizer_constructions()]
+        every_optimizer = {assignment.target for assignment in constructed if assignment}
+        stepped = {call.receiver for call in loop_calls if call.method == "step"}
+        if (stepped & every_optimizer) - {optimizer for optimizer, _ in updates}:
+            return None
         statements = [call.site.statement for _, call in updates]
         block = enclosing_block(steps[0].loop.node, statements[0])
         if block is None or not all(any(s is t for t in block) for s in statements):
             return None
-        last = max((model.optimizer for model in models), key=lambda call: call.site.order)
-        if any(model.optimizer.site.function is not last.site.function for model in models):
+        last = max((model.optimizer for model in pairs), key=lambda call: call.site.order)
+        if any(model.optimizer.site.function is not last.site.function for model in pairs):
             return None
         scaler = self._scaler_built_after(last.site.statement, devices[0], torch_name)
         if scaler is None:
