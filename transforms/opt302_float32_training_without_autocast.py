@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import uses_reduced_precision
 from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
@@ -16,18 +17,22 @@ from optimizer_codemod.analysis.training import (
     TrainingStep,
     device_type_code,
     device_type_code_in,
+    enclosing_block,
+    GRADIENT_CLIPPING,
     RECURRENT_LAYERS,
     evaluation_forwards,
     gradient_clipping,
     imported_layer,
     is_expression_statement,
     loop_method_calls,
+    each_trained_model,
     model_built,
+    model_constructed,
     model_device,
     model_placement,
     model_recurrent_layers,
     optimizer_name,
-    the_trained_model,
+    trained_models,
     training_steps,
     visible_at,
     why_no_trained_model,
@@ -149,6 +154,23 @@ class Float32TrainingWithoutAutocast(Rule):
         autocast block, on the float32 weights, even where it comes before the forward in the
         loop. Such a model gets no float16 autocast: the GradScaler float16 needs steps a
         `torch.optim` optimizer (`--why-not` says so); bfloat16 needs none.
+        A file that trains several models (a GAN's generator and discriminator, each with its
+        optimizer and its own backward; two trainer classes each with its `self.model`) gets
+        the forward and loss of every training step wrapped, each step's forward starting
+        after the backward call before it in the same block, a step that runs several models
+        (the generator's loss calls the discriminator) once. It is one finding, at the first
+        step: the steps share the cast-back analysis, and a step of one model runs the
+        others, so a hazard of any model (a recurrent layer, `BCELoss` in the file, a custom
+        autograd Function, a device not visible at a step) leaves all of them in float32,
+        `--why-not` naming the model. With `precision = "fp16"` and several optimizers, one
+        GradScaler serves them all as PyTorch's AMP examples show ("Working with Multiple
+        Models, Losses, and Optimizers"): every loss is scaled, every optimizer steps through
+        it, and it updates once per iteration after the last step. The rule declines where
+        that cannot be placed soundly: steps in several loops, a backward in the loop that is
+        no step it found, an optimizer stepped twice or in another block than the others (a
+        generator trained every `n_critic` iterations: an update after the last step would be
+        skipped, and a second `scaler.step` before an update raises), gradient clipping
+        (which optimizer to unscale is not followed), a gradient differentiated again.
 
     Expected gain:
         On the 2-core x86_64 CPU (AVX-512 BF16) with torch 2.13.0+cpu (2026-11-21), a GPT
@@ -196,35 +218,28 @@ class Float32TrainingWithoutAutocast(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        model = the_trained_model(facts)
         if uses_reduced_precision(facts, count_grad_scalers=False):
             return
-        if model is None:
+        models = each_trained_model(facts)
+        if not models:
             missing = why_no_trained_model(facts)
             if missing is not None:
                 self.decline(*missing)
             return
-        steps = training_steps(facts, model)
-        device = model_device(facts, model)
-        if not steps or device is None:
-            anchor = model_built(facts, model) or model.optimizer.node
-            self.decline(
-                anchor,
-                (
-                    f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` in "
-                    "this file, so the device type autocast needs is unknown"
-                    if device is None
-                    else f"no step that computes a loss from `{model.name}` and calls "
-                    "`.backward()` on it was found"
-                ),
-            )
+        found = self._steps_of(models)
+        if found is None:
             return
+        steps, owners = found
         anchor = steps[0].forward[0]
-        if self._reports_hazard(anchor) or self._reports_hazard_elsewhere(model, anchor):
+        if self._reports_hazard(anchor) or any(
+            self._reports_hazard_elsewhere(model, anchor) for model in models
+        ):
             return
-        placement = model_placement(facts, model)
-        home = placement[1] if placement is not None else None
-        codes = [self._device_code(device, home, step) for step in steps]
+        codes = []
+        for step, model in zip(steps, owners):
+            placement = model_placement(facts, model)
+            home = placement[1] if placement is not None else None
+            codes.append(self._device_code(model_device(facts, model), home, step))
         if any(code is None for code in codes):
             self.report(
                 anchor,
@@ -234,21 +249,7 @@ class Float32TrainingWithoutAutocast(Rule):
             )
             return
         dtype = DTYPES[self.context.precision]
-        recurrent = model_recurrent_layers(facts, model)
-        elsewhere = imported_layer(facts, model, RECURRENT_LAYERS.__contains__)
-        if (recurrent or elsewhere is not None) and dtype == "bfloat16":
-            shown = (
-                f"`{excerpt(recurrent[0].node)}`"
-                if recurrent
-                else f"`{elsewhere[0]}` in {elsewhere[1].module}"
-            )
-            self.decline(
-                anchor,
-                f"`{model.name}` has a cuDNN recurrent layer ({shown}): "
-                "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
-                "autocast would train it in float16 without a GradScaler (set precision to "
-                "fp16, which adds one)",
-            )
+        if dtype == "bfloat16" and any(self._declines_recurrent(model, anchor) for model in models):
             return
         torch_name = facts.imports.name_for_module("torch")
         imports = () if torch_name else (ImportSpec("torch"),)
@@ -257,41 +258,140 @@ class Float32TrainingWithoutAutocast(Rule):
         guards = facts.feature_guards
         regions = [step.forward for step in steps]
         contexts = [autocast.format(torch=torch_name, device=code, dtype=dtype) for code in codes]
-        for statement in evaluation_forwards(facts, model):
-            if visible_at(facts, device, statement) and not guards.in_fallback(statement):
-                regions.append((statement,))
-                code = device_type_code(facts, device)
-                contexts.append(autocast.format(torch=torch_name, device=code, dtype=dtype))
+        for model in models:
+            device = model_device(facts, model)
+            for statement in evaluation_forwards(facts, model):
+                if any(statement is s for region in regions for s in region):
+                    continue
+                if visible_at(facts, device, statement) and not guards.in_fallback(statement):
+                    regions.append((statement,))
+                    code = device_type_code(facts, device)
+                    contexts.append(autocast.format(torch=torch_name, device=code, dtype=dtype))
         edits: List[Edit] = []
         for region, context in zip(regions, contexts):
             edits.extend(wrapped_in(region, context))
         edits.extend(cast_back(facts, regions))
-        if dtype == "float16" and model.updated_by is not None:
-            update = model.updated_by.loop.node
-            self.decline(
-                anchor,
-                f"`{model.name}` is updated by hand (`for {excerpt(update.target, 20)} in "
-                f"{excerpt(update.iter, 40)}`), not by a `torch.optim` optimizer: float16 needs a "
-                "GradScaler, which steps an optimizer (set precision to bf16, which needs none)",
-            )
-            return
         if dtype == "float16" and not all(step.scaler for step in steps):
-            scaling = self._loss_scaling(model, steps, torch_name, device)
+            scaling = self._float16_scaling(models, steps, torch_name, anchor)
             if scaling is None:
-                self.report(
-                    anchor,
-                    message="Float32 training without autocast; float16 needs a GradScaler "
-                    "and the analysis cannot place one here (set precision to bf16, or add "
-                    "autocast and `torch.amp.GradScaler` by hand)",
-                )
                 return
             edits.extend(scaling)
+        names = ", ".join(
+            (
+                f"{model.owner}'s `{model.name}`"
+                if model.owner and len(models) > 1
+                else f"`{model.name}`"
+            )
+            for model in models
+        )
         self.report(
             anchor,
             Fix(tuple(edits), imports),
-            message=f"`{model.name}` is trained in float32 without autocast",
+            message=f"{names} {'is' if len(models) == 1 else 'are'} trained in float32 without "
+            "autocast",
             fix_title=f"Wrap forward and loss in `torch.autocast(..., dtype=torch.{dtype})`",
         )
+
+    def _steps_of(
+        self, models: Sequence[TrainedModel]
+    ) -> Optional[Tuple[List[TrainingStep], List[TrainedModel]]]:
+        """The training steps of all `models` in source order, a step whose backward call
+        several models share (a GAN's generator step runs the discriminator too) once, with
+        its longest forward, and the model each step was found for; None, after saying why,
+        when a model has no step or no device."""
+        facts = self.facts
+        by_backward = {}
+        for model in models:
+            steps = training_steps(facts, model)
+            device = model_device(facts, model)
+            if not steps or device is None:
+                anchor = model_built(facts, model) or model.optimizer.node
+                if len(models) > 1:
+                    anchor = model_constructed(facts, model) or anchor
+                self.decline(
+                    anchor,
+                    (
+                        f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` "
+                        "in this file, so the device type autocast needs is unknown"
+                        if device is None
+                        else f"no step that computes a loss from `{model.name}` and calls "
+                        "`.backward()` on it was found"
+                    ),
+                )
+                return None
+            for step in steps:
+                known = by_backward.get(id(step.backward.node))
+                if known is None or len(step.forward) > len(known[0].forward):
+                    by_backward[id(step.backward.node)] = (step, model)
+        ordered = sorted(by_backward.values(), key=lambda pair: pair[0].backward.site.order)
+        return [step for step, _ in ordered], [model for _, model in ordered]
+
+    def _declines_recurrent(self, model: TrainedModel, anchor: cst.CSTNode) -> bool:
+        facts = self.facts
+        recurrent = model_recurrent_layers(facts, model)
+        elsewhere = imported_layer(facts, model, RECURRENT_LAYERS.__contains__)
+        if not recurrent and elsewhere is None:
+            return False
+        shown = (
+            f"`{excerpt(recurrent[0].node)}`"
+            if recurrent
+            else f"`{elsewhere[0]}` in {elsewhere[1].module}"
+        )
+        self.decline(
+            anchor,
+            f"`{model.name}` has a cuDNN recurrent layer ({shown}): "
+            "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
+            "autocast would train it in float16 without a GradScaler (set precision to "
+            "fp16, which adds one)",
+        )
+        return True
+
+    def _float16_scaling(
+        self,
+        models: Sequence[TrainedModel],
+        steps: Sequence[TrainingStep],
+        torch_name: str,
+        anchor: cst.CSTNode,
+    ) -> Optional[List[Edit]]:
+        """The GradScaler edits float16 needs, or None after saying why there are none."""
+        manual = next((model for model in models if model.updated_by is not None), None)
+        if manual is not None:
+            update = manual.updated_by.loop.node
+            self.decline(
+                anchor,
+                f"`{manual.name}` is updated by hand (`for {excerpt(update.target, 20)} in "
+                f"{excerpt(update.iter, 40)}`), not by a `torch.optim` optimizer: float16 needs a "
+                "GradScaler, which steps an optimizer (set precision to bf16, which needs none)",
+            )
+            return None
+        # Every optimizer, not only each model's first: a third one over the parameters of
+        # two models (InfoGAN's `optimizer_info`) must step through the scaler too.
+        every_pair = trained_models(self.facts)
+        optimizers = {id(model.optimizer.node) for model in every_pair}
+        if len(optimizers) > 1:
+            scaling = self._loss_scaling_shared(every_pair, steps, torch_name)
+            if scaling is None:
+                names = ", ".join(f"`{model.name}`" for model in models)
+                self.decline(
+                    anchor,
+                    f"this file trains several models with their own optimizers ({names}): "
+                    "float16 needs one GradScaler that scales every loss, steps every "
+                    "optimizer and updates once per iteration after the last step; the "
+                    "analysis places it only where one loop runs every step, each optimizer "
+                    "steps once in one block and nothing clips gradients or differentiates "
+                    "them again (set precision to bf16, which needs no scaler)",
+                )
+            return scaling
+        model = models[0]
+        scaling = self._loss_scaling(model, steps, torch_name, model_device(self.facts, model))
+        if scaling is None:
+            self.report(
+                anchor,
+                message="Float32 training without autocast; float16 needs a GradScaler "
+                "and the analysis cannot place one here (set precision to bf16, or add "
+                "autocast and `torch.amp.GradScaler` by hand)",
+            )
+        return scaling
 
     def _device_code(
         self,
@@ -370,23 +470,11 @@ class Float32TrainingWithoutAutocast(Rule):
         """The GradScaler edits for float16, or None when a step cannot be followed."""
         facts = self.facts
         optimizer = optimizer_name(facts, model)
-        construction = model.optimizer.site.statement
-        if optimizer is None or not isinstance(construction, cst.SimpleStatementLine):
+        scaler = self._scaler_built_after(model.optimizer.site.statement, device, torch_name)
+        if optimizer is None or scaler is None:
             return None
-        if not visible_at(facts, device, construction):
-            return None
-        scaler = "scaler" if not facts.imports.is_bound("scaler") else "grad_scaler"
-        if facts.imports.is_bound(scaler):
-            return None
-        device_type = device_type_code(facts, device)
-        edits: List[Edit] = [
-            InsertStatements(
-                construction,
-                after=(
-                    cst.parse_statement(f"{scaler} = {torch_name}.amp.GradScaler({device_type})\n"),
-                ),
-            )
-        ]
+        name, built = scaler
+        edits: List[Edit] = [built]
         for step in steps:
             updates = loop_method_calls(facts, step, optimizer, "step")
             if len(updates) != 1 or not is_expression_statement(
@@ -394,26 +482,12 @@ class Float32TrainingWithoutAutocast(Rule):
             ):
                 return None
             update = updates[0]
-            backward = step.backward.node
-            edits.append(
-                Replace(
-                    backward,
-                    backward.with_changes(
-                        func=backward.func.with_changes(
-                            value=cst.Call(
-                                func=cst.parse_expression(f"{scaler}.scale"),
-                                # `(loss / 4).backward()`: as an argument the division needs no parentheses
-                                args=[cst.Arg(backward.func.value.with_changes(lpar=(), rpar=()))],
-                            )
-                        )
-                    ),
-                )
-            )
-            edits.append(Replace(update.node, cst.parse_expression(f"{scaler}.step({optimizer})")))
+            edits.append(_scaled_backward(step, name))
+            edits.append(Replace(update.node, cst.parse_expression(f"{name}.step({optimizer})")))
             edits.append(
                 InsertStatements(
                     update.site.statement,
-                    after=(cst.parse_statement(f"{scaler}.update()\n"),),
+                    after=(cst.parse_statement(f"{name}.update()\n"),),
                 )
             )
             for clip in gradient_clipping(facts, step):
@@ -422,10 +496,112 @@ class Float32TrainingWithoutAutocast(Rule):
                 edits.append(
                     InsertStatements(
                         clip.site.statement,
-                        before=(cst.parse_statement(f"{scaler}.unscale_({optimizer})\n"),),
+                        before=(cst.parse_statement(f"{name}.unscale_({optimizer})\n"),),
                     )
                 )
         return edits
+
+    def _loss_scaling_shared(
+        self, pairs: Sequence[TrainedModel], steps: Sequence[TrainingStep], torch_name: str
+    ) -> Optional[List[Edit]]:
+        """One GradScaler for several optimizers (PyTorch's AMP examples, "Working with
+        Multiple Models, Losses, and Optimizers"): every loss scaled, every optimizer stepped
+        through it, `update()` once after the last step. None unless all steps are in one
+        loop whose every backward call is one of them, each optimizer steps once there, all
+        those steps stand in one block (the update runs after each of them, every iteration
+        that runs one), and nothing clips gradients or differentiates a gradient again."""
+        facts = self.facts
+        loops = {id(step.loop.node) for step in steps}
+        if len(loops) != 1 or double_backward_calls(facts):
+            return None
+        loop_calls = facts.loop_calls(steps[0].loop)
+        backward_calls = [call for call in loop_calls if call.method == "backward"]
+        if len(backward_calls) != len(steps) or any(
+            call.qualname in GRADIENT_CLIPPING for call in loop_calls
+        ):
+            return None
+        devices = [model_device(facts, model) for model in pairs]
+        if len({device_type_code(facts, device) for device in devices}) != 1:
+            return None
+        updates = []
+        seen = set()
+        for model in pairs:
+            if id(model.optimizer.node) in seen:
+                continue
+            seen.add(id(model.optimizer.node))
+            optimizer = optimizer_name(facts, model)
+            calls = loop_method_calls(facts, steps[0], optimizer, "step") if optimizer else []
+            if len(calls) != 1 or not is_expression_statement(
+                calls[0].site.statement, calls[0].node
+            ):
+                return None
+            updates.append((optimizer, calls[0]))
+        # An optimizer of the file that the analysis does not tie to a model, stepped here,
+        # would apply the scaled gradients.
+        constructed = [facts.assignment_of(call.node) for call in facts.optimizer_constructions()]
+        every_optimizer = {assignment.target for assignment in constructed if assignment}
+        stepped = {call.receiver for call in loop_calls if call.method == "step"}
+        if (stepped & every_optimizer) - {optimizer for optimizer, _ in updates}:
+            return None
+        statements = [call.site.statement for _, call in updates]
+        block = enclosing_block(steps[0].loop.node, statements[0])
+        if block is None or not all(any(s is t for t in block) for s in statements):
+            return None
+        last = max((model.optimizer for model in pairs), key=lambda call: call.site.order)
+        if any(model.optimizer.site.function is not last.site.function for model in pairs):
+            return None
+        scaler = self._scaler_built_after(last.site.statement, devices[0], torch_name)
+        if scaler is None:
+            return None
+        name, built = scaler
+        edits: List[Edit] = [built]
+        edits.extend(_scaled_backward(step, name) for step in steps)
+        for optimizer, call in updates:
+            edits.append(Replace(call.node, cst.parse_expression(f"{name}.step({optimizer})")))
+        final = max((call for _, call in updates), key=lambda call: call.site.order)
+        edits.append(
+            InsertStatements(
+                final.site.statement, after=(cst.parse_statement(f"{name}.update()\n"),)
+            )
+        )
+        return edits
+
+    def _scaler_built_after(
+        self,
+        construction: Optional[cst.CSTNode],
+        device: cst.BaseExpression,
+        torch_name: str,
+    ) -> Optional[Tuple[str, Edit]]:
+        """(its name, the edit that builds it) for a GradScaler built after `construction`
+        (an optimizer's), None where the device is not visible there or no name is free."""
+        facts = self.facts
+        if not isinstance(construction, cst.SimpleStatementLine):
+            return None
+        if not visible_at(facts, device, construction):
+            return None
+        scaler = "scaler" if not facts.imports.is_bound("scaler") else "grad_scaler"
+        if facts.imports.is_bound(scaler):
+            return None
+        device_type = device_type_code(facts, device)
+        built = cst.parse_statement(f"{scaler} = {torch_name}.amp.GradScaler({device_type})\n")
+        return scaler, InsertStatements(construction, after=(built,))
+
+
+def _scaled_backward(step: TrainingStep, scaler: str) -> Edit:
+    """`scaler.scale(loss).backward()` for the step's `loss.backward()`."""
+    backward = step.backward.node
+    return Replace(
+        backward,
+        backward.with_changes(
+            func=backward.func.with_changes(
+                value=cst.Call(
+                    func=cst.parse_expression(f"{scaler}.scale"),
+                    # `(loss / 4).backward()`: as an argument the division needs no parentheses
+                    args=[cst.Arg(backward.func.value.with_changes(lpar=(), rpar=()))],
+                )
+            )
+        ),
+    )
 
 
 def cast_back(facts, regions: Sequence[Tuple[cst.BaseStatement, ...]]) -> List[Edit]:

@@ -18,6 +18,7 @@ from optimizer_codemod.analysis.precision import (
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
+    each_trained_model,
     imported_layer,
     is_elementwise_dropout,
     model_built,
@@ -26,8 +27,6 @@ from optimizer_codemod.analysis.training import (
     model_imported_classes,
     model_layer_calls,
     model_output_names,
-    the_trained_model,
-    trained_models,
     why_no_trained_model,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
@@ -80,10 +79,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
     What it does:
         Converts a trained convolutional model to the channels_last (NHWC) memory format
         right after it is built and placed on its device:
-        `model = model.to(memory_format=torch.channels_last)`. The model must be the one
-        model the script trains, built from `nn.Conv2d` (or `ConvTranspose2d`, `F.conv2d`)
-        in its classes of this file, or be a torchvision classification or segmentation
-        model.
+        `model = model.to(memory_format=torch.channels_last)`. Each model the script trains
+        is converted on its own (a GAN's generator and discriminator, each after the
+        statement that places it) when it is built from `nn.Conv2d` (or `ConvTranspose2d`,
+        `F.conv2d`) in its classes of this file or of another module of the run, or is a
+        torchvision classification or segmentation model, and passes the checks below.
 
         Input batches are left alone. A convolution whose weight is channels_last returns a
         channels_last output whatever the layout of its input (checked on CPU, torch
@@ -139,8 +139,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         counts with the layers it is built from (docs/projects.md): its `.view` calls, 3-D
         convolutions and dropout as above; a layer built only under a conditional
         expression is not taken for what the model is. Never applied when the trained
-        model is not known (several models, or one the
-        analysis does not follow), when it has no 2-D convolution (`Conv1d` models have no
+        model is not known (one the analysis does not follow), when it has no 2-D convolution (`Conv1d` models have no
         4-D tensors to convert), when it also has a 3-D convolution (5-D weights make
         `.to(memory_format=torch.channels_last)` raise; `channels_last_3d` is another
         format), when it is a torchvision video, detection, optical-flow or quantized model
@@ -148,10 +147,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         when the script already mentions `channels_last` or `memory_format` anywhere.
         `--why-not` explains where it can: at a model whose architecture is chosen at run
         time by name (`models.__dict__[args.arch]()`, timm's `create_model(args.model)`),
-        at each model and the backward call of a file that trains several models (a GAN's
-        generator and discriminator) and has 2-D convolutions, and at the model of a script that hands it
-        to the training loop of another module of the run (`train_one_epoch(model, ...)`
-        from engine.py), which the analysis does not follow.
+        and at the model of a script that hands it to the training loop of another module
+        of the run (`train_one_epoch(model, ...)` from engine.py), which the analysis does
+        not follow.
 
         Reported without a fix when a method of the model's classes (or a function of this
         file they call), or the script on the model's output, calls `.view(...)` or
@@ -201,11 +199,15 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        facts = self.facts
-        model = the_trained_model(facts)
-        if model is None:
+        models = each_trained_model(self.facts)
+        if not models:
             self._decline_unknown_models()
-            return
+        for model in models:
+            self._convert(model, original_node)
+
+    def _convert(self, model, original_node: cst.Module) -> None:
+        """Convert `model` after the statement that places it, or say why not."""
+        facts = self.facts
         # Classes from other modules of the run count with the layers they are built from.
         imported = model_imported_classes(facts, model)
         qualnames = [call.qualname or "" for call in model_layer_calls(facts, model)]
@@ -225,7 +227,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 )
             return
         if _chooses_memory_format(original_node):
-            if anchor is not None:
+            if anchor is not None and not self._converted(model):
                 self.decline(
                     anchor,
                     "the script already names a memory format (`channels_last`, "
@@ -284,7 +286,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
 
     def _decline_unknown_models(self) -> None:
         """Say why no model gets channels_last where the file may train a convnet: models
-        chosen by name, models handed to the loop of another module, several models."""
+        chosen by name, models handed to the loop of another module, a model not followed."""
         facts = self.facts
         declined = set()
         for assignment, lookup in models_chosen_by_name(facts):
@@ -303,15 +305,21 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 "(`.view`, dropout)",
             )
         missing = why_no_trained_model(facts)
-        if missing is None or not convolutions:
-            return
-        self.decline(*missing)
-        # Several models (a GAN's generators and discriminators): the reason at each too.
-        for model in trained_models(facts):
-            anchor = model_built(facts, model)
-            if anchor is not None and model.name not in declined:
-                declined.add(model.name)
-                self.decline(anchor, missing[1])
+        if missing is not None and convolutions:
+            self.decline(*missing)
+
+    def _converted(self, model) -> bool:
+        """`model.to(memory_format=...)` somewhere: the model's format is chosen (by this rule's
+        fix in an earlier pass, or by the author), so there is nothing to say about it."""
+        return any(
+            call.method == "to"
+            and call.receiver == model.name
+            and any(
+                arg.keyword is not None and arg.keyword.value == "memory_format"
+                for arg in call.node.args
+            )
+            for call in self.facts.method_calls("to")
+        )
 
     def _views(self, model) -> List[cst.Call]:
         """`.view` calls in the model's classes, in the functions of this file they call, or

@@ -10,7 +10,7 @@ rule leaves the script alone or reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -537,11 +537,7 @@ def model_placement(
     """model_device, with the function whose `.to(...)` call reads it."""
     found: List[cst.BaseExpression] = []
     scopes: List[Optional[cst.FunctionDef]] = []
-    for call in facts.records.calls:
-        if call.method not in PLACEMENT_METHODS:
-            continue
-        if call.receiver != model.name and not _assigned_to(facts, call, model.name):
-            continue
+    for call in _placement_calls(facts).get(model.name, ()):
         if not _in_owner(facts, model, call.site.function):
             continue
         if call.method == "cuda":
@@ -564,9 +560,22 @@ def model_placement(
 _DTYPE_NAMES = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double"})
 
 
-def _assigned_to(facts: "ScriptFacts", call: "CallSite", name: str) -> bool:
-    assignment = facts.assignment_of(call.node)
-    return assignment is not None and assignment.target == name
+def _placement_calls(facts: "ScriptFacts") -> Dict[str, List["CallSite"]]:
+    """`.to(...)`/`.cuda()` calls by the name they place: their receiver, and the name their
+    result is assigned to (`model = Net().to(device)`), in source order; built once per pass
+    so that placing each of many models costs its own calls only."""
+    memo = facts.memo("placement_calls")
+    if "by_name" not in memo:
+        by_name: Dict[str, List["CallSite"]] = {}
+        for call in facts.records.calls:
+            if call.method not in PLACEMENT_METHODS:
+                continue
+            assignment = facts.assignment_of(call.node)
+            names = {call.receiver, assignment.target if assignment is not None else None}
+            for name in names - {None}:
+                by_name.setdefault(name, []).append(call)
+        memo["by_name"] = by_name
+    return memo["by_name"]
 
 
 def device_type_code(facts: "ScriptFacts", device: cst.BaseExpression) -> str:
@@ -639,6 +648,25 @@ def _mentions(statement: cst.CSTNode, name: str) -> bool:
     return any(dotted_name(node) == name for node in find_all(statement, cst.Name, cst.Attribute))
 
 
+def _uses_model(statement: cst.CSTNode, name: str) -> bool:
+    """`statement` calls the model `name`, one of its submodules or methods, or passes it on;
+    reading a plain attribute (`valid = torch.ones(n, *D.output_shape)`) is no forward."""
+    attributes = find_all(statement, cst.Attribute)
+    called = {id(call.func) for call in find_all(statement, cst.Call)}
+    inner = {id(attribute.value) for attribute in attributes}
+    reads = sum(
+        1
+        for attribute in attributes
+        if id(attribute) not in inner
+        and id(attribute) not in called
+        and (dotted_name(attribute) or "").startswith(name + ".")
+    )
+    mentions = sum(
+        1 for node in find_all(statement, cst.Name, cst.Attribute) if dotted_name(node) == name
+    )
+    return mentions > reads
+
+
 def _assigns(statement: cst.CSTNode, name: str) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
@@ -682,6 +710,7 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
     (the loss may be assigned under a `with`: `with ctx: loss = ...`)."""
     steps: List[TrainingStep] = []
     updates = {id(update.loop.node) for update in parameter_update_loops(facts)}
+    backward_calls = {id(call.node) for call in facts.backward_calls}
     for backward in facts.backward_calls:
         loop = backward.site.loop
         statement = backward.site.statement
@@ -698,12 +727,21 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
             continue
         # The parameter update of the previous step, when it comes first, stays out of the
         # forward (and of the autocast a rule puts around it): it runs on float32 weights.
-        start = max((i + 1 for i in range(last) if _holds_loop(block[i], updates)), default=0)
+        # So does another backward call (a GAN's generator step before the discriminator's):
+        # the forward of this step starts after it.
+        start = max(
+            (
+                i + 1
+                for i in range(last)
+                if _holds_loop(block[i], updates) or _holds_call(block[i], backward_calls)
+            ),
+            default=0,
+        )
         first = next(
             (
                 i
                 for i in range(start, last + 1)
-                if any(_mentions(block[i], n) for n in model_names)
+                if any(_uses_model(block[i], n) for n in model_names)
                 and not _switches_mode(block[i], model_names)
             ),
             None,
@@ -731,6 +769,10 @@ def _switches_mode(statement: cst.CSTNode, names: Set[str]) -> bool:
 
 def _holds_loop(statement: cst.CSTNode, loops: Set[int]) -> bool:
     return bool(loops) and any(id(node) in loops for node in find_all(statement, cst.For))
+
+
+def _holds_call(statement: cst.CSTNode, calls: Set[int]) -> bool:
+    return any(id(node) in calls for node in find_all(statement, cst.Call))
 
 
 def names_in(
