@@ -486,6 +486,20 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     return statement
 
 
+def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseStatement]:
+    """The statement that first builds `model` (its first assignment, data-parallel wrappers
+    left out): where a finding about the model as a whole points."""
+    wrappers = wrapper_assignments(facts, model.name)
+    built = [
+        assignment
+        for assignment in model_assignments(facts, model)
+        if assignment not in wrappers and assignment.site.statement is not None
+    ]
+    if not built:
+        return None
+    return min(built, key=lambda assignment: assignment.site.order).site.statement
+
+
 def _built_in_init(
     facts: "ScriptFacts", model: TrainedModel, functions: Sequence[Optional[cst.FunctionDef]]
 ) -> bool:
