@@ -300,7 +300,7 @@ def test_only_loops_after_eval_without_no_grad_are_wrapped(change, wraps: int) -
 def test_a_no_grad_block_left_alone_says_why() -> None:
     source = EVALUATION.replace("BODY", COUNT).replace(
         "    for x, y in val_loader:\n        " + COUNT,
-        "    with torch.no_grad():\n        kept = model(x)\n    print(kept)",
+        "    with torch.no_grad():\n        kept = model(x)\n    outputs.append(kept)",
     )
     result, declined = run(source, "OPT403", why_not=True)
     assert not result.changed
