@@ -86,7 +86,14 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         `*args`) is left alone with a reason naming that function. Options built in a dict
         (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
         read like keywords; the fix goes into the dict when every loader built from it gets it,
-        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). Reported, not
+        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). A dict chosen
+        by a condition (`kwargs = {"num_workers": 1} if use_cuda else {}`) gets the entry only
+        in the branches that start workers, never in `{}`; a dict filled by `.update(...)`
+        (`if use_accel: train_kwargs.update(accel_kwargs)`) gets it in the one dict that holds
+        `num_workers`, once for every loader that dict reaches. Left alone, with the reason,
+        when two merged dicts both set `num_workers`, when a loader sharing the dict gets no
+        fix (iterated only once, say), or when the merged dict is changed otherwise or merged
+        into more than loader options. Reported, not
         fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
         (they may carry `persistent_workers`) or when `num_workers` is computed by a call that
         might not return the same value twice. A loader in the fallback branch of a feature
@@ -133,6 +140,20 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             "        train_step(batch)\n",
             "from torch.utils.data import DataLoader\n"
             "loader = DataLoader(train_set, num_workers=args.workers, persistent_workers=args.workers > 0)\n"
+            "for epoch in range(10):\n"
+            "    for batch in loader:\n"
+            "        train_step(batch)\n",
+        ),
+        Example(
+            "from torch.utils.data import DataLoader\n"
+            'kwargs = {"num_workers": 1} if use_cuda else {}\n'
+            "loader = DataLoader(train_set, **kwargs)\n"
+            "for epoch in range(10):\n"
+            "    for batch in loader:\n"
+            "        train_step(batch)\n",
+            "from torch.utils.data import DataLoader\n"
+            'kwargs = {"num_workers": 1, "persistent_workers": True} if use_cuda else {}\n'
+            "loader = DataLoader(train_set, **kwargs)\n"
             "for epoch in range(10):\n"
             "    for batch in loader:\n"
             "        train_step(batch)\n",
