@@ -103,6 +103,8 @@ def test_a_merged_dict_gets_the_entry_once_for_every_loader_it_reaches() -> None
     )
     assert result.source.count("persistent_workers") == 1
     assert not declined
+    fixed = {d.line for d in result.diagnostics if d.status is Status.FIXED}
+    assert fixed == {11, 12}  # one edit, and each loader it fixes says so
 
 
 def test_workers_in_two_merged_dicts_are_declined() -> None:

@@ -217,7 +217,8 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             if fixes_every_loader(found, calls) and all(
                 option(call, "num_workers") is None for call in calls
             ):
-                self._fix_dict(found, calls[0])
+                for call in calls:
+                    self._fix_dict(found, call)
                 continue
             for call in calls:  # `found` builds other loaders too: set the option here
                 own = option(call, "num_workers")
@@ -306,7 +307,8 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             for call in calls:
                 self.decline(call, reason)
             return
-        self._fix_dict(holder, calls[0])
+        for call in calls:  # the same edit for each: every loader it fixes is reported fixed
+            self._fix_dict(holder, call)
 
     def _fix_dict(self, found: OptionsDict, call: cst.Call) -> None:
         """Adds `persistent_workers` next to the `num_workers` of options dict `found`."""
