@@ -1246,11 +1246,8 @@ def _merged_loaders(facts: "ScriptFacts", name: str) -> Tuple[Tuple[cst.Call, ..
     if name not in memo:
         loaders: List[cst.Call] = []
         problem = None
-        for update in facts.method_calls("update"):
-            args = update.node.args
-            if len(args) != 1 or not is_name(args[0].value, name):
-                continue
-            func = update.node.func
+        for update in _merges_of(facts).get(name, ()):
+            func = update.func
             receiver = func.value if isinstance(func, cst.Attribute) else None
             assignments = (
                 facts.assignments_to(receiver.value) if isinstance(receiver, cst.Name) else ()
@@ -1275,12 +1272,21 @@ def _only_merged_dict(facts: "ScriptFacts", node: cst.BaseExpression):
     assignments = facts.assignments_to(node.value)
     if len(assignments) != 1 or assignments[0].unpacked or assignments[0].augmented:
         return None
-    merges = sum(
-        1
-        for update in facts.method_calls("update")
-        if len(update.node.args) == 1 and is_name(update.node.args[0].value, node.value)
-    )
+    merges = len(_merges_of(facts).get(node.value, ()))
     return assignments[0].value if name_mentions(facts).get(node.value) == merges + 1 else None
+
+
+def _merges_of(facts: "ScriptFacts") -> Dict[str, List[cst.Call]]:
+    """The `x.update(name)` calls of the file, by `name`: read once per pass."""
+    memo = facts.memo("merges_of")
+    if "by_name" not in memo:
+        by_name: Dict[str, List[cst.Call]] = {}
+        for update in facts.method_calls("update"):
+            args = update.node.args
+            if len(args) == 1 and isinstance(args[0].value, cst.Name) and not args[0].star:
+                by_name.setdefault(args[0].value.value, []).append(update.node)
+        memo["by_name"] = by_name
+    return memo["by_name"]
 
 
 def _entries(
