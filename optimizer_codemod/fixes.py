@@ -35,17 +35,22 @@ def choose_compatible(
 ) -> List[Finding]:
     """The findings whose fixes can be applied together, first come first served.
 
-    Two replacements conflict when their nodes overlap; a replacement conflicts with an
-    insertion when it would rewrite the insertion's anchor. Inserts on one anchor compose.
-    A deferred fix is found again in the next pass, on the rewritten tree.
+    Two replacements conflict when their nodes overlap, unless they are the same edit (two
+    loaders fixed by one entry in the options dict they share: each finding stays fixed, the
+    edit is made once); a replacement conflicts with an insertion when it would rewrite the
+    insertion's anchor. Inserts on one anchor compose. A deferred fix is found again in the
+    next pass, on the rewritten tree.
     """
     replaced: List[Span] = []
     anchors: List[Span] = []
+    made: List[Replace] = []
     chosen = []
     for finding in findings:
         assert finding.fix is not None
         mine_replaced = [
-            span(positions[e.node]) for e in finding.fix.edits if isinstance(e, Replace)
+            span(positions[e.node])
+            for e in finding.fix.edits
+            if isinstance(e, Replace) and not any(_same_edit(e, m) for m in made)
         ]
         mine_anchors = [
             span(positions[e.anchor]) for e in finding.fix.edits if isinstance(e, InsertStatements)
@@ -59,7 +64,17 @@ def choose_compatible(
             chosen.append(finding)
             replaced.extend(mine_replaced)
             anchors.extend(mine_anchors)
+            made.extend(e for e in finding.fix.edits if isinstance(e, Replace))
     return chosen
+
+
+def _same_edit(a: Replace, b: Replace) -> bool:
+    return (
+        a.node is b.node
+        and isinstance(a.new, cst.CSTNode)
+        and isinstance(b.new, cst.CSTNode)
+        and a.new.deep_equals(b.new)
+    )
 
 
 class _EditApplier(cst.CSTTransformer):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from optimizer_codemod.analysis.calls import with_keyword
 from optimizer_codemod.diagnostics import Status
@@ -16,8 +17,9 @@ from optimizer_codemod.errors import (
     SourceParseError,
     UnreproducibleSourceError,
 )
+from optimizer_codemod.fixes import choose_compatible
 from optimizer_codemod.registry import rule_by_code
-from optimizer_codemod.rule import Fix, InsertStatements, Replace, Rule, Safety
+from optimizer_codemod.rule import Finding, Fix, InsertStatements, Replace, Rule, Safety
 
 FUSED = rule_by_code("OPT501")
 FIXTURE_DATA = Path(__file__).parent / "data"
@@ -367,3 +369,21 @@ def test_output_libcst_cannot_print_back_is_blamed_on_its_rule(others) -> None:
         rewrite(src, UnprintableEnding, *others)
     assert error.value.codes == ("OPT989",)
     assert "byte for byte" in str(error.value) and "reverted" in str(error.value)
+
+
+def test_the_same_edit_from_two_findings_is_made_once_and_both_are_fixed() -> None:
+    # Two loaders sharing one options dict: each finding carries the one entry added to it.
+    wrapper = MetadataWrapper(cst.parse_module("kwargs = {'a': 1}\nf(**kwargs)\ng(**kwargs)\n"))
+    module = wrapper.module
+    positions = wrapper.resolve(PositionProvider)
+    target = module.body[0].body[0].value
+    calls = [module.body[1].body[0].value, module.body[2].body[0].value]
+
+    def finding(call, new_text):
+        fix = Fix((Replace(target, cst.parse_expression(new_text)),))
+        return Finding(Rule, call, "m", Safety.SAFE, fix, "t")
+
+    same = [finding(c, "{'a': 1, 'b': 2}") for c in calls]
+    assert choose_compatible(same, positions) == same
+    different = [finding(calls[0], "{'a': 1, 'b': 2}"), finding(calls[1], "{'a': 2}")]
+    assert choose_compatible(different, positions) == different[:1]

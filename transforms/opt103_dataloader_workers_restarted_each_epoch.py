@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Dict, List, Tuple
+
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import literal, with_keyword
+from optimizer_codemod.analysis.calls import excerpt, literal, with_keyword
 from optimizer_codemod.analysis.loaders import (
     by_options_dict,
     dataset_mutated,
@@ -12,7 +15,9 @@ from optimizer_codemod.analysis.loaders import (
     hidden_options_reason,
     is_pure,
     iterated_repeatedly,
+    OptionsDict,
     option,
+    option_sources,
     option_value,
     options_unknown,
     repetition_unknown,
@@ -81,7 +86,14 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         `*args`) is left alone with a reason naming that function. Options built in a dict
         (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
         read like keywords; the fix goes into the dict when every loader built from it gets it,
-        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). Reported, not
+        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). A dict chosen
+        by a condition (`kwargs = {"num_workers": 1} if use_cuda else {}`) gets the entry only
+        in the branches that start workers, never in `{}`; a dict filled by `.update(...)`
+        (`if use_accel: train_kwargs.update(accel_kwargs)`) gets it in the one dict that holds
+        `num_workers`, once for every loader that dict reaches. Left alone, with the reason,
+        when two merged dicts both set `num_workers`, when a loader sharing the dict gets no
+        fix (iterated only once, say), or when the merged dict is changed otherwise or merged
+        into more than loader options. Reported, not
         fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
         (they may carry `persistent_workers`) or when `num_workers` is computed by a call that
         might not return the same value twice. A loader in the fallback branch of a feature
@@ -134,6 +146,20 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         ),
         Example(
             "from torch.utils.data import DataLoader\n"
+            'kwargs = {"num_workers": 1} if use_cuda else {}\n'
+            "loader = DataLoader(train_set, **kwargs)\n"
+            "for epoch in range(10):\n"
+            "    for batch in loader:\n"
+            "        train_step(batch)\n",
+            "from torch.utils.data import DataLoader\n"
+            'kwargs = {"num_workers": 1, "persistent_workers": True} if use_cuda else {}\n'
+            "loader = DataLoader(train_set, **kwargs)\n"
+            "for epoch in range(10):\n"
+            "    for batch in loader:\n"
+            "        train_step(batch)\n",
+        ),
+        Example(
+            "from torch.utils.data import DataLoader\n"
             "for epoch in range(10):\n"
             "    loader = DataLoader(train_set, batch_size=64, num_workers=4)\n"
             "    for batch in loader:\n"
@@ -144,40 +170,31 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
         fixable = []
+        # Dicts chosen by a condition or merged by `.update`: per dict that holds `num_workers`.
+        sourced: Dict[int, Tuple[OptionsDict, List[cst.Call]]] = {}
         for site in facts.dataloader_constructions():
             call = site.node
             workers = option_value(facts, call, "num_workers")
             if option_value(facts, call, "persistent_workers") is not None:
                 continue
+            if workers is None and options_unknown(facts, call):
+                holders = self._worker_holders(site)
+                if (
+                    holders
+                    and self._repeated_and_unchanged(site)
+                    and self._holders_fixable(call, holders)
+                ):
+                    for holder in holders:
+                        if "num_workers" not in holder.entries:
+                            continue
+                        sourced.setdefault(id(holder.node), (holder, []))[1].append(call)
+                continue
             if workers is None:
-                if options_unknown(facts, call) and iterated_repeatedly(facts, site):
-                    self.decline(
-                        call,
-                        "whether this loader has worker processes is unknown: "
-                        + hidden_options_reason(facts, call),
-                    )
                 continue
             count = literal(workers, NOT_LITERAL)
             if count is not NOT_LITERAL and not (type(count) is int and count > 0):
                 continue  # 0 (no workers), or a literal DataLoader would reject anyway
-            if not iterated_repeatedly(facts, site):
-                unknown = repetition_unknown(facts, site)
-                self.decline(
-                    call,
-                    (
-                        f"whether the loader is iterated once per epoch is unknown: {unknown}"
-                        if unknown
-                        else "the loader is not iterated again and again (once per epoch), so its "
-                        "workers start only once"
-                    ),
-                )
-                continue
-            if dataset_mutated(facts, site):
-                self.decline(
-                    call,
-                    "the dataset is changed after it is built; persistent workers would "
-                    "never see the change",
-                )
+            if not self._repeated_and_unchanged(site):
                 continue
             if options_unknown(facts, call):
                 self.report(
@@ -188,14 +205,11 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
                 )
                 continue
             if count is NOT_LITERAL and not is_pure(facts, workers):
-                self.report(
-                    call,
-                    message="DataLoader workers are started again for every epoch; "
-                    "`num_workers` is computed by a call: store it in a variable and add "
-                    "`persistent_workers=<variable> > 0`",
-                )
+                self._report_impure(call)
                 continue
             fixable.append(call)
+        for holder, calls in sourced.values():
+            self._fix_source(holder, calls)
         plain, groups = by_options_dict(facts, fixable)
         for call in plain:
             self._fix_call(call, option(call, "num_workers").value)
@@ -203,14 +217,8 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             if fixes_every_loader(found, calls) and all(
                 option(call, "num_workers") is None for call in calls
             ):
-                value = _persistent(found.entries["num_workers"])
-                self.report(
-                    calls[0],
-                    Fix((Replace(found.node, found.with_entry("persistent_workers", value)),)),
-                    message="DataLoader workers are started again for every epoch: its options "
-                    f"come from `{found.name}`",
-                    fix_title=f"Add `persistent_workers` to `{found.name}`",
-                )
+                for call in calls:
+                    self._fix_dict(found, call)
                 continue
             for call in calls:  # `found` builds other loaders too: set the option here
                 own = option(call, "num_workers")
@@ -222,11 +230,115 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
                     read = cst.parse_expression(f'{found.name}["num_workers"]')
                     self._fix_call(call, read)
 
+    def _repeated_and_unchanged(self, site) -> bool:
+        """The loader is iterated once per epoch and its dataset is not changed meanwhile;
+        else it is declined with the reason."""
+        facts, call = self.facts, site.node
+        if not iterated_repeatedly(facts, site):
+            unknown = repetition_unknown(facts, site)
+            self.decline(
+                call,
+                (
+                    f"whether the loader is iterated once per epoch is unknown: {unknown}"
+                    if unknown
+                    else "the loader is not iterated again and again (once per epoch), so its "
+                    "workers start only once"
+                ),
+            )
+            return False
+        if dataset_mutated(facts, site):
+            self.decline(
+                call,
+                "the dataset is changed after it is built; persistent workers would "
+                "never see the change",
+            )
+            return False
+        return True
+
+    def _worker_holders(self, site) -> List[OptionsDict]:
+        """The dicts among those the loader's options come from (option_sources) that start
+        workers, each to get `persistent_workers`; [] when there is nothing to fix (no worker
+        on any path, `persistent_workers` already chosen), or declined or reported."""
+        facts, call = self.facts, site.node
+        sources = option_sources(facts, call)
+        if sources is None:
+            if iterated_repeatedly(facts, site):
+                self.decline(
+                    call,
+                    "whether this loader has worker processes is unknown: "
+                    + hidden_options_reason(facts, call),
+                )
+            return []
+        if any("persistent_workers" in source.entries for source in sources):
+            return []
+        return [source for source in sources if "num_workers" in source.entries]
+
+    def _holders_fixable(self, call: cst.Call, holders: List[OptionsDict]) -> bool:
+        """Only alternatives hold `num_workers`, each a count a dict entry can test; else the
+        loader is declined or reported. Holders whose count is 0 lose their entry."""
+        facts = self.facts
+        if len({id(h.branch_of) if h.branch_of else id(h) for h in holders}) > 1:
+            self.decline(
+                call,
+                "`num_workers` is set by more than one of the dicts its options are merged "
+                f"from ({', '.join(f'`{h.name}`' for h in holders)}): `persistent_workers` "
+                "added to one could meet `num_workers=0` from another",
+            )
+            return False
+        for index, holder in enumerate(holders):
+            workers = holder.entries["num_workers"]
+            count = literal(workers, NOT_LITERAL)
+            if count is NOT_LITERAL and not is_pure(facts, workers):
+                self._report_impure(call)
+                return False
+            if count is not NOT_LITERAL and not (type(count) is int and count > 0):
+                holders[index] = replace(holder, entries={})  # no workers on this path
+        return True
+
+    def _fix_source(self, holder: OptionsDict, calls: List[cst.Call]) -> None:
+        """Adds `persistent_workers` next to `num_workers` in `holder` when every loader the
+        dict reaches gets it; else declines each loader with the reason."""
+        others = [c for c in holder.loaders if c not in calls]
+        if holder.problem is not None or others:
+            reason = holder.problem or (
+                f"`{holder.name}` also gives its options to `{_loader_name(self.facts, others[0])}`"
+                ", which must not get persistent workers (see its own reason)"
+            )
+            for call in calls:
+                self.decline(call, reason)
+            return
+        for call in calls:  # the same edit for each: every loader it fixes is reported fixed
+            self._fix_dict(holder, call)
+
+    def _fix_dict(self, found: OptionsDict, call: cst.Call) -> None:
+        """Adds `persistent_workers` next to the `num_workers` of options dict `found`."""
+        value = _persistent(found.entries["num_workers"])
+        self.report(
+            call,
+            Fix((Replace(found.node, found.with_entry("persistent_workers", value)),)),
+            message="DataLoader workers are started again for every epoch: its options "
+            f"come from `{found.name}`",
+            fix_title=f"Add `persistent_workers` to `{found.name}`",
+        )
+
+    def _report_impure(self, call: cst.Call) -> None:
+        self.report(
+            call,
+            message="DataLoader workers are started again for every epoch; "
+            "`num_workers` is computed by a call: store it in a variable and add "
+            "`persistent_workers=<variable> > 0`",
+        )
+
     def _fix_call(self, call: cst.Call, workers: cst.BaseExpression) -> None:
         literal_count = literal(workers, NOT_LITERAL) is not NOT_LITERAL
         fixed = with_keyword(call, "persistent_workers", _persistent(workers))
         title = None if literal_count else "Add `persistent_workers=<num_workers> > 0`"
         self.report(call, Fix((Replace(call, fixed),)), fix_title=title)
+
+
+def _loader_name(facts, call: cst.Call) -> str:
+    assignment = facts.assignment_of(call)
+    return assignment.target if assignment is not None else excerpt(call)
 
 
 def _persistent(workers: cst.BaseExpression) -> cst.BaseExpression:

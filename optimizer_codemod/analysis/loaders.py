@@ -1067,6 +1067,8 @@ class OptionsDict:
     loaders: Tuple[cst.Call, ...]  # every DataLoader call that receives `**name`
     # Why the dict's options cannot be trusted (it is changed or passed on), or None.
     problem: Optional[str]
+    # The `a if condition else b` the dict is a branch of: only one of its branches applies.
+    branch_of: Optional[cst.IfExp] = None
 
     def with_entry(self, key: str, value: cst.BaseExpression) -> cst.BaseExpression:
         """The dict with `key` set to `value` (its value replaced when it is there)."""
@@ -1106,10 +1108,15 @@ class OptionsDict:
                 comma=last.comma.with_changes(whitespace_after=between)
             )
             new = new.with_changes(comma=cst.Comma(whitespace_after=trailing))
-        else:
-            elements[-1] = last.with_changes(
-                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        else:  # one entry a line stays one entry a line
+            between = (
+                elements[-2].comma.whitespace_after
+                if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma)
+                else None
             )
+            if not isinstance(between, cst.ParenthesizedWhitespace):
+                between = cst.SimpleWhitespace(" ")
+            elements[-1] = last.with_changes(comma=cst.Comma(whitespace_after=between))
         elements.append(new)
         return node.with_changes(elements=elements)
 
@@ -1161,42 +1168,100 @@ def option_values(
     facts: "ScriptFacts", call: cst.Call, name: str
 ) -> Optional[List[cst.BaseExpression]]:
     """Every value DataLoader option `name` may take, when the file shows them all: from the
-    call, from its `**options` dict, from each branch of a dict chosen by a condition
-    (`{"pin_memory": True} if use_cuda else {}`) and from each `options.update({...})` before
-    the call (pytorch/examples fills its loaders' options so under `if use_accel:`). [] when
+    call, or from each dict its `**options` take entries from (option_sources). [] when
     nothing sets it (its default); None when the options cannot all be read."""
     arg = option(call, name)
     if arg is not None:
         return [arg.value]
     if not options_hidden(call):
         return []
+    sources = option_sources(facts, call)
+    if sources is None:
+        return None
+    return [source.entries[name] for source in sources if name in source.entries]
+
+
+def option_sources(facts: "ScriptFacts", call: cst.Call) -> Optional[List[OptionsDict]]:
+    """The dicts a loader's `**options` take their entries from, when the file shows them
+    all: the dict itself, each branch of a dict chosen by a condition (`{"num_workers": 1}
+    if use_cuda else {}`) and each dict merged into it by `options.update(...)` before the
+    call (pytorch/examples fills its loaders' options so under `if use_accel:`). Each one's
+    `loaders` are every DataLoader it reaches (through every dict it is merged into), its
+    `problem` why it may not be edited; None when the options cannot all be read."""
     assignment = _options_assignment(facts, call)
     if assignment is None:
         return None
     value = assignment.value
-    dicts = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
-    _, problem, updates = _options_uses(facts, assignment)
+    loaders, problem, updates = _options_uses(facts, assignment)
     if problem is not None and updates is None:
         return None
+    branch_of = value if isinstance(value, cst.IfExp) else None
+    dicts = [value.body, value.orelse] if branch_of is not None else [value]
+    sources = []
+    for node in dicts:
+        entries = _entries(facts, node)
+        if entries is None:
+            return None
+        sources.append(OptionsDict(assignment.target, node, entries, loaders, None, branch_of))
     site = facts.call_site_of[call]
     for update in updates or ():
         update_site = facts.call_site_of.get(update)
         if update_site is None or update_site.site.order > site.site.order:
             return None  # an update after the call does not reach this loader
-        if update.args and update.args[0].keyword is None:
-            if len(update.args) != 1 or update.args[0].star:
-                return None
-            dicts.append(_only_merged_dict(facts, update.args[0].value))
-        else:  # `options.update(pin_memory=True)`
-            dicts.append(cst.Call(cst.Name("dict"), args=update.args))
-    values = []
-    for node in dicts:
-        entries = _entries(facts, node) if node is not None else None
-        if entries is None:
+        merged = _merged_source(facts, update, assignment.target, loaders)
+        if merged is None:
             return None
-        if name in entries:
-            values.append(entries[name])
-    return values
+        sources.append(merged)
+    return sources
+
+
+def _merged_source(
+    facts: "ScriptFacts", update: cst.Call, receiver: str, loaders: Tuple[cst.Call, ...]
+) -> Optional[OptionsDict]:
+    """The dict `receiver.update(...)` merges: `update(pin_memory=True)` itself, a dict
+    literal, or a name bound once to a dict that is only ever merged into others (then it
+    reaches the loaders of each of them)."""
+    if not update.args or update.args[0].keyword is not None:  # `options.update(key=value)`
+        entries = {a.keyword.value: a.value for a in update.args if a.keyword is not None}
+        if any(a.keyword is None or a.star for a in update.args):
+            return None
+        return OptionsDict(receiver, update, entries, loaders, None)
+    if len(update.args) != 1 or update.args[0].star:
+        return None
+    merged = update.args[0].value
+    node = _only_merged_dict(facts, merged)
+    entries = _entries(facts, node) if node is not None else None
+    if entries is None:
+        return None
+    if not isinstance(merged, cst.Name):
+        return OptionsDict(receiver, node, entries, loaders, None)
+    reached, problem = _merged_loaders(facts, merged.value)
+    return OptionsDict(merged.value, node, entries, reached, problem)
+
+
+def _merged_loaders(facts: "ScriptFacts", name: str) -> Tuple[Tuple[cst.Call, ...], Optional[str]]:
+    """Every DataLoader that dict `name` reaches through the dicts it is merged into, and why
+    an entry added to it could reach something else (None when it cannot)."""
+    memo = facts.memo("merged_loaders")
+    if name not in memo:
+        loaders: List[cst.Call] = []
+        problem = None
+        for update in _merges_of(facts).get(name, ()):
+            func = update.func
+            receiver = func.value if isinstance(func, cst.Attribute) else None
+            assignments = (
+                facts.assignments_to(receiver.value) if isinstance(receiver, cst.Name) else ()
+            )
+            uses = _options_uses(facts, assignments[0]) if len(assignments) == 1 else None
+            if uses is None or uses[2] is None:
+                problem = problem or (
+                    f"`{name}` is also merged into `{excerpt(func)}`, which is not only the "
+                    "options of DataLoaders"
+                )
+                continue
+            loaders.extend(c for c in uses[0] if c not in loaders)
+        memo[name] = (tuple(loaders), problem)
+    return memo[name]
 
 
 def _only_merged_dict(facts: "ScriptFacts", node: cst.BaseExpression):
@@ -1207,12 +1272,21 @@ def _only_merged_dict(facts: "ScriptFacts", node: cst.BaseExpression):
     assignments = facts.assignments_to(node.value)
     if len(assignments) != 1 or assignments[0].unpacked or assignments[0].augmented:
         return None
-    merges = sum(
-        1
-        for update in facts.method_calls("update")
-        if len(update.node.args) == 1 and is_name(update.node.args[0].value, node.value)
-    )
+    merges = len(_merges_of(facts).get(node.value, ()))
     return assignments[0].value if name_mentions(facts).get(node.value) == merges + 1 else None
+
+
+def _merges_of(facts: "ScriptFacts") -> Dict[str, List[cst.Call]]:
+    """The `x.update(name)` calls of the file, by `name`: read once per pass."""
+    memo = facts.memo("merges_of")
+    if "by_name" not in memo:
+        by_name: Dict[str, List[cst.Call]] = {}
+        for update in facts.method_calls("update"):
+            args = update.node.args
+            if len(args) == 1 and isinstance(args[0].value, cst.Name) and not args[0].star:
+                by_name.setdefault(args[0].value.value, []).append(update.node)
+        memo["by_name"] = by_name
+    return memo["by_name"]
 
 
 def _entries(
@@ -1305,8 +1379,25 @@ def hidden_options_reason(facts: "ScriptFacts", call: cst.Call) -> str:
     """Why the options a loader gets through `*`/`**` cannot be read, in words."""
     found = options_dict(facts, call)
     if found is not None and found.problem is not None:
-        return found.problem
+        return _unread_update(facts, call) or found.problem
     return "its options arrive through */** arguments the analysis cannot read"
+
+
+def _unread_update(facts: "ScriptFacts", call: cst.Call) -> Optional[str]:
+    """Why a dict changed only by `.update(...)` calls still cannot be read for `call`."""
+    assignment = _options_assignment(facts, call)
+    updates = _options_uses(facts, assignment)[2] if assignment is not None else None
+    site = facts.call_site_of.get(call)
+    for update in updates or ():
+        update_site = facts.call_site_of.get(update)
+        if site is None or update_site is None or update_site.site.order > site.site.order:
+            return f"`{excerpt(update)}` comes after the loader is built"
+        if _merged_source(facts, update, assignment.target, ()) is None:
+            return (
+                f"`{excerpt(update)}` merges a dict the analysis cannot read (not a dict "
+                "literal, or also changed or used otherwise)"
+            )
+    return None
 
 
 def by_options_dict(
