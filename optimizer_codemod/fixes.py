@@ -43,14 +43,15 @@ def choose_compatible(
     """
     replaced: List[Span] = []
     anchors: List[Span] = []
-    made: List[Replace] = []
+    made: Dict[int, List[Replace]] = {}  # by id of the replaced node
     chosen = []
     for finding in findings:
         assert finding.fix is not None
         mine_replaced = [
             span(positions[e.node])
             for e in finding.fix.edits
-            if isinstance(e, Replace) and not any(_same_edit(e, m) for m in made)
+            if isinstance(e, Replace)
+            and not any(_same_edit(e, m) for m in made.get(id(e.node), ()))
         ]
         mine_anchors = [
             span(positions[e.anchor]) for e in finding.fix.edits if isinstance(e, InsertStatements)
@@ -64,14 +65,15 @@ def choose_compatible(
             chosen.append(finding)
             replaced.extend(mine_replaced)
             anchors.extend(mine_anchors)
-            made.extend(e for e in finding.fix.edits if isinstance(e, Replace))
+            for edit in finding.fix.edits:
+                if isinstance(edit, Replace):
+                    made.setdefault(id(edit.node), []).append(edit)
     return chosen
 
 
 def _same_edit(a: Replace, b: Replace) -> bool:
     return (
-        a.node is b.node
-        and isinstance(a.new, cst.CSTNode)
+        isinstance(a.new, cst.CSTNode)
         and isinstance(b.new, cst.CSTNode)
         and a.new.deep_equals(b.new)
     )
