@@ -480,6 +480,12 @@ class _Chain:
 
 
 @dataclass(frozen=True)
+class _Conditional:
+    indent: str  # the indentation of the statement whose value the conditional expression is
+    split: bool  # `body`, `if test` and `else orelse` each on a line of their own
+
+
+@dataclass(frozen=True)
 class _BreakBefore:
     indent: str  # a chain's `.call(...)` starts a line of its own, at this indentation
 
@@ -500,7 +506,10 @@ class _Planner:
     def plan(self, too_long: List[int]) -> Dict[cst.CSTNode, _Layout]:
         by_start: Dict[int, List[cst.CSTNode]] = {}
         links: Dict[int, cst.Call] = {}  # `.name(...)` beginning a line of a split chain
+        conditionals: Dict[int, List[cst.IfExp]] = {}
         for node, where in self.positions.items():
+            if isinstance(node, cst.IfExp) and where.start.line in too_long:
+                conditionals.setdefault(where.start.line, []).append(node)
             if (
                 isinstance(node, cst.Call)
                 and isinstance(node.func, cst.Attribute)
@@ -515,7 +524,8 @@ class _Planner:
                 by_start.setdefault(where.start.line, []).append(node)
         plan: Dict[cst.CSTNode, _Layout] = {}
         for line in too_long:
-            found = self._hugged_body(line, by_start.get(line - 1, ()))
+            found = self._conditional_value(line, conditionals.get(line, ()))
+            found = found or self._hugged_body(line, by_start.get(line - 1, ()))
             found = found or self._method_chain(line, by_start.get(line, ()), plan)
             found = found or self._chain_link(line, links.get(line))
             found = found or self._ending_bracket(line, by_start.get(line, ()))
@@ -551,6 +561,39 @@ class _Planner:
     def _indent(self, line: int) -> str:
         text = self.lines[line - 1]
         return text[: len(text) - len(text.lstrip(" \t"))]
+
+    def _conditional_value(
+        self, line: int, candidates
+    ) -> Optional[Tuple[cst.CSTNode, _Conditional]]:
+        """A statement's value that is a conditional expression (`kwargs = {...} if cuda else
+        {}`): black puts it in parentheses, on one line when it fits there, else with `if` and
+        `else` each starting a line."""
+        for node in candidates:
+            where = self.positions[node]
+            holder = self._holder(node)
+            text = self.lines[line - 1]
+            if (
+                not isinstance(holder, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return))
+                or where.end.line != line
+                or node.lpar
+                or "#" in text
+                or _code_part(text[where.end.column :]).strip()
+                or isinstance(node.body, cst.IfExp)
+                or isinstance(node.orelse, cst.IfExp)
+            ):
+                continue
+            inner = len(self._indent(line)) + 4
+            if inner + len(cst.Module([]).code_for_node(node)) <= self.limit:
+                return node, _Conditional(self._indent(line), split=False)
+            parts = [
+                cst.Module([]).code_for_node(node.body),
+                "if " + cst.Module([]).code_for_node(node.test),
+                "else " + cst.Module([]).code_for_node(node.orelse),
+            ]
+            if all(inner + len(part) <= self.limit and "\n" not in part for part in parts):
+                return node, _Conditional(self._indent(line), split=True)
+            return None
+        return None
 
     def _hugged_body(self, line: int, candidates) -> Optional[Tuple[cst.CSTNode, _Layout]]:
         """A bracket whose contents sit alone on `line`, between its brackets' lines."""
@@ -863,6 +906,17 @@ class _Relayout(cst.CSTTransformer):
         if isinstance(layout, _BreakBefore):
             return updated_node.with_changes(
                 dot=updated_node.dot.with_changes(whitespace_before=_line_break(layout.indent))
+            )
+        if isinstance(layout, _Conditional):
+            inner = layout.indent + "    "
+            if layout.split:
+                updated_node = updated_node.with_changes(
+                    whitespace_before_if=_line_break(inner),
+                    whitespace_before_else=_line_break(inner),
+                )
+            return updated_node.with_changes(
+                lpar=[cst.LeftParen(whitespace_after=_line_break(inner))],
+                rpar=[cst.RightParen(whitespace_before=_line_break(layout.indent))],
             )
         if isinstance(layout, _Chain):
             return updated_node.with_changes(

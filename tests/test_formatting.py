@@ -413,6 +413,27 @@ def test_a_method_chain_made_too_long_is_split_as_black_splits_it(statement: str
     assert black.format_str(wrapped, mode=black.Mode()) == wrapped
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # too long in parentheses: `if` and `else` each start a line
+        'kwargs = {"num_workers": 1, "pin_memory": True, "persistent_workers": True} '
+        "if use_cuda else {}",
+        "return compute_something(alpha, beta, gamma, delta) if condition_holds else "
+        "other(alpha, beta)",
+        # fits on one line in parentheses
+        "value = first_option_value_here + second_option_here if condition else fallback_x",
+    ],
+)
+def test_a_conditional_value_made_too_long_is_split_as_black_splits_it(statement: str) -> None:
+    import black
+
+    new = CHAIN_OLD.replace("pass", statement)
+    wrapped = wrap_long_calls(CHAIN_OLD, new, line_length=88)
+    assert wrapped != new
+    assert black.format_str(wrapped, mode=black.Mode()) == wrapped
+
+
 def test_a_method_chain_with_a_comment_on_its_line_is_left_as_written() -> None:
     statement = (
         "y = F.scaled_dot_product_attention(query_states, key_states, value_states, "
