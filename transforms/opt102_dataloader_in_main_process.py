@@ -19,7 +19,7 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     option,
-    option_value,
+    option_values,
     options_unknown,
     outside_dataset,
     runs_only_under_main_guard,
@@ -49,7 +49,9 @@ class DataloaderInMainProcess(Rule):
     What it does:
         Adds `num_workers=min(4, os.cpu_count() or 1)` and `persistent_workers=True` to a
         `torch.utils.data.DataLoader` that loads in the main process (no `num_workers`, or
-        `num_workers=0`) over a dataset whose `__getitem__` does work per item: a map-style
+        `num_workers=0`, on every path: workers the script sets on some path only, as in
+        `{"num_workers": 1} if use_accel else {}`, are its choice) over a dataset whose
+        `__getitem__` does work per item: a map-style
         `Dataset` class defined in the script, or a `torchvision.datasets` dataset.
 
     Why is it slow:
@@ -164,8 +166,10 @@ class DataloaderInMainProcess(Rule):
         fixable = []
         for site in facts.dataloader_constructions():
             call = site.node
-            workers = option_value(facts, call, "num_workers")
-            if workers is not None and not is_literal(workers, 0):
+            # Chosen on some path counts (`{"num_workers": 1} if use_accel else {}`), as for
+            # OPT101's pin_memory: the author decided where workers run.
+            workers = option_values(facts, call, "num_workers")
+            if workers and any(not is_literal(value, 0) for value in workers):
                 continue
             kind = dataset_kind(facts, site)
             collate = collate_places_on_accelerator(facts, call)
