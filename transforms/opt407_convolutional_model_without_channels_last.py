@@ -7,6 +7,7 @@ from typing import List
 import libcst as cst
 
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
+from optimizer_codemod.analysis.calls import keyword
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import (
@@ -312,12 +313,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         """`model.to(memory_format=...)` somewhere: the model's format is chosen (by this rule's
         fix in an earlier pass, or by the author), so there is nothing to say about it."""
         return any(
-            call.method == "to"
-            and call.receiver == model.name
-            and any(
-                arg.keyword is not None and arg.keyword.value == "memory_format"
-                for arg in call.node.args
-            )
+            call.receiver == model.name and keyword(call.node, "memory_format") is not None
             for call in self.facts.method_calls("to")
         )
 

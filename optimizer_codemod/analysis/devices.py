@@ -340,7 +340,6 @@ def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> boo
     memo = facts.memo("class_may_place")
     if class_name in memo:
         return memo[class_name]
-    index = _definitions_index(facts)
     # `reached_from` leads a finding back to the class: every name on that path places too,
     # so each name is walked once per pass, whatever number of classes reach it.
     pending, reached_from, seen = [class_name], {class_name: None}, set()
@@ -353,17 +352,12 @@ def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> boo
         if name != class_name and name in memo:
             found = name if memo[name] else None
             continue
-        definition = facts.classes[name].node if name in facts.classes else None
-        if definition is None:
-            definition = facts.records.functions.get(name)
+        info = facts.classes.get(name)
+        definition = info.node if info is not None else facts.records.functions.get(name)
         if definition is None:
             continue
-        called = (
-            [b for b in facts.classes[name].bases if b in facts.classes]
-            if (name in facts.classes)
-            else []
-        )
-        for call in index.get(id(definition), ()):
+        called = [b for b in info.bases if b in facts.classes] if info is not None else []
+        for call in facts.calls_made_in(name):
             if places_on_accelerator(facts, call.node):
                 found = name
                 break
@@ -382,21 +376,6 @@ def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> boo
         memo[found] = True
         found = reached_from.get(found)
     return True
-
-
-def _definitions_index(facts: "ScriptFacts"):
-    """{id of a class or function definition: the calls made in its body}."""
-    memo = facts.memo("calls_by_definition")
-    if "index" not in memo:
-        index: dict = {}
-        for call in facts.records.calls:
-            if call.site.function is not None:
-                index.setdefault(id(call.site.function), []).append(call)
-            if call.site.class_name in facts.classes:
-                owner = facts.classes[call.site.class_name].node
-                index.setdefault(id(owner), []).append(call)
-        memo["index"] = index
-    return memo["index"]
 
 
 def _reads_global_on_accelerator(facts: "ScriptFacts", definition: cst.CSTNode) -> bool:

@@ -23,7 +23,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, method_name
 from optimizer_codemod.analysis.collect import target_names
-from optimizer_codemod.analysis.devices import HOST_BUILTINS, HOST_METHODS
+from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.walk import children, parents
@@ -290,9 +290,7 @@ def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
 # An inference tensor may be read outside inference mode; only saving it for backward and
 # updating it in place are refused. These uses read a Python value or text out of it, maybe
 # through an index first (`xgen[i, :n].tolist()`).
-_VALUE_READING_METHODS = frozenset({"item", "tolist", "size", "dim", "numel"})
-_VALUE_READING_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device"})
-_VALUE_READING_BUILTINS = frozenset({"float", "int", "bool", "str", "repr", "print", "len"})
+_VALUE_READING_BUILTINS = HOST_BUILTINS | frozenset({"repr", "print"})
 
 
 def _reads_only_its_value(table, read: cst.Name) -> bool:
@@ -303,13 +301,11 @@ def _reads_only_its_value(table, read: cst.Name) -> bool:
     while isinstance(parent, cst.Subscript) and parent.value is node:
         node, parent = parent, table.get(parent)
     if isinstance(parent, cst.Attribute) and parent.value is node:
-        if parent.attr.value in _VALUE_READING_ATTRIBUTES:
+        if parent.attr.value in HOST_ATTRIBUTES:
             return True
         call = table.get(parent)
         return (
-            parent.attr.value in _VALUE_READING_METHODS
-            and isinstance(call, cst.Call)
-            and call.func is parent
+            parent.attr.value in HOST_METHODS and isinstance(call, cst.Call) and call.func is parent
         )
     if isinstance(parent, cst.Arg) and parent.value is node and not parent.keyword:
         call = table.get(parent)

@@ -331,7 +331,6 @@ class _Module:
     stars: List[str] = field(default_factory=list)  # files it imports `*` from
     starred: bool = False  # its `*` imports are bound
     summaries: Dict[str, Tuple[Set[str], Set[str], str]] = field(default_factory=dict)
-    calls_by_name: Optional[Dict[str, list]] = None  # calls of each class and function
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
     varying: Optional[Dict[str, Tuple[str, str]]] = None  # functions varying shapes, once asked
     looping: Dict[str, LoopingFunction] = field(default_factory=dict)  # handoffs.py summaries
@@ -985,9 +984,6 @@ def _class_layers(
         return owner.summaries[name]
     owner.summaries[name] = (set(), set(), "")  # a class that builds itself ends here
     facts = owner.facts
-    if owner.calls_by_name is None:
-        owner.calls_by_name = _calls_by_name(facts)
-    by_class = owner.calls_by_name
     layers: Set[str] = set()
     optional: Set[str] = set()
     views: List[str] = []
@@ -1000,7 +996,7 @@ def _class_layers(
         info = facts.classes.get(current)
         if info is not None:
             pending.extend(b for b in info.bases if b in facts.classes)
-        for call in by_class.get(current, ()):
+        for call in facts.calls_made_in(current):
             layer = _custom_function(facts, call.node.func) or call.qualname or ""
             (optional if id(call.node) in _conditional_calls(owner, call) else layers).add(layer)
             if call.method in ("view", "view_as") and not views:
@@ -1154,8 +1150,6 @@ def _reaches_accelerator(
         )
     if owner.top_level_places:
         return True
-    if owner.calls_by_name is None:
-        owner.calls_by_name = _calls_by_name(facts)
     pending, seen = list(names), set()
     places = False
     while pending and not places:
@@ -1164,7 +1158,7 @@ def _reaches_accelerator(
             continue
         seen.add(current)
         places = bool(owner.placing.get(current))
-        for call in owner.calls_by_name.get(current, ()) if not places else ():
+        for call in facts.calls_made_in(current) if not places else ():
             if places_on_accelerator(facts, call.node):
                 places = True
                 break
@@ -1213,17 +1207,6 @@ def _custom_function(facts, func: cst.BaseExpression) -> Optional[str]:
     info = facts.classes.get(dotted_name(func.value) or "")
     bases = info.bases if info is not None else ()
     return AUTOGRAD_FUNCTION if any(b in AUTOGRAD_FUNCTION_BASES for b in bases) else None
-
-
-def _calls_by_name(facts) -> Dict[str, List[object]]:
-    """The calls of each class's methods and of each module-level function, by its name."""
-    found: Dict[str, List[object]] = {}
-    for call in facts.records.calls:
-        if call.site.class_name is not None:
-            found.setdefault(call.site.class_name, []).append(call)
-        elif call.site.function is not None:
-            found.setdefault(call.site.function.name.value, []).append(call)
-    return found
 
 
 def _runs(module: _Module, files: Dict[str, _Module]) -> Set[str]:

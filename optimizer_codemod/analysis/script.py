@@ -123,6 +123,20 @@ class ScriptFacts:
     def method_calls(self, method: str) -> List[CallSite]:
         return list(self._calls_by_method.get(method, ()))
 
+    @cached_property
+    def _calls_by_definition(self) -> Dict[str, List[CallSite]]:
+        table: Dict[str, List[CallSite]] = {}
+        for call in self.records.calls:
+            if call.site.class_name is not None:
+                table.setdefault(call.site.class_name, []).append(call)
+            elif call.site.function is not None:
+                table.setdefault(call.site.function.name.value, []).append(call)
+        return table
+
+    def calls_made_in(self, name: str) -> Sequence[CallSite]:
+        """The calls made in the methods of class `name`, or in the function(s) `name`."""
+        return self._calls_by_definition.get(name, ())
+
     def uses(self, *qualnames: str) -> bool:
         """Whether any of these names is called, entered (`with`) or assigned to."""
         return any(self._calls_by_qualname.get(q) for q in qualnames) or bool(

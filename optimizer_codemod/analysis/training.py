@@ -405,9 +405,8 @@ def _custom_optimizer_constructions(facts: "ScriptFacts") -> List["CallSite"]:
 
 def the_trained_model(facts: "ScriptFacts") -> Optional[TrainedModel]:
     """The one model this file trains, or None when there are none or several."""
-    models = trained_models(facts)
-    names = {(m.name, m.owner) for m in models}
-    return models[0] if len(names) == 1 else None
+    models = each_trained_model(facts)
+    return models[0] if len(models) == 1 else None
 
 
 def each_trained_model(facts: "ScriptFacts") -> List[TrainedModel]:
@@ -429,10 +428,10 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
     backward = facts.method_calls("backward")
     if not backward:
         return None
-    models = trained_models(facts)
-    names = sorted({f"{m.owner}'s {m.name}" if m.owner else m.name for m in models})
-    if len({(m.name, m.owner) for m in models}) == 1:
+    models = each_trained_model(facts)
+    if len(models) == 1:
         return None
+    names = sorted(f"{m.owner}'s {m.name}" if m.owner else m.name for m in models)
     if names:
         return backward[0].node, (
             f"this file trains several models ({', '.join(names)}); the rules that change "
