@@ -20,6 +20,15 @@ class ReportContext:
     writing: bool  # fixes were written (not --check/--diff)
     color: bool
 
+    def wrote(self, outcome: FileOutcome) -> bool:
+        """The fixes of `outcome` are in its file: a file whose write failed keeps them out."""
+        return written_to(outcome, self.writing)
+
+
+def written_to(outcome: FileOutcome, writing: bool) -> bool:
+    """Whether `outcome`'s fixes reached its file in a run that writes (`writing`)."""
+    return writing and outcome.error is None
+
 
 FORMATS: Dict[str, Callable[[ReportContext], str]] = {}
 # The formats that print each fix's edits (edits_of_fixes): they need the rewritten text.
@@ -71,7 +80,7 @@ def text_report(context: ReportContext) -> str:
             )
             lines.append(
                 f"{where}: {code} [{d.safety.label}] {d.message} "
-                f"({_status_text(d, context.writing)})"
+                f"({_status_text(d, context.wrote(outcome))})"
             )
     lines.extend(summary_lines(context))
     return "\n".join(lines) + ("\n" if lines else "")
@@ -82,6 +91,11 @@ def summary_lines(context: ReportContext) -> List[str]:
     diagnostics = [d for d in everything if d.status is not Status.DECLINED]
     counts = Counter(d.status for d in everything)
     changed = [o for o in context.outcomes if o.changed and not o.error]
+    # Fixes of a file that could not be written were never made.
+    unwritten = sum(
+        len(o.fixed) for o in context.outcomes if context.writing and not context.wrote(o)
+    )
+    counts[Status.FIXED] -= unwritten
     lines = []
     if not diagnostics:
         lines.append("Nothing to change.")
@@ -90,7 +104,7 @@ def summary_lines(context: ReportContext) -> List[str]:
         files = len(changed)
         file_word = "file" if files == 1 else "files"
         if not fixed:
-            head = "No fixes to apply"
+            head = "No fixes made" if unwritten else "No fixes to apply"
         elif context.writing:
             head = f"Fixed {fixed} finding{'s' if fixed != 1 else ''} in {files} {file_word}"
         else:
@@ -98,6 +112,11 @@ def summary_lines(context: ReportContext) -> List[str]:
         if counts[Status.REPORTED]:
             head += f"; {counts[Status.REPORTED]} reported without a fix"
         lines.append(head + ".")
+    if unwritten:
+        lines.append(
+            f"{unwritten} fix{'es' if unwritten != 1 else ''} not made: "
+            "their files could not be written (see the errors)."
+        )
     if counts[Status.UNSAFE]:
         unsafe = counts[Status.UNSAFE]
         lines.append(
@@ -220,7 +239,9 @@ def github_report(context: ReportContext) -> str:
                 where += f",line={line},col={column},endLine={end_line},endColumn={end_column}"
             title = _github_escape(f"{d.code} ({d.name})", True)
             cell = f"cell {d.cell}: " if d.cell is not None else ""
-            message = f"{cell}{d.message} [{d.safety.label}] ({_status_text(d, context.writing)})"
+            message = (
+                f"{cell}{d.message} [{d.safety.label}] ({_status_text(d, context.wrote(outcome))})"
+            )
             level = "notice" if d.status is Status.REPORTED else "warning"
             lines.append(f"::{level} {where},title={title}::{_github_escape(message)}")
         if outcome.error:
@@ -243,7 +264,7 @@ def json_report(context: ReportContext) -> str:
     for outcome in context.outcomes:
         owned = edits_of_fixes(outcome)
         findings.extend(
-            diagnostic_record(outcome.path, d, context.writing, owned.get(index, ()))
+            diagnostic_record(outcome.path, d, context.wrote(outcome), owned.get(index, ()))
             for index, d in enumerate(outcome.diagnostics)
         )
     document = {

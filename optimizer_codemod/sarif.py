@@ -20,7 +20,7 @@ from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, FileOutcome, Status
 from optimizer_codemod.edits import TextEdit
 from optimizer_codemod.registry import all_rules
-from optimizer_codemod.report import edits_of_fixes, status_label
+from optimizer_codemod.report import edits_of_fixes, status_label, written_to
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://github.com/optcodemod/optcodemod"
@@ -132,7 +132,8 @@ def sarif_document(outcomes: Sequence[FileOutcome], writing: bool = False) -> di
         owned = edits_of_fixes(outcome)
         for index, diagnostic in enumerate(outcome.diagnostics):
             mine = owned.get(index, [])
-            results.append(_result(outcome.path, diagnostic, mine, rule_index, writing))
+            wrote = written_to(outcome, writing)
+            results.append(_result(outcome.path, diagnostic, mine, rule_index, wrote))
     notifications = [
         {
             "level": "error",

@@ -117,6 +117,44 @@ def test_a_hard_linked_file_is_left_whole_with_a_message(tmp_path: Path) -> None
     assert os.stat(path).st_ino == os.stat(other).st_ino
 
 
+@pytest.mark.parametrize("output_format", ["text", "json", "sarif", "github"])
+def test_fixes_of_a_file_that_could_not_be_written_are_not_called_made(
+    tmp_path: Path, output_format: str
+) -> None:
+    unwritable = tmp_path / "train.py"
+    unwritable.write_bytes(TRAINING_SCRIPT)
+    os.link(unwritable, tmp_path / "other_name.py")
+    written = tmp_path / "written.py"
+    written.write_bytes(TRAINING_SCRIPT)
+    result = run_cli(
+        ["apply", str(unwritable), str(written), "--output-format", output_format, *ONLY_FUSED]
+    )
+    assert result.exit_code == 2, result.output
+    assert unwritable.read_bytes() == TRAINING_SCRIPT and FUSED_LINE in written.read_bytes()
+    if output_format == "text":
+        assert f"{unwritable}:" in result.stdout and "(fix: " in result.stdout
+        assert f"{written}:" in result.stdout and "(fixed: " in result.stdout
+        assert "Fixed 1 finding in 1 file." in result.stdout
+        assert "1 fix not made: their files could not be written" in result.stdout
+    elif output_format == "github":
+        lines = result.stdout.splitlines()
+        assert any(f"file={unwritable}," in line and "(fix: " in line for line in lines)
+        assert any(f"file={written}," in line and "(fixed: " in line for line in lines)
+    else:
+        document = json.loads(result.stdout)
+        if output_format == "json":
+            statuses = {Path(f["filename"]).name: f["status"] for f in document["findings"]}
+            assert document["changed_files"] == [str(written)]
+        else:
+            statuses = {
+                Path(r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]).name: r[
+                    "properties"
+                ]["status"]
+                for r in document["runs"][0]["results"]
+            }
+        assert statuses == {"train.py": "fixable", "written.py": "fixed"}
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
 def test_owner_and_group_are_kept_when_run_as_root(tmp_path: Path) -> None:
     path = tmp_path / "train.py"
