@@ -526,7 +526,9 @@ def _declines_of_every_pass(
     script's choice), so its reasons for the same site are not listed. A decline whose site
     the same rule fixed in a later pass is dropped: it was waiting for another rule's fix
     (OPT201 declines a copy from a loader that OPT101 pins in the same pass, and fixes the
-    copy in the next).
+    copy in the next). A later pass's decline with a reason an earlier pass gave already is
+    the same site moved by that pass's edits (OPT402's "after which to compile" anchor is
+    the line OPT407 inserted after the model's placement), not a new one.
     """
     rounds = [list(declined) for _, declined in passes]
     rounds.append([d for d in last if d.status is Status.DECLINED])
@@ -536,14 +538,17 @@ def _declines_of_every_pass(
         if index < len(passes):  # the last round fixed nothing
             fixed_later.update((d.code, d.line) for d in passes[index][0])
     first: Dict[Tuple[str, int], int] = {}
+    first_reason: Dict[Tuple[str, str], int] = {}
     for index, declined in enumerate(rounds):
         for decline in declined:
             first.setdefault((decline.code, decline.line), index)
+            first_reason.setdefault((decline.code, decline.message), index)
     return [
         decline
         for index, declined in enumerate(rounds)
         for decline in declined
         if first[(decline.code, decline.line)] == index
+        and first_reason[(decline.code, decline.message)] == index
     ]
 
 

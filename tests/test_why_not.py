@@ -272,6 +272,46 @@ def test_each_site_keeps_the_reasons_of_the_first_pass_that_declined_it() -> Non
     assert _declines_of_every_pass(passes, last) == [x, y, new_site]
     # A site first declined by the last pass is listed as the last pass says it.
     assert _declines_of_every_pass([([fixed_later], [])], last) == last
+    # A reason given again by a later pass at another line is the same site, moved by the
+    # earlier pass's edits.
+    moved = _decline("OPT201", 10, 12)
+    assert _declines_of_every_pass(passes, [moved]) == [x, y]
+
+
+TORCH_SEQUENTIAL_CONVNET = """import torch
+import torch.nn as nn
+
+
+def main():
+    device = torch.device("cuda")
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.LazyLinear(10))
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1)
+    for step in range(10):
+        x = torch.randn(4, 3, 8, 8, device=device)
+        loss = model(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_site_moved_by_another_rules_insertion_is_declined_once() -> None:
+    # OPT407 inserts the channels_last conversion after the placement; the next pass finds
+    # OPT402's anchor ("after which to compile") on that inserted line.
+    result = rewrite(TORCH_SEQUENTIAL_CONVNET, path="train.py", why_not=True)
+    assert any(d.code == "OPT407" and d.status is Status.FIXED for d in result.diagnostics)
+    compile_declines = [
+        (d.line, d.message)
+        for d in result.diagnostics
+        if d.code == "OPT402" and d.status is Status.DECLINED
+    ]
+    assert len(compile_declines) == 1, compile_declines
+    assert compile_declines[0][0] == 8 and "torch's own layers" in compile_declines[0][1]
 
 
 @pytest.mark.parametrize(
