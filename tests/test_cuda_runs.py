@@ -171,6 +171,58 @@ def test_each_loop_of_the_some_paths_fixture_is_fixed_once_its_run_requires_cuda
     assert [text.split("(")[0] for text in changed] == [function]
 
 
+TRAINER = """\
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+
+class Trainer:
+    def __init__(self, model, dataset):
+        self.gpu_id = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(self.gpu_id)
+        self.model = model.to(self.gpu_id)
+        self.loader = DataLoader(dataset, batch_size=8, pin_memory=True)
+
+    def fit(self):
+        for x, y in self.loader:
+            F.mse_loss(self.model(x.to(self.gpu_id)), y.to(self.gpu_id)).backward()
+"""
+
+
+@pytest.mark.parametrize(
+    "change, fixed",
+    [
+        (("", ""), True),
+        (
+            (
+                "        torch.cuda.set_device",
+                "        if self.gpu_id >= 0:\n            torch.cuda.set_device",
+            ),
+            False,
+        ),
+        (("class Trainer:", "class Base:\n    pass\n\n\nclass Trainer(Base):"), False),
+        (("\n    def fit", "\n    @staticmethod\n    def fit"), False),
+        (
+            (
+                "backward()\n",
+                "backward()\n\n\nclass Quick(Trainer):\n    def __init__(self):\n        pass\n",
+            ),
+            False,
+        ),
+    ],
+    ids=["in-init", "under-if", "related-to-a-class-of-the-file", "static", "subclassed"],
+)
+def test_a_requirement_in_the_constructor_holds_for_the_methods_of_its_instances(
+    change, fixed: bool
+) -> None:
+    assert TRAINER.count(change[0]) == 1 or not change[0]
+    source = TRAINER.replace(*change) if change[0] else TRAINER
+    assert ("non_blocking=True" in _opt201(source).source) is fixed
+
+
 def test_a_flat_script_requires_cuda_before_its_loop_only_when_the_call_comes_first() -> None:
     flat = (
         "import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"

@@ -77,27 +77,28 @@ class BlockingHostToDeviceCopy(Rule):
         `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
         Reported, not fixed, when the device comes from where the analysis cannot see (an
         argument, a config value), since it could be MPS; the report quotes a device that names
-        the current accelerator (`torch.accelerator.current_accelerator()`, or an integer
-        index, which torch takes as one of the current accelerator's devices). Fixed all the
-        same where every run reaching the loop has first done what raises without CUDA:
+        the current accelerator (`torch.accelerator.current_accelerator()`, or an integer index,
+        which torch takes as one of the current accelerator's devices). Fixed all the same where
+        every run reaching the loop has first done what raises without CUDA:
         `torch.cuda.set_device(i)` with `i` never negative (a negative index does nothing),
         `init_process_group("nccl")` (NCCL is built only into CUDA builds of torch) or
-        `assert torch.cuda.is_available()` (a run with `python -O` skips an assert: a script
-        that asserts CUDA states that it runs nowhere else), at the top level of the loop's
-        function before the loop, of a function called there (`ddp_setup()`), of the module,
-        or before every call of the loop's function in the file (`main()` calls
+        `assert torch.cuda.is_available()` (a run with `python -O` skips an assert: a script that
+        asserts CUDA states that it runs nowhere else), at the top level of the loop's function
+        before the loop, of a function called there (`ddp_setup()`), of the module, of
+        `__init__` for the methods of its class (unless a class of the file derives from it or
+        it from one), or before every call of the loop's function in the file (`main()` calls
         `ddp_setup()`, then `Trainer(...).train()`, which runs `_run_epoch`). Such a run has a
         CUDA build of torch, and no build of torch has both CUDA and MPS (MPS needs macOS 12.3,
-        and CUDA 10.2 was the last CUDA release for macOS, per its release notes): every
-        device it copies to is CUDA or the CPU. Not
-        under an `if`, `try`, `with` (a context manager may swallow the error) or loop, not
-        in a function the file does not call before the loop or also uses another way
-        (`mp.spawn(main)`), not after the loop, and not with a backend chosen at run time
-        (`"nccl" if cuda else "gloo"`). Copies of
-        batches from a loader that Hugging Face Accelerate's `accelerator.prepare(...)`
-        returned are declined: the prepared loader moves each batch to the device itself, and
-        `Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))` makes
-        that move asynchronous.
+        and CUDA 10.2 was the last CUDA release for macOS, per its release notes): every device
+        it copies to is CUDA or the CPU. Not under an `if`, `try`, `with` (a context manager may
+        swallow the error) or loop, not in a function the file does not call before the loop or
+        also uses another way (`mp.spawn(main)`), not after the loop, and not with a backend
+        chosen at run time (`"nccl" if cuda else "gloo"`).
+        Copies of batches from a loader that Hugging Face Accelerate's
+        `accelerator.prepare(...)` returned are declined: the prepared loader moves each batch
+        to the device itself, and
+        `Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))` makes that
+        move asynchronous.
 
     Expected gain:
         Host time per step spent waiting for copies, largest with several tensors per batch

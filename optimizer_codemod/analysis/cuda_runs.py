@@ -10,11 +10,11 @@ value, an index of the current accelerator) is CUDA or the CPU, never MPS.
 Only what runs on every path to the loop counts: a statement at the top level of the body
 of the function that holds the loop, before it; at the top level of a function called
 there (by name, defined once in the file, undecorated, not a generator, with no `return`
-before it); at the top level of the module (its main guard too) before the loop; or, for a
-function whose every call in the file comes after such a statement (and which the file
-uses no other way, and no other file of the run imports), before its entry. Nothing under an
-`if`, a loop, a `try` or a `with` (a context manager may swallow the error), nor after the
-loop.
+before it); at the top level of the module (its main guard too) before the loop; at the top
+level of `__init__` for a method of its class; or, for a function whose every call in the
+file comes after such a statement (and which the file uses no other way, and no other file
+of the run imports), before its entry. Nothing under an `if`, a loop, a `try` or a `with` (a
+context manager may swallow the error), nor after the loop.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from optimizer_codemod.analysis.values import (
     method_class,
     name_mentions,
     parameter_names,
+    standalone_class,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -239,7 +240,7 @@ def _required_on_entry(
 ) -> Optional[str]:
     """What requires CUDA before `function` is entered: a requirement at the top of the
     module before its definition (importing the module runs it first), or one before each of
-    its calls in the file."""
+    its calls in the file; for a method, one at the top of its class's `__init__`."""
     memo = facts.memo("cuda_required_on_entry")
     key = id(function)
     if key in memo:
@@ -254,6 +255,10 @@ def _required_on_entry(
     if before_definition:
         memo[key] = before_definition[0][2]
         return memo[key]
+    constructed = _required_by_constructor(facts, function)
+    if constructed is not None:
+        memo[key] = constructed
+        return constructed
     callers = _every_caller(facts, function)
     if not callers:
         return None
@@ -264,6 +269,25 @@ def _required_on_entry(
             return None
     memo[key] = found
     return found
+
+
+def _required_by_constructor(facts: "ScriptFacts", method: cst.FunctionDef) -> Optional[str]:
+    """A requirement at the top of `__init__` of the class of `method`: a method runs on an
+    instance, which `__init__` has made. Only for a class that no class of the file derives
+    from (a subclass may replace `__init__`) in a file no other file of the run imports."""
+    owner = method_class(facts, method)
+    project = getattr(facts, "project", None)
+    if owner is None or method.decorators or method.name.value == "__init__":
+        return None
+    if not standalone_class(facts, owner) or (project is not None and project.importers):
+        return None
+    for statement in facts.classes[owner].node.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+            if statement.decorators:
+                return None
+            found = _requirements(facts, statement)
+            return f"{found[0][2]} in `{owner}.__init__`" if found else None
+    return None
 
 
 def _every_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Sequence["CallSite"]:
