@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict
 
 import libcst as cst
-from test_scaling import FACTOR, GROWTH_LIMIT, SLACK_LINES, counted
+from test_scaling import assert_linear_work, counted
 
 from optimizer_codemod import runner
 from optimizer_codemod.analysis import ScriptFacts
@@ -162,11 +162,4 @@ def test_following_loaders_into_functions_costs_linear_work() -> None:
         assert len(repeated) == count and all(repeated)
         return counts
 
-    work(1)  # imports
-    before, after = work(10), work(10 * FACTOR)
-    total = sum(after.values()) / sum(before.values())
-    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the code"
-    grew = [
-        code.co_name for code in after if after[code] > GROWTH_LIMIT * before[code] + SLACK_LINES
-    ]
-    assert not grew, f"superlinear for {FACTOR}x the code: {grew}"
+    assert_linear_work(work, 10)

@@ -21,6 +21,7 @@ import pytest
 
 from optimizer_codemod import chunks, linediff
 from optimizer_codemod.analysis import ScriptFacts
+from optimizer_codemod.analysis.cuda_runs import cuda_required_before
 from optimizer_codemod.analysis.padding import hand_padding
 from optimizer_codemod.analysis.project import _find_shape_varying_functions
 from optimizer_codemod.api import rewrite_source
@@ -59,6 +60,19 @@ def lines_executed(src: str) -> Counter:
     counts, result = counted(lambda: rewrite_source(src.encode(), "train.py", options))
     assert result.changed
     return counts
+
+
+def assert_linear_work(work: Callable[[int], Counter], small: int, what: str = "code") -> None:
+    """`work(n)` (the lines it executes) grows at most about FACTOR times, in total and in
+    every function, from `small` to `small * FACTOR`."""
+    work(1)  # imports
+    before, after = work(small), work(small * FACTOR)
+    total = sum(after.values()) / sum(before.values())
+    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the {what}"
+    grew = [
+        code.co_name for code in after if after[code] > GROWTH_LIMIT * before[code] + SLACK_LINES
+    ]
+    assert not grew, f"superlinear for {FACTOR}x the {what}: {grew}"
 
 
 @pytest.mark.parametrize(
@@ -120,10 +134,7 @@ def test_padding_by_hand_costs_linear_work() -> None:
         assert len(found) == count and len(varying) == count
         return counts
 
-    work(1)  # imports
-    before, after = work(10), work(10 * FACTOR)
-    total = sum(after.values()) / sum(before.values())
-    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the code"
+    assert_linear_work(work, 10)
 
 
 def test_laying_out_many_changed_lines_of_one_function_costs_linear_work() -> None:
@@ -175,7 +186,36 @@ def test_datasets_reaching_one_placing_helper_cost_linear_work() -> None:
         assert all(placing)
         return counts
 
-    work(1)  # imports
-    before, after = work(20), work(20 * FACTOR)
-    total = sum(after.values()) / sum(before.values())
-    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the classes"
+    assert_linear_work(work, 20, "classes")
+
+
+def _stages_after_a_cuda_setup(count: int) -> str:
+    """`count` training functions, each calling the next after its loop, the first called by
+    `main` after a setup that requires CUDA: every loop's requirement is found through the
+    whole chain of callers before it."""
+    parts = [
+        "import torch\n\n\ndef setup():\n    torch.cuda.set_device(0)\n\n\n"
+        "def main(model, loader, device):\n    setup()\n    stage_0(model, loader, device)\n"
+    ]
+    for index in range(count):
+        parts.append(f"""
+
+def stage_{index}(model, loader, device):
+    for x, y in loader:
+        model(x.to(device)).sum().backward()
+    stage_{index + 1}(model, loader, device)
+""")
+    parts.append(f"\n\ndef stage_{count}(model, loader, device):\n    pass\n")
+    return "".join(parts)
+
+
+def test_requirements_of_cuda_found_through_chains_of_callers_cost_linear_work() -> None:
+    def work(count: int) -> Counter:
+        facts = ScriptFacts.of(cst.parse_module(_stages_after_a_cuda_setup(count)))
+        counts, found = counted(
+            lambda: [cuda_required_before(facts, loop) for loop in facts.records.loops]
+        )
+        assert len(found) == count and all(found)
+        return counts
+
+    assert_linear_work(work, 5, "functions")

@@ -27,7 +27,9 @@ class BlockingHostToDeviceCopy(Rule):
         `pin_memory=torch.cuda.is_available()`, which OPT101 adds, or set in an options dict
         filled under a condition: `if use_cuda: kwargs.update(pin_memory=True)`), inside a
         loop over the loader (training or evaluation) of a script that trains,
-        and the device is CUDA or chosen at run time between CUDA and the CPU. The loader is
+        and the device is CUDA or chosen at run time between CUDA and the CPU, or any device
+        at all in a run that requires CUDA before the loop (`torch.cuda.set_device(...)`,
+        `init_process_group("nccl")`, `assert torch.cuda.is_available()`). The loader is
         followed through `self.train_data` set from a parameter, a parameter every call
         binds to a loader, `enumerate`/`iter`, a helper that returns the DataLoader, and a
         generator of the file that only yields the items of a loop over its argument
@@ -75,12 +77,28 @@ class BlockingHostToDeviceCopy(Rule):
         `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
         Reported, not fixed, when the device comes from where the analysis cannot see (an
         argument, a config value), since it could be MPS; the report quotes a device that names
-        the current accelerator (`torch.accelerator.current_accelerator()`, or an integer
-        index, which torch takes as one of the current accelerator's devices). Copies of
-        batches from a loader that Hugging Face Accelerate's `accelerator.prepare(...)`
-        returned are declined: the prepared loader moves each batch to the device itself, and
-        `Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))` makes
-        that move asynchronous.
+        the current accelerator (`torch.accelerator.current_accelerator()`, or an integer index,
+        which torch takes as one of the current accelerator's devices). Fixed all the same where
+        every run reaching the loop has first done what raises without CUDA:
+        `torch.cuda.set_device(i)` with `i` never negative (a negative index does nothing),
+        `init_process_group("nccl")` (NCCL is built only into CUDA builds of torch) or
+        `assert torch.cuda.is_available()` (a run with `python -O` skips an assert: a script that
+        asserts CUDA states that it runs nowhere else), at the top level of the loop's function
+        before the loop, of a function called there (`ddp_setup()`), of the module, of
+        `__init__` for the methods of its class (unless a class of the file derives from it or
+        it from one), or before every call of the loop's function in the file (`main()` calls
+        `ddp_setup()`, then `Trainer(...).train()`, which runs `_run_epoch`). Such a run has a
+        CUDA build of torch, and no build of torch has both CUDA and MPS (MPS needs macOS 12.3,
+        and CUDA 10.2 was the last CUDA release for macOS, per its release notes): every device
+        it copies to is CUDA or the CPU. Not under an `if`, `try`, `with` (a context manager may
+        swallow the error) or loop, not in a function the file does not call before the loop or
+        also uses another way (`mp.spawn(main)`), not after the loop, and not with a backend
+        chosen at run time (`"nccl" if cuda else "gloo"`).
+        Copies of batches from a loader that Hugging Face Accelerate's
+        `accelerator.prepare(...)` returned are declined: the prepared loader moves each batch
+        to the device itself, and
+        `Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True))` makes that
+        move asynchronous.
 
     Expected gain:
         Host time per step spent waiting for copies, largest with several tensors per batch
@@ -153,11 +171,17 @@ class BlockingHostToDeviceCopy(Rule):
             source = code_of(call.func.value).strip()
             if copy.async_is_sound:
                 fixed = with_keyword(call, "non_blocking", cst.Name("True"))
+                why = (
+                    f"; the device is chosen out of sight, but the run requires CUDA "
+                    f"({copy.cuda_required}), so it is CUDA or the CPU, never MPS"
+                    if copy.cuda_required
+                    else ""
+                )
                 self.report(
                     call,
                     Fix((Replace(call, fixed),)),
                     message=f"`{source}` comes from a pinned DataLoader but is copied to the "
-                    "device with a blocking copy",
+                    f"device with a blocking copy{why}",
                 )
             else:
                 why = (

@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.calls import (
     positional,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, Site, target_names
+from optimizer_codemod.analysis.cuda_runs import cuda_required_before
 from optimizer_codemod.analysis.devices import (
     COPY_METHODS,
     DeviceKind,
@@ -78,10 +79,15 @@ class BatchCopy:
     # Where target_types is None: what the script says of a device that may be MPS, in
     # words; None where it says nothing the analysis can read.
     device_note: Optional[str] = None
+    # Where target_types is None: what every run does before the loop that only CUDA allows
+    # (cuda_runs.py), in words. With CUDA, torch has no MPS: the device is CUDA or the CPU.
+    cuda_required: Optional[str] = None
 
     @property
     def async_is_sound(self) -> bool:
-        return self.target_types is not None and self.target_types <= ASYNC_SOUND_TYPES
+        if self.target_types is None:
+            return self.cuda_required is not None
+        return self.target_types <= ASYNC_SOUND_TYPES
 
 
 def blocking_batch_copies(
@@ -415,6 +421,9 @@ def _batch_copy(
             "asynchronous copies corrupt data (pytorch/pytorch#139550)"
         )
     if types is None:
+        required = cuda_required_before(facts, loop)
+        if required is not None:
+            return BatchCopy(call, loop, types, cuda_required=required)
         return BatchCopy(call, loop, types, _device_note(facts, node, call.method))
     return BatchCopy(call, loop, types)
 
