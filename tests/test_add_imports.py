@@ -66,7 +66,9 @@ def test_same_output_as_add_imports_visitor(head, specs):
 
 def test_the_cases_change_something():
     # Most combinations add or merge an import: a comparison of unchanged texts proves little.
-    changed = sum(_libcst(head, specs) != head for head, specs in CASES)
+    # Counted on add_imports, which the test above holds equal to LibCST's (and far
+    # faster: 0.4 s against 28 s here; this ran LibCST's visitor over every case again).
+    changed = sum(add_imports(cst.parse_module(head), specs).code != head for head, specs in CASES)
     assert changed > 0.8 * len(CASES)
 
 

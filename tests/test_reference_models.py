@@ -53,7 +53,15 @@ def test_snapshot_is_up_to_date(folder: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=[folder.name for folder in FOLDERS])
+# naive_gpt's rewrite (equal to its snapshot, above) is verified over 50 steps in
+# test_issue3_gpt.py; four more steps here would repeat a minute of the suite's slowest run.
+VERIFIED_ELSEWHERE = {"naive_gpt"}
+AGREEMENT_FOLDERS = [folder for folder in FOLDERS if folder.name not in VERIFIED_ELSEWHERE]
+
+
+@pytest.mark.parametrize(
+    "folder", AGREEMENT_FOLDERS, ids=[folder.name for folder in AGREEMENT_FOLDERS]
+)
 def test_both_versions_run_on_cpu_and_agree(folder: Path, monkeypatch) -> None:
     """A few steps at CPU size; the figures are printed (pytest -s shows them).
 
