@@ -95,7 +95,9 @@ class LossItemSynchronizesEveryStep(Rule):
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
         `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`,
         `empty_cache()`, or a device value printed, formatted or tested: `print(loss)`,
-        `if torch.isnan(loss):`): the host would still wait for the device at each step,
+        `if torch.isnan(loss):`; or `.item()`/`.tolist()` in a function of the file that the
+        loop calls on every step, such as a gradient norm): the host would still wait for the
+        device at each step,
         unless another fix of the same run takes that sync off the step too (OPT204 moves a
         count to the device, OPT703 deletes a bare `synchronize()`). Several accumulations
         of the loss in one step are rewritten together. A total that is never read is

@@ -111,7 +111,8 @@ class SyncPlan:
     """The per-step syncs of one loop, given the kinds of fix that will be applied."""
 
     removed: Dict[cst.CSTNode, str]  # sync node -> the kind of fix that takes it off the step
-    remaining: Tuple[StepSync, ...]  # syncs that stay on every step, in source order
+    # Syncs that stay on every step: the loop's own in source order, then its helpers'.
+    remaining: Tuple[StepSync, ...]
 
 
 def step_syncs(facts: "ScriptFacts", loop: Loop) -> List[StepSync]:
@@ -334,7 +335,17 @@ class HostSyncs:
                 if alone_in_statement(sync):
                     removed[sync.node] = EMPTY_CACHE
         remaining = tuple(s for s in self.sites(loop) if s.node not in removed)
-        return SyncPlan(removed, remaining)
+        return SyncPlan(removed, remaining + self._helper_sites(loop))
+
+    def _helper_sites(self, loop: Loop) -> Tuple[StepSync, ...]:
+        """The syncs of functions that `loop` runs on every iteration (helper_syncs), as
+        syncs of the statement that calls them: no fix of this run removes them."""
+        return tuple(
+            StepSync(sync.node, sync.node.func.attr.value, None, call.site.statement, False, loop)
+            for sync in helper_syncs(self.facts)
+            for call in (sync.in_loop,)
+            if call is not None and any(outer.node is loop.node for outer in call.site.loops)
+        )
 
 
 def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
@@ -696,6 +707,9 @@ class HelperSync:
     caller: CallSite  # the per-step call that runs `function`
     step: bool  # `function` is the training step itself
     loss: bool  # the value read is the loss the step calls backward on
+    # The call in a training loop's body that runs `function` on each of its iterations,
+    # directly or through other helpers; None when a function called in the loop calls it.
+    in_loop: Optional[CallSite] = None
 
 
 # How far calls are followed from the step: the step's helpers, and theirs.
@@ -720,24 +734,24 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
         if function is not None:
             calls_of.setdefault(id(function), []).append(call)
     training = {id(loop) for loop in facts.training_loops}
-    queue: Deque[Tuple[cst.FunctionDef, CallSite, int, bool]] = deque()
+    queue: Deque[Tuple[cst.FunctionDef, CallSite, int, bool, Optional[CallSite]]] = deque()
     for call in [*facts.backward_calls, *_optimizer_steps(facts)]:
         function = call.site.function
         if function is None or any(loop.function is function for loop in call.site.loops):
             continue
         caller = _called_in_a_loop(function, calls_of)
         if caller is not None:
-            queue.append((function, caller, 0, True))
+            queue.append((function, caller, 0, True, caller if caller.site.loops else None))
     for loop in facts.training_loops:
         per_step = every_iteration(loop)
         for call in facts.calls_directly_in(loop):
             helper = local_function(facts, call)
             if helper is not None and call.site.statement in per_step:
-                queue.append((helper, call, 1, False))
+                queue.append((helper, call, 1, False, call))
     found: List[HelperSync] = []
     seen: Set[int] = set()
     while queue:
-        function, caller, depth, step = queue.popleft()
+        function, caller, depth, step, in_loop = queue.popleft()
         if id(function) in seen:
             continue
         seen.add(id(function))
@@ -755,7 +769,7 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
                 continue
             helper = local_function(facts, call)
             if helper is not None and depth < HELPER_DEPTH:
-                queue.append((helper, call, depth + 1, False))
+                queue.append((helper, call, depth + 1, False, in_loop))
             elif (
                 call.qualname is None
                 and call.method in ("item", "tolist")
@@ -763,7 +777,7 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
                 and not _off_device(facts, call.node.func.value)
             ):
                 loss = call.method == "item" and call.receiver in losses
-                found.append(HelperSync(call.node, function, caller, step, loss))
+                found.append(HelperSync(call.node, function, caller, step, loss, in_loop))
     return found
 
 
