@@ -217,7 +217,21 @@ def _print_module(module: cst.Module, state, texts: StatementTexts, wanted: Set[
         if len(state.tokens) == 0:
             state.add_token(state.default_newline)
     else:
-        state.pop_trailing_newline()
+        _pop_trailing_newline(state)
+
+
+def _pop_trailing_newline(state) -> None:
+    """What LibCST's `pop_trailing_newline` means: it pops the last token, which is the
+    newline when every token is printed apart; a statement taken from `texts` is one token
+    that ends with its newline, and popping it would drop the statement."""
+    if not state.tokens:
+        return
+    last = state.tokens[-1]
+    for newline in ("\r\n", "\n", "\r"):
+        if last.endswith(newline):
+            state.tokens[-1] = last[: -len(newline)]
+            return
+    state.tokens.pop()
 
 
 def _must_print(statement: cst.BaseStatement, known: tuple, wanted: Set[int]) -> bool:

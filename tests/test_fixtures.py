@@ -40,6 +40,19 @@ def test_output_matches_expected_bytes(fixture: Fixture) -> None:
             assert own and all(d.status is not Status.FIXED for d in own)
 
 
+FIXED_SCRIPTS = [f for f in ALL if f.kind == "fix" and not f.is_notebook]
+
+
+@pytest.mark.parametrize("fixture", FIXED_SCRIPTS, ids=[f.id for f in FIXED_SCRIPTS])
+def test_a_file_without_a_final_newline_is_fixed_the_same(fixture: Fixture) -> None:
+    # Statements printed before are reused as one token each: dropping the missing final
+    # newline must not drop the last statement with it.
+    source, expected = fixture.path.read_bytes(), fixture.expected_path.read_bytes()
+    assert source.endswith(b"\n") and expected.endswith(b"\n")
+    result = run_fixture(fixture, source=source[:-1])
+    assert result.new.decode() == expected[:-1].decode()
+
+
 @pytest.mark.parametrize("fixture", ALL, ids=IDS)
 def test_second_pass_changes_nothing(fixture: Fixture) -> None:
     first = run_fixture(fixture)
