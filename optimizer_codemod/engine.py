@@ -601,16 +601,20 @@ def _try_apply(
     # A long output is parsed piece by piece, and only the pieces a fix changed: the same
     # tree, verified to print back the same (chunks.py).
     reparsed = parse_in_pieces(new_code, pieces) if pieces is not None else None
-    if reparsed is not None:
-        if print_back and reparsed.bytes != new_code:
-            return "LibCST cannot reproduce the output byte for byte"
-        return reparsed, new_code, print_back
-    try:
-        reparsed = cst.parse_module(new_code)
-    except Exception as exc:
-        return f"LibCST cannot parse the output: {exc}"
+    if reparsed is None:
+        try:
+            reparsed = cst.parse_module(new_code)
+        except Exception as exc:
+            return f"LibCST cannot parse the output: {exc}"
     if print_back and reparsed.bytes != new_code:
         return "LibCST cannot reproduce the output byte for byte"
+    if len(reparsed.body) != len(new_module.body):
+        # A printing fault that still parses (statements dropped from the text) would pass
+        # every other check here.
+        return (
+            f"the output has {len(reparsed.body)} top-level statements where the fixed tree "
+            f"has {len(new_module.body)}"
+        )
     return reparsed, new_code, print_back
 
 

@@ -116,6 +116,16 @@ def test_only_the_rule_that_broke_the_output_is_blamed() -> None:
     assert error.value.codes == ("OPT991",)
 
 
+def test_output_that_lost_statements_is_refused(monkeypatch) -> None:
+    # The fault fixed in positions._pop_trailing_newline dropped whole statements from the
+    # printed text, which still parsed and compiled: the engine refuses such output itself.
+    from optimizer_codemod import positions
+
+    monkeypatch.setattr(positions, "_pop_trailing_newline", lambda state: state.tokens.pop())
+    with pytest.raises(RuleBrokeOutputError, match="2 top-level statements where"):
+        rewrite(b"import torch\nopt = torch.optim.Adam(p)\ny = 1", FUSED)
+
+
 def test_rule_that_crashes_is_named() -> None:
     with pytest.raises(RuleBrokeOutputError) as error:
         rewrite(b"f(1)\n", CrashingRule)
