@@ -14,6 +14,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_device,
     namespace_builders,
+    placement_devices,
     the_trained_model,
     torch_own_module,
     trained_models,
@@ -297,3 +298,21 @@ def test_a_module_of_builders_is_one_whose_public_names_all_build_modules() -> N
     ):
         facts = facts_of("import torch.nn as nn\nclass Net(nn.Module):\n    pass\n", other)
         assert namespace_builders(facts) is None, other
+
+
+def test_a_model_placed_on_several_devices_has_no_one_device() -> None:
+    facts = facts_of(
+        """
+        import torch
+        model = torch.nn.Linear(4, 4)
+        if device.type == "cuda":
+            model.cuda()
+        else:
+            model.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        """,
+        LOOP,
+    )
+    model = the_trained_model(facts)
+    assert model_device(facts, model) is None
+    assert placement_devices(facts, model) == ['"cuda"', "device"]
