@@ -245,6 +245,7 @@ NETS = {"net": net, "class": Net}
         ("getattr(models, arch)(num_classes=10)", "", True),
         ("vars(models)[arch]()", "", True),
         ("NETS[arch]()", "choices = sorted(NETS) + list(NETS.keys())\n", True),
+        ("NETS[arch]()", "assert arch in NETS\nnames = [n for n in NETS]\n", True),
         # the namespace of a module that is no model factory
         ("torch.__dict__[arch]()", "", False),
         ("torch.nn.functional.__dict__[arch]()", "", False),

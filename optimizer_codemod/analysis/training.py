@@ -435,10 +435,11 @@ _NOT_CALLABLE = (
 
 
 def registry_unchanged(facts: "ScriptFacts", name: str, spelled: int) -> bool:
-    """Nothing in this file but lookups and read-only calls (`name[k](...)`, `name.keys()`,
-    `sorted(name)`) mentions the registry `name` (dotted for `module.REGISTRY`), besides the
-    `spelled` mentions that bind it (its assignment, an import): no item is set, no `update`,
-    it is handed to no function that could change it."""
+    """Nothing in this file but lookups, read-only calls and tests (`name[k](...)`,
+    `name.keys()`, `sorted(name)`, `k in name`, `for k in name`) mentions the registry `name`
+    (dotted for `module.REGISTRY`), besides the `spelled` mentions that bind it (its
+    assignment, an import): no item is set, no `update`, it is handed to no function that
+    could change it."""
     counts = facts.records.name_counts
     if "." in name:
         counts, last = facts.records.attribute_counts, name.rpartition(".")[2]
@@ -465,6 +466,19 @@ def _registry_reads(facts: "ScriptFacts") -> Dict[str, int]:
             for name in names:
                 if name is not None:
                     reads[name] = reads.get(name, 0) + 1
+        # `for name in NETS:`, `[... for name in NETS]` and `name in NETS` read it too.
+        iterated = [loop.iter for loop in facts.records.loops if loop.iter is not None]
+        iterated += [comprehension.iter for comprehension in facts.records.comprehensions]
+        tested = [
+            part.comparator
+            for comparison in find_all(facts.module, cst.Comparison)
+            for part in comparison.comparisons
+            if isinstance(part.operator, (cst.In, cst.NotIn))
+        ]
+        for node in iterated + tested:
+            name = dotted_name(node)
+            if name is not None:
+                reads[name] = reads.get(name, 0) + 1
         memo["found"] = reads
     return memo["found"]
 
