@@ -36,6 +36,7 @@ DRIVERS["two_drivers"] = ["train_small.py", "train_large.py"]
 DRIVERS.update(star_models=["train.py"], imported_demo=["train.py"])
 DRIVERS.update(engine_loop=["main.py"], padded_elsewhere=["train.py"])
 DRIVERS.update(datasets_elsewhere=["train.py"])
+DRIVERS["registry_models"] = ["train_dict.py", "train_namespace.py"]
 
 
 def copy(name: str, tmp_path: Path) -> Path:
@@ -409,6 +410,86 @@ def test_a_star_import_of_a_package_gives_the_model_class_and_its_layers(tmp_pat
     assert {"OPT401", "OPT407", "OPT402", "OPT302"} <= set(fixed(outcomes["train.py"]))
     alone = apply(folder / "models", write=False)  # without train.py nothing is learnt
     assert not any(o.changed for o in alone.values())
+
+
+# Models built by name from another module -------------------------------------------------------
+def test_a_dict_and_a_module_of_model_builders_build_modules(tmp_path: Path) -> None:
+    folder = copy("registry_models", tmp_path)
+    facts = project_facts(sorted(str(p) for p in folder.glob("*.py")))
+    by_dict = facts[str(folder / "train_dict.py")].imported_registry("NETS")
+    by_namespace = facts[str(folder / "train_namespace.py")].imported_registry("nets")
+    assert by_dict is not None and not by_dict.namespace and by_dict.module == "nets.py"
+    assert by_namespace is not None and by_namespace.namespace
+    # the layers of every builder, for the rules' hazard checks
+    assert {"torch.nn.Linear", "torch.nn.GELU"} <= set(by_dict.layers)
+    assert project_module.from_json(project_module.to_json(facts)) == facts
+    outcomes = apply(folder, write=False)
+    for driver in DRIVERS["registry_models"]:
+        assert {"OPT302", "OPT402"} <= set(fixed(outcomes[driver]))
+
+
+def _registry_project(tmp_path: Path, nets: str, train: str) -> Dict[str, FileOutcome]:
+    (tmp_path / "nets.py").write_text(textwrap.dedent(nets))
+    (tmp_path / "train.py").write_text(textwrap.dedent(train))
+    return apply(tmp_path, write=False, select=("OPT302", "OPT402"))
+
+
+REGISTRY_NETS = """\
+    import torch
+    import torch.nn as nn
+
+
+    def small():
+        return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+    NETS = {"small": small}
+"""
+REGISTRY_TRAIN = """\
+    import torch
+    import torch.nn.functional as F
+
+    import nets
+    from nets import NETS
+
+
+    def main(name):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = LOOKUP.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            x = torch.randn(8, 16, device=device)
+            loss = F.cross_entropy(model(x), torch.zeros(8, dtype=torch.long, device=device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "nets, lookup, extra, found",
+    [
+        (REGISTRY_NETS, "NETS[name]()", "", True),
+        (REGISTRY_NETS, "getattr(nets, name)()", "", True),
+        # one value that is no module builder
+        (REGISTRY_NETS.replace("small}", "small, 'saved': torch.load}"), "NETS[name]()", "", False),
+        # a public function of the module returns no module: its namespace builds none
+        (
+            REGISTRY_NETS + "\n\n    def width():\n        return 32\n",
+            "vars(nets)[name]()",
+            "",
+            False,
+        ),
+        # the importer adds an item: the values are not all known
+        (REGISTRY_NETS, "NETS[name]()", "\n\n    NETS['saved'] = torch.load\n", False),
+    ],
+)
+def test_a_model_looked_up_in_another_module_is_a_module_only_when_every_value_builds_one(
+    tmp_path: Path, nets: str, lookup: str, extra: str, found: bool
+) -> None:
+    train = REGISTRY_TRAIN.replace("LOOKUP", lookup) + extra
+    outcomes = _registry_project(tmp_path, nets, train)
+    assert bool(fixed(outcomes["train.py"])) is found
 
 
 def test_a_module_that_the_script_imports_gets_no_process_wide_setting(tmp_path: Path) -> None:

@@ -219,3 +219,46 @@ def test_requirements_of_cuda_found_through_chains_of_callers_cost_linear_work()
         return counts
 
     assert_linear_work(work, 5, "functions")
+
+
+def _builders_by_name(count: int) -> str:
+    """`count` builder functions of one module class, each with an alias, all in one dict the
+    trained model is looked up in (DiT's `DiT_models`, MAE's module of builders)."""
+    parts = [
+        "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+        "    def __init__(self, width):\n        super().__init__()\n"
+        "        self.layer = nn.Linear(width, 4)\n\n"
+        "    def forward(self, x):\n        return self.layer(x)\n"
+    ]
+    for index in range(count):
+        parts.append(
+            f"\n\ndef net_{index}(**kwargs):\n    model = Net({index + 1}, **kwargs)\n"
+            f"    return model\n\n\nalias_{index} = net_{index}\n"
+        )
+    entries = ", ".join(f'"{index}": net_{index}' for index in range(count))
+    parts.append(f"\n\nNETS = {{{entries}}}\n")
+    parts.append(
+        "\n\ndef main(name, loader):\n    model = NETS[name]().cuda()\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in loader:\n        loss = (model(x.cuda()) - y.cuda()).pow(2).mean()\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+    )
+    return "".join(parts)
+
+
+def test_models_built_by_name_cost_linear_work() -> None:
+    from optimizer_codemod.analysis.training import namespace_builders, the_trained_model
+
+    def work(count: int) -> Counter:
+        script = _builders_by_name(count)
+        facts = ScriptFacts.of(cst.parse_module(script))
+        # Without `main` (which returns no module) the file is a module of builders.
+        module = ScriptFacts.of(cst.parse_module(script.partition("\n\ndef main")[0]))
+        counts, (model, builders) = counted(
+            lambda: (the_trained_model(facts), namespace_builders(module))
+        )
+        assert model is not None and model.name == "model"
+        assert builders is not None and len(builders) == count + 1  # the class, each builder
+        return counts
+
+    assert_linear_work(work, 20, "builders")

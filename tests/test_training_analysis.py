@@ -13,6 +13,8 @@ from optimizer_codemod.analysis.training import (
     each_trained_model,
     model_built,
     model_device,
+    namespace_builders,
+    placement_devices,
     the_trained_model,
     torch_own_module,
     trained_models,
@@ -215,3 +217,103 @@ def test_a_model_of_torchs_own_layers_is_told_from_one_holding_other_modules(
     facts = ScriptFacts.of(cst.parse_module(TORCH_OWN_BASE.format(build=build)))
     [model] = each_trained_model(facts)
     assert torch_own_module(facts, model) == expected
+
+
+# Models built by name -------------------------------------------------------------------------
+BUILT_BY_NAME = """
+import torch
+import torchvision.models as models
+from torch import nn
+
+class Net(nn.Module):
+    pass
+
+def net():
+    return Net()
+
+def flat():
+    return torch.zeros(3)
+
+NETS = {"net": net, "class": Net}
+"""
+
+
+@pytest.mark.parametrize(
+    "lookup, extra, built",
+    [
+        ("models.__dict__[arch]()", "", True),
+        ("getattr(models, arch)(num_classes=10)", "", True),
+        ("vars(models)[arch]()", "", True),
+        ("NETS[arch]()", "choices = sorted(NETS) + list(NETS.keys())\n", True),
+        ("NETS[arch]()", "assert arch in NETS\nnames = [n for n in NETS]\n", True),
+        # the namespace of a module that is no model factory
+        ("torch.__dict__[arch]()", "", False),
+        ("torch.nn.functional.__dict__[arch]()", "", False),
+        # a dict that something may change, or one value that builds no module
+        ("NETS[arch]()", "NETS['flat'] = flat\n", False),
+        ("NETS[arch]()", "NETS.update(flat=flat)\n", False),
+        ("NETS[arch]()", "register(NETS)\n", False),
+        ("OTHER[arch]()", "OTHER = {'net': net, 'flat': flat}\n", False),
+        ("OTHER[arch]()", "OTHER = {**NETS}\n", False),
+        ("OTHER[arch]()", "OTHER = {}\n", False),
+        # `getattr` rebound by the file is not the builtin
+        ("getattr(models, arch)()", "getattr = lambda m, n: n\n", False),
+    ],
+)
+def test_a_model_built_by_name_is_a_module_only_when_every_name_builds_one(
+    lookup: str, extra: str, built: bool
+) -> None:
+    facts = facts_of(BUILT_BY_NAME, extra, f"model = {lookup}.to(device)\n", OPTIMIZER, LOOP)
+    assert (the_trained_model(facts) is not None) is built
+
+
+OPTIMIZER = "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+
+
+def test_a_module_of_builders_is_one_whose_public_names_all_build_modules() -> None:
+    builders = facts_of("""
+        import torch.nn as nn
+        from helpers import make_tensor
+
+        SIZES = {"base": 768}
+
+        class Net(nn.Module):
+            pass
+
+        def net_base(**kwargs):
+            model = Net(**kwargs)
+            return model
+
+        net = net_base
+
+        def _private():
+            return 3
+        """)
+    assert [d.name.value for d in namespace_builders(builders)] == ["Net", "net_base"]
+    for other in (
+        "def width():\n    return 3\n",  # a public function that returns no module
+        "@register\ndef wrapped():\n    return Net()\n",  # a decorator may change it
+        "def gen():\n    yield Net()\n",  # a generator
+        "logger = make_logger()\n",  # a public value that may be callable
+        "if FLAG:\n    def maybe():\n        return Net()\n",  # defined under a condition
+    ):
+        facts = facts_of("import torch.nn as nn\nclass Net(nn.Module):\n    pass\n", other)
+        assert namespace_builders(facts) is None, other
+
+
+def test_a_model_placed_on_several_devices_has_no_one_device() -> None:
+    facts = facts_of(
+        """
+        import torch
+        model = torch.nn.Linear(4, 4)
+        if device.type == "cuda":
+            model.cuda()
+        else:
+            model.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        """,
+        LOOP,
+    )
+    model = the_trained_model(facts)
+    assert model_device(facts, model) is None
+    assert placement_devices(facts, model) == ['"cuda"', "device"]

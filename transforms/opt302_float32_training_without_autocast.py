@@ -31,6 +31,7 @@ from optimizer_codemod.analysis.training import (
     model_device,
     model_placement,
     model_recurrent_layers,
+    placement_devices,
     optimizer_name,
     trained_models,
     training_steps,
@@ -154,6 +155,11 @@ class Float32TrainingWithoutAutocast(Rule):
         autocast block, on the float32 weights, even where it comes before the forward in the
         loop. Such a model gets no float16 autocast: the GradScaler float16 needs steps a
         `torch.optim` optimizer (`--why-not` says so); bfloat16 needs none.
+        A model looked up by name counts when every name builds a module: in torchvision's or
+        timm's builders (`models.__dict__[args.arch]()`, `getattr(models, name)()`), or in a
+        dict of builders of the file or of another module of the run (DiT's
+        `DiT_models[args.model](...)`, docs/projects.md), whose every builder is then checked
+        for the hazards below.
         A file that trains several models (a GAN's generator and discriminator, each with its
         optimizer and its own backward; two trainer classes each with its `self.model`) gets
         the forward and loss of every training step wrapped, each step's forward starting
@@ -308,14 +314,21 @@ class Float32TrainingWithoutAutocast(Rule):
                 anchor = model_built(facts, model) or model.optimizer.node
                 if len(models) > 1:
                     anchor = model_constructed(facts, model) or anchor
+                devices = placement_devices(facts, model) if device is None else []
                 self.decline(
                     anchor,
                     (
-                        f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` "
-                        "in this file, so the device type autocast needs is unknown"
-                        if device is None
-                        else f"no step that computes a loss from `{model.name}` and calls "
-                        "`.backward()` on it was found"
+                        f"`{model.name}` is placed on several devices in this file "
+                        f"({', '.join(f'`{d}`' for d in devices)}), in branches the analysis "
+                        "does not tell apart, so the one device type autocast needs is unknown"
+                        if len(devices) > 1
+                        else (
+                            f"`{model.name}` is not moved to a device with `.to(device)` or "
+                            "`.cuda()` in this file, so the device type autocast needs is unknown"
+                            if device is None
+                            else f"no step that computes a loss from `{model.name}` and calls "
+                            "`.backward()` on it was found"
+                        )
                     ),
                 )
                 return None

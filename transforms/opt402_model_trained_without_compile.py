@@ -109,7 +109,11 @@ class ModelTrainedWithoutCompile(Rule):
         models the file cannot follow (analysis/values.py). A model trained without
         `torch.optim`, by a loop over its `.parameters()` that updates each parameter from its
         gradient after backward (`p -= lr * p.grad`), is the trained model too; kept as
-        `self.model`, it is compiled in `__init__` when another method updates it.
+        `self.model`, it is compiled in `__init__` when another method updates it. So is a
+        model looked up by name when every name builds a module: in torchvision's or timm's
+        builders (`models.__dict__[args.arch]()`), or in a dict of builders of the file or of
+        another module of the run (DiT's `DiT_models[args.model](...)`, docs/projects.md),
+        whose every builder is then checked for the hazards above.
         A model that a script builds and hands to the training loop of another module of
         the run (`train_one_epoch(model, ...)` from engine.py, `TrainLoop(model=model,
         ...).run_loop()`; analysis/entry_points.py) is not compiled: the analysis does not

@@ -189,6 +189,18 @@ class ImportedClass:
 
 
 @dataclass(frozen=True)
+class ImportedRegistry(ImportedClass):
+    """A dict or a module of another module of the run, imported by this one, in which a
+    script looks a model builder up by name: a dict whose every value builds an nn.Module when
+    called (`DiT_models[args.model](...)`, training.registry_builders) and which neither file
+    changes, or a module whose public classes and functions all do
+    (`models_mae.__dict__[args.model](...)`, `getattr`, `vars`; training.namespace_builders).
+    Its layers are those of every builder it holds."""
+
+    namespace: bool = False  # a module looked up in its namespace; else a dict
+
+
+@dataclass(frozen=True)
 class ImportedFunction:
     """A function another module of the run defines, this one imports, and whose code (its
     nested functions included) makes batches change shape: a `get_data` whose collate
@@ -231,6 +243,7 @@ class ProjectFacts:
     # loader handed to them: which parameters they loop over (handoffs.py).
     looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
     imported_datasets: Tuple[ImportedDataset, ...] = ()  # their dataset classes, summarised
+    imported_registries: Tuple[ImportedRegistry, ...] = ()  # their model builders by name
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -245,6 +258,9 @@ class ProjectFacts:
 
     def imported_dataset(self, name: str) -> Optional[ImportedDataset]:
         return next((d for d in self.imported_datasets if d.name == name), None)
+
+    def imported_registry(self, name: str) -> Optional[ImportedRegistry]:
+        return next((r for r in self.imported_registries if r.name == name), None)
 
 
 # Stored as JSON (the results cache keeps the index of an unchanged run) ----------------------
@@ -285,8 +301,8 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             **{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()}
         )
 
-    def imported_class(record) -> ImportedClass:
-        return ImportedClass(
+    def imported_class(record, kind=ImportedClass) -> ImportedClass:
+        return kind(
             **{**record, "layers": tuple(record["layers"]), "optional": tuple(record["optional"])}
         )
 
@@ -306,6 +322,9 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             ),
             imported_datasets=tuple(
                 ImportedDataset(**d) for d in record.get("imported_datasets", ())
+            ),
+            imported_registries=tuple(
+                imported_class(r, ImportedRegistry) for r in record.get("imported_registries", ())
             ),
         )
         for path, record in data.items()
@@ -337,6 +356,10 @@ class _Module:
     # Dataset classes and functions returning one: (kind, places, handles), None when unknown.
     datasets: Dict[str, Optional[Tuple[str, bool, bool]]] = field(default_factory=dict)
     placing: Dict[str, bool] = field(default_factory=dict)  # its classes and functions, once asked
+    # Its dicts of model builders, and (under "") itself as a module of them: the layers of
+    # what they build, None when it is no such thing; once asked.
+    registries: Dict[str, Optional[Tuple[Set[str], Set[str], str]]] = field(default_factory=dict)
+    dict_registries: Optional[Dict[str, Tuple[Set[str], Set[str], str]]] = None  # once asked
     top_level_places: Optional[bool] = None  # a call at its top level places on an accelerator
 
 
@@ -512,17 +535,22 @@ def _imported_name(module: "_Module", name: Optional[str]) -> Optional[Tuple[str
     return None
 
 
-def _defined(files: Dict[str, "_Module"], path: str, name: str, depth: int = 0):
+def _defined(
+    files: Dict[str, "_Module"], path: str, name: str, depth: int = 0, assigned: bool = False
+):
     """(the module that defines `name`, which `path` exports, and its own name there),
-    following re-exports (`from .model import TinyLM` in `__init__.py`)."""
+    following re-exports (`from .model import TinyLM` in `__init__.py`); with `assigned`, a
+    name it assigns (`DiT_models = {...}`) counts as defined too."""
     module = files.get(path)
     if module is None or module.facts is None or depth > 3:
         return None
     facts = module.facts
     if name in facts.classes or name in facts.records.functions:
         return module, name
+    if assigned and name not in module.objects and facts.assignments_to(name):
+        return module, name
     if name in module.objects:
-        return _defined(files, *module.objects[name], depth + 1)
+        return _defined(files, *module.objects[name], depth + 1, assigned)
     return None
 
 
@@ -894,11 +922,12 @@ def _own_facts(
             datasets.append(ImportedDataset(name, defined[0].label, *found))
     for spelling, path in module.modules.items():
         owner = files.get(path)
-        for name in _top_level_definitions(owner) if owner is not None else ():
+        for name in owner.facts.top_level_definitions if owner is not None else ():
             found = _dataset_summary(owner, name, files, 0)
             if found is not None:
                 datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found))
     loops = _loops_elsewhere(module, files)
+    registries = _imported_registries(module, files)
     # Only a file that builds a loader hands one on; the others' summaries stay in the index.
     builds = bool(module.facts.dataloader_constructions())
     called = {callee_key(module.facts, c) for c in module.facts.records.calls} if builds else ()
@@ -911,7 +940,86 @@ def _own_facts(
         importers=tuple(sorted(importers)),
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
+        imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
     )
+
+
+def _imported_registries(module: _Module, files: Dict[str, _Module]) -> List[ImportedRegistry]:
+    """The dicts and modules of model builders `module` imports (ImportedRegistry): a dict only
+    when `module` changes it nowhere either (training.registry_unchanged)."""
+    from optimizer_codemod.analysis.training import registry_unchanged
+
+    found: List[ImportedRegistry] = []
+    spelled = _imported_name_counts(module)
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj, assigned=True)
+        layers = _registry_layers(defined[0], defined[1], files) if defined else None
+        if layers is not None and registry_unchanged(module.facts, name, spelled.get(name, 0)):
+            found.append(_registry(name, defined[0], layers, False))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        if owner is None or owner.facts is None:
+            continue
+        layers = _registry_layers(owner, "", files)
+        if layers is not None:
+            found.append(_registry(spelling, owner, layers, True))
+        for target, layers in _dict_registries(owner, files).items():
+            name = f"{spelling}.{target}"
+            if registry_unchanged(module.facts, name, 0):
+                found.append(_registry(name, owner, layers, False))
+    return found
+
+
+def _dict_registries(
+    owner: _Module, files: Dict[str, _Module]
+) -> Dict[str, Tuple[Set[str], Set[str], str]]:
+    """{name: layers} of the dicts of model builders `owner` assigns at its top level."""
+    if owner.dict_registries is None:
+        owner.dict_registries = {}
+        for assignment in owner.facts.records.assignments:
+            if isinstance(assignment.value, cst.Dict) and assignment.site.function is None:
+                layers = _registry_layers(owner, assignment.target, files)
+                if layers is not None:
+                    owner.dict_registries[assignment.target] = layers
+    return owner.dict_registries
+
+
+def _registry(
+    spelling: str, owner: _Module, layers: Tuple[Set[str], Set[str], str], namespace: bool
+) -> ImportedRegistry:
+    always, optional, view = layers
+    return ImportedRegistry(
+        spelling,
+        owner.label,
+        tuple(sorted(always)),
+        view,
+        tuple(sorted(optional - always)),
+        namespace,
+    )
+
+
+def _registry_layers(
+    owner: _Module, name: str, files: Dict[str, _Module]
+) -> Optional[Tuple[Set[str], Set[str], str]]:
+    """The layers (as _class_layers) of every builder the dict `name` of `owner` holds, or of
+    `owner` itself as a module of builders for ""; None when it is no such thing. Memoised."""
+    from optimizer_codemod.analysis.training import namespace_builders, registry_builders
+
+    if name not in owner.registries:
+        owner.registries[name] = None
+        facts = owner.facts
+        builders = namespace_builders(facts) if not name else registry_builders(facts, name)
+        if builders is not None:
+            layers: Set[str] = set()
+            optional: Set[str] = set()
+            views: List[str] = []
+            for builder in builders:
+                more, maybe, view = _class_layers(owner, builder.name.value, files, 0)
+                layers |= more
+                optional |= maybe
+                views.extend([view] if view else [])
+            owner.registries[name] = (layers, optional, views[0] if views else "")
+    return owner.registries[name]
 
 
 def _shape_varying_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
@@ -1025,17 +1133,6 @@ def _class_layers(
 _KNOWN_BASES = ("torch.utils.data.", "torchvision.datasets.")
 
 
-def _top_level_definitions(module: _Module) -> Dict[str, cst.CSTNode]:
-    """The classes and functions `module` defines once, at its top level (workers unpickle a
-    dataset by its module-level name; a name defined twice is not one class)."""
-    counts = module.facts.records.definition_counts
-    return {
-        s.name.value: s
-        for s in module.facts.module.body
-        if isinstance(s, (cst.ClassDef, cst.FunctionDef)) and counts.get(s.name.value) == 1
-    }
-
-
 def _dataset_summary(
     owner: _Module, name: str, files: Dict[str, _Module], depth: int
 ) -> Optional[Tuple[str, bool, bool]]:
@@ -1047,7 +1144,7 @@ def _dataset_summary(
     owner.datasets[name] = None  # a class deriving from itself ends here
     found = None
     if depth <= MAX_ROUNDS and owner.facts is not None:
-        node = _top_level_definitions(owner).get(name)
+        node = owner.facts.top_level_definitions.get(name)
         if isinstance(node, cst.ClassDef):
             found = _dataset_class(owner, name, files, depth)
         elif isinstance(node, cst.FunctionDef):
@@ -1370,10 +1467,7 @@ def _find_other_uses(module: _Module) -> Set[str]:
         name = dotted_name(call.node.func)
         if name is not None:
             called[name] = called.get(name, 0) + 1
-    imported_names: Dict[str, int] = {}
-    for node in module.import_nodes:
-        for name_node in find_all(node, cst.Name):
-            imported_names[name_node.value] = imported_names.get(name_node.value, 0) + 1
+    imported_names = _imported_name_counts(module)
     from optimizer_codemod.analysis.values import name_mentions
 
     mentions = name_mentions(facts)
@@ -1388,6 +1482,16 @@ def _find_other_uses(module: _Module) -> Set[str]:
             if prefix in module.modules and called.get(name, 0) == 0:
                 found.add(name)
     return found
+
+
+def _imported_name_counts(module: _Module) -> Dict[str, int]:
+    """How many times `module`'s import statements spell each name (collect.py counts them
+    among a file's mentions of it)."""
+    counts: Dict[str, int] = {}
+    for node in module.import_nodes:
+        for name_node in find_all(node, cst.Name):
+            counts[name_node.value] = counts.get(name_node.value, 0) + 1
+    return counts
 
 
 def _guarded(facts, call) -> bool:

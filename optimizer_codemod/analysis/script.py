@@ -80,6 +80,17 @@ class ScriptFacts:
             table.setdefault(assignment.target, []).append(assignment)
         return table
 
+    @cached_property
+    def top_level_definitions(self) -> Dict[str, cst.CSTNode]:
+        """The classes and functions the module defines once, at its top level (by name): what
+        its importers (and workers that unpickle by module-level name) find under that name."""
+        counts = self.records.definition_counts
+        return {
+            s.name.value: s
+            for s in self.module.body
+            if isinstance(s, (cst.ClassDef, cst.FunctionDef)) and counts.get(s.name.value) == 1
+        }
+
     def assignments_to(self, name: str) -> Sequence[Assignment]:
         return self._assignments_by_target.get(name, ())
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set,
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import callee_name, literal, positional, receiver
-from optimizer_codemod.analysis.collect import target_names
+from optimizer_codemod.analysis.collect import is_main_guard, target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.parameter_loops import (
@@ -26,9 +26,12 @@ from optimizer_codemod.analysis.parameter_loops import (
 from optimizer_codemod.analysis.values import (
     alias_in,
     attribute_assignments,
+    declares_global,
     imported_module_class,
+    imported_registry,
     method_class,
     outside_value,
+    parameter_names,
     standalone_class,
     Source,
     the_caller,
@@ -47,6 +50,8 @@ MODE_METHODS = frozenset({"train", "eval", "zero_grad", "requires_grad_"})
 MODULE_BASE = "torch.nn.Module"
 # Calls that return a model from outside this file.
 MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "timm.models.")
+# Modules of those builders, whose namespace a script may look an architecture up in by name.
+FACTORY_MODULES = tuple(prefix for prefix in MODEL_FACTORIES if prefix.endswith("."))
 PRETRAINED_METHOD = "from_pretrained"
 # Methods that return the module they are called on (placed, cast or switched mode).
 MODULE_RETURNING_METHODS = frozenset(
@@ -193,6 +198,8 @@ def builds_module(
         return True
     if imported_module_class(facts, node.func):
         return True
+    if built_by_name(facts, node.func):
+        return True
     method = callee_name(node) if isinstance(node.func, cst.Attribute) else None
     if method == PRETRAINED_METHOD:
         return True
@@ -200,6 +207,284 @@ def builds_module(
         inner = receiver(node)
         return inner is not None and builds_module(facts, inner, depth + 1, function)
     return False
+
+
+# Models built by name -------------------------------------------------------------------------
+def by_name_lookup(
+    facts: "ScriptFacts", func: cst.BaseExpression
+) -> Optional[Tuple[cst.BaseExpression, bool]]:
+    """(the container, a dotted name, and whether it is a module's namespace) when `func`
+    looks a callable up by a name: `M.__dict__[k]`, `vars(M)[k]` and `getattr(M, k)` in
+    module M's namespace, `R[k]` in the container R; else None."""
+    container: Optional[cst.BaseExpression] = None
+    namespace = True
+    if isinstance(func, cst.Subscript) and len(func.slice) == 1:
+        value = func.value
+        if isinstance(value, cst.Attribute) and value.attr.value == "__dict__":
+            container = value.value
+        elif _builtin_call(facts, value, "vars", 1):
+            container = value.args[0].value
+        else:
+            container, namespace = value, False
+    elif _builtin_call(facts, func, "getattr", 2):
+        container = func.args[0].value
+    if container is None or dotted_name(container) is None:
+        return None
+    return container, namespace
+
+
+def _builtin_call(facts: "ScriptFacts", node: cst.BaseExpression, name: str, count: int) -> bool:
+    """`name(...)` with `count` plain positional arguments, `name` not bound by the file."""
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value == name
+        and not facts.imports.is_bound(name)
+        and len(node.args) == count
+        and len(positional(node)) == count
+    )
+
+
+def built_by_name(facts: "ScriptFacts", func: cst.BaseExpression) -> bool:
+    """Calling `func` builds an nn.Module whichever name it looks up (by_name_lookup): a name
+    of a module of model builders that MODEL_FACTORIES trusts (`models.__dict__[args.arch]`
+    for torchvision.models), an item of a dict of this file whose every value builds a module
+    (registry_builders), or a name of a dict or module of another module of the run that the
+    project index found so (values.imported_registry)."""
+    lookup = by_name_lookup(facts, func)
+    if lookup is None:
+        return False
+    container, namespace = lookup
+    if namespace and f"{facts.qualified_name(container)}.".startswith(FACTORY_MODULES):
+        return True
+    name = dotted_name(container) or ""
+    imported = imported_registry(facts, name)
+    if imported is not None:
+        return imported.namespace == namespace
+    return not namespace and registry_builders(facts, name) is not None
+
+
+def registry_builders(facts: "ScriptFacts", name: str) -> Optional[Tuple[cst.CSTNode, ...]]:
+    """The definitions of this file (classes, functions) that calling an item of the dict
+    `name` may run, when `name` is a dict of this file whose every value builds an nn.Module
+    when called (builder_definitions) and which nothing but lookups reads (registry_unchanged);
+    None when it is not (one value that is not a module builder is enough), memoised."""
+    memo = facts.memo("registry_builders")
+    if name in memo:
+        return memo[name]
+    memo[name] = None  # a registry that holds itself is none
+    assignments = facts.assignments_to(name)
+    value = assignments[0].value if len(assignments) == 1 else None
+    if (
+        isinstance(value, cst.Dict)
+        and value.elements
+        and assignments[0].site.function is None
+        and assignments[0].site.class_name is None
+        and not facts.records.definition_counts.get(name)
+        and registry_unchanged(facts, name, 1)
+    ):
+        found: Dict[int, cst.CSTNode] = {}
+        for element in value.elements:
+            definitions = (
+                builder_definitions(facts, element.value)
+                if isinstance(element, cst.DictElement)
+                else None  # `**other`: values not shown
+            )
+            if definitions is None:
+                return None
+            found.update((id(d), d) for d in definitions)
+        memo[name] = tuple(found.values())
+    return memo[name]
+
+
+def builder_definitions(
+    facts: "ScriptFacts", value: cst.BaseExpression, depth: int = 0
+) -> Optional[List[cst.CSTNode]]:
+    """The definitions of this file that calling `value` runs, when the call builds an
+    nn.Module: a module class of this file (is_module_class), a function of this file that
+    returns one (returns_module), `functools.partial` of either, a lambda whose body builds
+    one, or a builder MODEL_FACTORIES trusts (`torchvision.models.resnet18`: none of this
+    file); None otherwise."""
+    if depth > MAX_DEPTH:
+        return None
+    if isinstance(value, cst.Lambda):
+        if not builds_module(facts, value.body, depth + 1):
+            return None
+        called = (dotted_name(call.func) for call in find_all(value.body, cst.Call))
+        return [facts.top_level_definitions[c] for c in called if c in facts.top_level_definitions]
+    if isinstance(value, cst.Call):
+        args = positional(value)
+        if facts.qualified_name(value.func) == "functools.partial" and args:
+            return builder_definitions(facts, args[0].value, depth + 1)
+        return None
+    if (facts.qualified_name(value) or "").startswith(MODEL_FACTORIES):
+        return []
+    name = value.value if isinstance(value, cst.Name) else None
+    definition = facts.top_level_definitions.get(name) if name else None
+    if facts.assignments_to(name or "") or definition is None:
+        return None
+    if isinstance(definition, cst.ClassDef):
+        return [definition] if is_module_class(facts, name) else None
+    return [definition] if returns_module(facts, definition) else None
+
+
+def returns_module(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
+    """Every `return` of `function` (one at least; it is no generator, has no decorator that
+    could change what it returns, and defines nothing nested whose returns would be mixed in)
+    builds an nn.Module. Memoised."""
+    memo = facts.memo("returns_module")
+    key = id(function)
+    if key not in memo:
+        memo[key] = False  # a function returning its own call is not known to build one
+        returns = find_all(function.body, cst.Return)
+        memo[key] = (
+            bool(returns)
+            and not function.decorators
+            and not find_all(function.body, cst.FunctionDef, cst.ClassDef, cst.Yield)
+            and all(
+                r.value is not None and _returned_module(facts, r.value, function) for r in returns
+            )
+        )
+    return memo[key]
+
+
+def _returned_module(
+    facts: "ScriptFacts", value: cst.BaseExpression, function: cst.FunctionDef
+) -> bool:
+    """`value`, returned by `function`, builds a module; a name the function assigns is read
+    in the function alone (`model = Net(...); return model`), whatever else of that name the
+    file holds."""
+    name = value.value if isinstance(value, cst.Name) else None
+    if name is None or declares_global(function, name) or name in parameter_names(function):
+        return builds_module(facts, value, 0, function)
+    own = [a for a in facts.in_function("assignments", function) if a.target == name]
+    built = [a for a in own if not _rebinds_itself(a, name)]
+    return bool(built) and all(
+        not a.unpacked and not a.augmented and builds_module(facts, a.value, 0, function)
+        for a in built
+    )
+
+
+def namespace_builders(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, ...]]:
+    """The public classes and functions of this module when looking any public name up in
+    its namespace (`models_mae.__dict__[args.model]`) and calling it builds an nn.Module:
+    every public class it defines is a module class, every public function returns a module,
+    and every other public name it assigns at its top level is an alias of one of them, a
+    literal or a display (calling a number or a dict raises: the script breaks as written). Names it
+    imports are what it uses, not what it offers, and are not looked at. None otherwise,
+    memoised."""
+    memo = facts.memo("namespace_builders")
+    if "found" not in memo:
+        memo["found"] = _namespace_builders(facts)
+    return memo["found"]
+
+
+def _namespace_builders(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, ...]]:
+    definitions = facts.top_level_definitions
+    for statement in facts.module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            if statement.name.value not in definitions:
+                return None  # defined twice
+        elif not isinstance(statement, cst.SimpleStatementLine) and not (
+            isinstance(statement, cst.If) and is_main_guard(statement)
+        ):
+            if find_all(statement, cst.FunctionDef, cst.ClassDef):
+                return None  # defined under a condition
+    found: Dict[str, cst.CSTNode] = {}
+    for name in definitions:
+        if not name.startswith("_"):
+            built = builder_definitions(facts, cst.Name(name))
+            if built is None:
+                return None
+            found.update((d.name.value, d) for d in built)
+    for assignment in facts.records.assignments:
+        site = assignment.site
+        if site.function is not None or site.class_name is not None:
+            continue
+        if assignment.target.startswith("_") or "." in assignment.target:
+            continue
+        value = assignment.value
+        aliased = isinstance(value, cst.Name) and value.value in found
+        if not (aliased or _not_callable(value)):
+            return None
+    return tuple(found.values()) if found else None
+
+
+def _not_callable(node: cst.BaseExpression) -> bool:
+    """A literal or a display (`{...}`, `[...]`, a comprehension): calling it raises."""
+    return isinstance(node, _NOT_CALLABLE) or (
+        isinstance(node, cst.Name) and node.value in ("True", "False", "None")
+    )
+
+
+_NOT_CALLABLE = (
+    cst.SimpleString,
+    cst.ConcatenatedString,
+    cst.FormattedString,
+    cst.Integer,
+    cst.Float,
+    cst.Imaginary,
+    cst.Dict,
+    cst.List,
+    cst.Tuple,
+    cst.Set,
+    cst.DictComp,
+    cst.ListComp,
+    cst.SetComp,
+)
+
+
+def registry_unchanged(facts: "ScriptFacts", name: str, spelled: int) -> bool:
+    """Nothing in this file but lookups, read-only calls and tests (`name[k](...)`,
+    `name.keys()`, `sorted(name)`, `k in name`, `for k in name`) mentions the registry `name`
+    (dotted for `module.REGISTRY`), besides the `spelled` mentions that bind it (its
+    assignment, an import): no item is set, no `update`, it is handed to no function that
+    could change it."""
+    counts = facts.records.name_counts
+    if "." in name:
+        counts, last = facts.records.attribute_counts, name.rpartition(".")[2]
+    else:
+        last = name
+    return counts.get(last, 0) == spelled + _registry_reads(facts).get(name, 0)
+
+
+def _registry_reads(facts: "ScriptFacts") -> Dict[str, int]:
+    """{dotted name: how many of its mentions are reads that change nothing}, memoised."""
+    memo = facts.memo("registry_reads")
+    if "found" not in memo:
+        reads: Dict[str, int] = {}
+        for call in facts.records.calls:
+            func = call.node.func
+            names: List[Optional[str]] = []
+            if isinstance(func, cst.Subscript):
+                names.append(dotted_name(func.value))
+            elif call.method in _REGISTRY_READ_METHODS:
+                names.append(call.receiver)
+            elif isinstance(func, cst.Name) and func.value in _REGISTRY_READ_FUNCTIONS:
+                if not facts.imports.is_bound(func.value):
+                    names.extend(dotted_name(a.value) for a in call.node.args if not a.star)
+            for name in names:
+                if name is not None:
+                    reads[name] = reads.get(name, 0) + 1
+        # `for name in NETS:`, `[... for name in NETS]` and `name in NETS` read it too.
+        iterated = [loop.iter for loop in facts.records.loops if loop.iter is not None]
+        iterated += [comprehension.iter for comprehension in facts.records.comprehensions]
+        tested = [
+            part.comparator
+            for comparison in find_all(facts.module, cst.Comparison)
+            for part in comparison.comparisons
+            if isinstance(part.operator, (cst.In, cst.NotIn))
+        ]
+        for node in iterated + tested:
+            name = dotted_name(node)
+            if name is not None:
+                reads[name] = reads.get(name, 0) + 1
+        memo["found"] = reads
+    return memo["found"]
+
+
+_REGISTRY_READ_METHODS = frozenset({"keys", "values", "items", "get"})
+_REGISTRY_READ_FUNCTIONS = frozenset({"sorted", "list", "tuple", "set", "len", "iter"})
 
 
 def holds_module(
@@ -548,6 +833,22 @@ def model_placement(
     facts: "ScriptFacts", model: TrainedModel
 ) -> Optional[Tuple[cst.BaseExpression, Optional[cst.FunctionDef]]]:
     """model_device, with the function whose `.to(...)` call reads it."""
+    found, scopes = _placements(facts, model)
+    texts = {cst.Module([]).code_for_node(node) for node in found}
+    return (found[0], scopes[0]) if len(texts) == 1 else None
+
+
+def placement_devices(facts: "ScriptFacts", model: TrainedModel) -> List[str]:
+    """The devices (as written; `"cuda"` for `.cuda()`) the model is placed on, each once,
+    in source order: more than one, and model_device has no answer."""
+    found, _ = _placements(facts, model)
+    return list(dict.fromkeys(cst.Module([]).code_for_node(node) for node in found))
+
+
+def _placements(
+    facts: "ScriptFacts", model: TrainedModel
+) -> Tuple[List[cst.BaseExpression], List[Optional[cst.FunctionDef]]]:
+    """The device of each `.to(...)`/`.cuda()` placement of the model, with its function."""
     found: List[cst.BaseExpression] = []
     scopes: List[Optional[cst.FunctionDef]] = []
     for call in _placement_calls(facts).get(model.name, ()):
@@ -566,8 +867,7 @@ def model_placement(
         if device is not None and facts.qualified_name(device) not in _DTYPE_NAMES:
             found.append(device)
             scopes.append(call.site.function)
-    texts = {cst.Module([]).code_for_node(node) for node in found}
-    return (found[0], scopes[0]) if len(texts) == 1 else None
+    return found, scopes
 
 
 _DTYPE_NAMES = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double"})
@@ -925,7 +1225,9 @@ def compiles(facts: "ScriptFacts") -> bool:
 def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.BaseExpression]:
     """The expressions that build `model`, following names they are built from
     (`net = Net(); model = net.to(device)`), self-rebinding placements left out; `self.`
-    attributes in their class and parameters through their one call (values.value_sources)."""
+    attributes in their class and parameters through their one call (values.value_sources);
+    for a model looked up by name in a dict of this file, the definitions of every class and
+    function the dict holds (registry_builders)."""
     found: List[cst.BaseExpression] = []
     pending: List[Tuple[str, Optional[cst.FunctionDef]]] = [(model.name, model.scope)]
     seen: Set[Tuple[str, int]] = set()
@@ -947,7 +1249,15 @@ def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.Ba
                     continue
                 if facts.assignments_to(other) or value_sources(facts, other, source.function):
                     pending.append((other, source.function))
-    return found
+    # A model built by name from a dict of this file is built by any of its builders.
+    builders: Dict[int, cst.CSTNode] = {}
+    for expression in found:
+        for call in find_all(expression, cst.Call):
+            lookup = by_name_lookup(facts, call.func)
+            if lookup is not None and not lookup[1]:
+                held = registry_builders(facts, dotted_name(lookup[0]) or "")
+                builders.update((id(b), b) for b in held or ())
+    return found + list(builders.values())
 
 
 def torch_own_module(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
@@ -1019,12 +1329,13 @@ def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
     """Classes of this file that `model` is built from: those its construction calls, their
     bases of this file, and the classes of this file they build in turn (any method)."""
     classes: Set[str] = set()
+    expressions = _model_expressions(facts, model)
     pending = [
         call.func.value
-        for expression in _model_expressions(facts, model)
+        for expression in expressions
         for call in find_all(expression, cst.Call)
         if isinstance(call.func, cst.Name) and call.func.value in facts.classes
-    ]
+    ] + [e.name.value for e in expressions if isinstance(e, cst.ClassDef)]
     while pending:
         name = pending.pop()
         if name in classes:
@@ -1043,10 +1354,11 @@ def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
 
 def model_imported_classes(facts: "ScriptFacts", model: TrainedModel) -> List["ImportedClass"]:
     """nn.Module classes of other modules of the run that `model`'s construction calls
-    (`G = GeneratorResNet(...)` after `from models import *`), with the layers the project
-    index found them built from (project.ImportedClass)."""
+    (`G = GeneratorResNet(...)` after `from models import *`), or the dicts and modules of
+    model builders it looks the model up in (`DiT_models[args.model](...)`), with the layers
+    the project index found them built from (project.ImportedClass, ImportedRegistry)."""
     project = getattr(facts, "project", None)
-    if project is None or not project.imported_classes:
+    if project is None or not (project.imported_classes or project.imported_registries):
         return []
     found = []
     for expression in _model_expressions(facts, model):
@@ -1055,6 +1367,9 @@ def model_imported_classes(facts: "ScriptFacts", model: TrainedModel) -> List["I
             imported = (
                 project.imported_class(name) if imported_module_class(facts, call.func) else None
             )
+            lookup = by_name_lookup(facts, call.func)
+            if lookup is not None:
+                imported = imported_registry(facts, dotted_name(lookup[0]) or "")
             if imported is not None and imported not in found:
                 found.append(imported)
     return found

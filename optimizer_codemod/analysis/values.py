@@ -37,7 +37,12 @@ from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Assignment, CallSite
-    from optimizer_codemod.analysis.project import Argument, ImportedDataset, IncomingCall
+    from optimizer_codemod.analysis.project import (
+        Argument,
+        ImportedDataset,
+        ImportedRegistry,
+        IncomingCall,
+    )
     from optimizer_codemod.analysis.script import ScriptFacts
 
 SELF = "self"
@@ -492,6 +497,16 @@ def imported_module_class(facts: "ScriptFacts", func: cst.BaseExpression) -> boo
         return False
     name = dotted_name(func)
     return name is not None and name in project.module_classes and not _rebound(facts, name)
+
+
+def imported_registry(facts: "ScriptFacts", name: str) -> Optional["ImportedRegistry"]:
+    """The project index's summary of the dict or module of model builders that the dotted
+    `name` names, imported from another module of the run (`DiT_models`, `models_mae`); None
+    when it is no such import or this file binds it again."""
+    project = getattr(facts, "project", None)
+    if project is None or not project.imported_registries or _rebound(facts, name):
+        return None
+    return project.imported_registry(name)
 
 
 def imported_dataset(facts: "ScriptFacts", name: Optional[str]) -> Optional["ImportedDataset"]:
