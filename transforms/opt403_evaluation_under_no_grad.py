@@ -11,11 +11,13 @@ from optimizer_codemod.analysis.escapes import (
     evaluation_loops,
     host_names,
     is_host_value,
+    result_escape,
 )
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.nodes import find_all, under_with
-from optimizer_codemod.analysis.training import no_grad_regions
+from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, no_grad_regions
+from optimizer_codemod.analysis.values import calls_named, name_mentions, outside_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -99,8 +101,23 @@ class EvaluationUnderNoGrad(Rule):
         and iterable are covered, since the loader's batches become inference tensors too.
         A function decorated with `@torch.no_grad()` (or `@torch.no_grad`) gets
         `@torch.inference_mode()` on the same conditions, its whole body taken as the block,
-        and only when what it returns is a plain Python value: its callers are not analysed
-        (they may be in other modules), so a returned tensor could be saved for backward.
+        when what it returns is a plain Python value, or else when every caller in the run
+        only reads what it returns. For a module-level function, the calls of this file and
+        those the project index found in the other modules of the run are followed
+        (analysis/escapes.py `result_escape`): the result, through indexing, `.items()`,
+        `.to("cpu")`/`.cpu()`/`.detach()`, the names it is assigned or unpacked to, loops and
+        comprehensions over it, containers it is packed into, `max`/`min` and arithmetic
+        with plain values, may only meet the reads accepted after a block, comparisons,
+        truth tests, loggers, `str.format`, `json.dumps` and `torch.save` (serialising an
+        inference tensor is reading it; tests/test_inference_mode_claims.py runs each).
+        A call that hands it to any other function, a store into an attribute or subscript,
+        a `return` onward, or arithmetic with a tensor stops the rewrite. So does a caller
+        that may not be seen: the function passed around or stored (here or by a module of
+        the run), a module that is no script (no `__main__` guard, no training at its top
+        level) and that no module of the run imports, a method or nested function (calls
+        through an instance are not followed). Callers outside the files of the run are
+        not known: run the tool on the whole project, as for every fact of the project
+        index.
         A `no_grad` block in the fallback branch of a feature check (the `else` of
         `if hasattr(torch, "inference_mode")`, an old-torch version branch) stays: it runs
         where `inference_mode` is missing (analysis/guards.py).
@@ -127,7 +144,7 @@ class EvaluationUnderNoGrad(Rule):
     # decorated with `no_grad` is examined (and its decline explained) in any file: library
     # modules hold `generate`/`evaluate` functions that training scripts call.
     # Callbacks handed to a trainer of another module are examined too (and explained).
-    requires = (BACKWARD_CALL + r"|@[ \t]*(?:torch\.(?:autograd\.)?)?no_grad\b|callback",)
+    requires = (BACKWARD_CALL + "|" + NO_GRAD_DECORATOR + "|callback",)
     examples = (
         Example(
             _TRAIN + "correct = 0\n"
@@ -299,16 +316,60 @@ def _names_no_grad(expr: cst.BaseExpression) -> bool:
 
 def _function_escape(facts, function: cst.FunctionDef) -> Optional[str]:
     """Why a tensor made in the decorated `function` may reach code after it runs; None
-    when none can. Its callers are not followed, so it may return plain values only."""
+    when none can: it returns plain values only, or every caller in the run only reads
+    what it returns."""
     host = host_names(function, facts)
+    returns_read = False
     for node in find_all(function.body, cst.Return, cst.Yield):
         if isinstance(node, cst.Yield):
             return "it is a generator, and what it yields goes to its caller"
         if node.value is not None and not is_host_value(node.value, host, facts):
             text = code_of(node.value).strip().splitlines()[0][:40]
-            return (
-                f"it returns `{text}`, maybe a tensor, to callers the analysis does not "
-                "follow, which could save it for backward or update it in place (an "
-                "inference tensor cannot be)"
-            )
-    return block_escape(facts, function, function)
+            reason = _callers_keep(facts, function)
+            if reason is not None:
+                return (
+                    f"it returns `{text}`, maybe a tensor, and {reason}; a caller could save "
+                    "it for backward or update it in place (an inference tensor cannot be)"
+                )
+            returns_read = True
+            break
+    return block_escape(facts, function, function, returns_read)
+
+
+def _callers_keep(facts, function: cst.FunctionDef) -> Optional[str]:
+    """Why what `function` returns may not be only read by its callers; None when every call
+    of it in the run is known and only reads the result (escapes.result_escape)."""
+    name = function.name.value
+    if id(function) not in {id(s) for s in facts.module.body}:
+        return "it is a method or a nested function, whose calls are not followed"
+    calls = calls_named(facts, name)
+    outside = outside_calls(facts, name)
+    if name_mentions(facts).get(name, 0) != 1 + len(calls) or facts.assignments_to(name):
+        return "this file uses it otherwise than by calling it"
+    project = facts.project
+    script = facts.records.has_main_guard or any(
+        loop.function is None for loop in facts.training_loops
+    )
+    if not (script or (project is not None and project.importers)):
+        return (
+            "this module is no script (no `__main__` guard, no training at its top level) "
+            "and no module of the run imports it: callers elsewhere are not followed"
+        )
+    for used, importer in project.used_otherwise if project is not None else ():
+        if used == name:
+            return f"{importer} passes it around or stores it"
+    if not calls and not outside:
+        return "no module of the run calls it: callers elsewhere are not followed"
+    for call in outside:
+        if call.passed_around:
+            return f"{call.caller} passes it around or stores it"
+        if call.result is None:
+            return f"what {call.caller} does with the result is not known"
+        if call.result:
+            return f"{call.caller} keeps the result: {call.result}"
+    for call in calls:
+        scope = call.site.function if call.site.function is not None else facts.module
+        reason = result_escape(facts, call.node, scope)
+        if reason is not None:
+            return f"a caller keeps the result: {reason}"
+    return None

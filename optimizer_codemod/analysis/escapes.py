@@ -13,6 +13,8 @@ when the analysis cannot tell, a value escapes.
 - Escapes of a block: non-host names read after it, stores into attributes or subscripts,
   returns, in-place updates, and calls that could keep or replace tensors (anything but the
   trained model, library functions, builtins, pure tensor methods and loggers).
+- What callers do with a value a function returns (`result_escape`): followed through the
+  names, loops, comprehensions and containers it reaches, it may only be read.
 """
 
 from __future__ import annotations
@@ -166,9 +168,13 @@ def _scope_nodes(scope: Scope) -> Iterable[cst.CSTNode]:
 
 
 def block_escape(
-    facts: "ScriptFacts", block: cst.BaseCompoundStatement, scope: Scope
+    facts: "ScriptFacts",
+    block: cst.BaseCompoundStatement,
+    scope: Scope,
+    returns_read: bool = False,
 ) -> Optional[str]:
     """Why a value created in `block` may reach code after it as a tensor; None when none can.
+    With `returns_read`, what a function returns is known to be only read by its callers.
 
     Also refuses blocks that want autograd (backward, `enable_grad`, `requires_grad`) or update
     anything in place (`x.add_(...)`, `p += ...` on a non-host name, `optimizer.step()`).
@@ -181,10 +187,7 @@ def block_escape(
         if word in text:
             return f"the block uses `{word}`"
     inside = set(find_all(body))
-    known_host = facts.memo("host_names")
-    host = known_host.get(scope)
-    if host is None:
-        host = known_host[scope] = host_names(scope, facts)
+    host = _scope_host_names(facts, scope)
     bound_inside: Set[str] = set()
     for node in find_all(
         body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.AsName
@@ -239,6 +242,8 @@ def block_escape(
         value = getattr(node, "value", None)
         if isinstance(node, (cst.Global, cst.Nonlocal)):
             return "the block declares global names"
+        if isinstance(node, cst.Return) and returns_read:
+            continue
         if value is not None and not is_host_value(value, host, facts):
             return f"`{_short(node)}` hands a value from the block to the caller"
     table = None
@@ -378,3 +383,184 @@ def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
         if last is not None and last.method == "eval":
             found.append(loop)
     return found
+
+
+# What callers do with a returned value -----------------------------------------------------------
+# Methods through which a tensor, or a dict or list of them, passes on unchanged, as a view or
+# as a copy: `.to("cpu")` of a CPU tensor is the tensor itself. What they give is followed on.
+_PASSING_METHODS = frozenset({"to", "cpu", "detach", "numpy", "items", "keys", "values", "get"})
+# Builtins whose result is one of their arguments (or a view of it): followed on too.
+_CHOOSING_BUILTINS = frozenset({"max", "min"})
+# Library calls that only serialise or format what they are given.
+_SERIALISING_CALLS = frozenset({"json.dumps", "json.dump", "torch.save"})
+_STRINGS = (cst.SimpleString, cst.ConcatenatedString)
+
+
+def result_escape(facts: "ScriptFacts", node: cst.BaseExpression, scope: Scope) -> Optional[str]:
+    """Why the value of `node` (a call whose result may be, or hold, inference tensors), read
+    in `scope`, may be saved for backward or updated in place later; None when every use of it
+    only reads it.
+
+    Followed: indexing, `.items()`/`.values()` and the other `_PASSING_METHODS`, names it is
+    assigned or unpacked to (every use of them in the scope), `for` loops and comprehensions
+    over it, containers and comprehensions it is packed into, `max`/`min`, arithmetic with
+    host values. Accepted as reads: what `_reads_only_its_value` accepts (`.item()`,
+    `.tolist()`, `float(...)`, `print(...)`, f-strings), comparisons, truth tests, loggers'
+    methods, `json.dumps`, and `update`/`append` of a container that holds it (what goes in
+    is followed where it goes in). Anything else (another call, an attribute or subscript
+    store, a `return`) is an escape. Each name of a scope is followed once per pass.
+    """
+    table = facts.memo("parents").get(scope)
+    if table is None:
+        table = facts.memo("parents")[scope] = parents(scope)
+    return _value_escape(facts, node, scope, table)
+
+
+def _value_escape(facts, node: cst.CSTNode, scope: Scope, table) -> Optional[str]:
+    node = _passed_on(table, node)
+    parent = table.get(node)
+    if _reads_only_its_value(table, node):
+        return None
+    if isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.Assert)):
+        return None  # a comparison makes a new tensor that never requires grad
+    if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is node:
+        return None
+    if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+        return None
+    if isinstance(parent, cst.BooleanOperation):
+        return _value_escape(facts, parent, scope, table)
+    if isinstance(parent, cst.BinaryOperation):
+        other = parent.right if parent.left is node else parent.left
+        if not is_host_value(other, _scope_host_names(facts, scope), facts):
+            return f"`{_short(parent)}` computes with it"
+        return _value_escape(facts, parent, scope, table)
+    if isinstance(parent, cst.Arg):
+        return _argument_escape(facts, parent, scope, table)
+    if isinstance(parent, (cst.Element, cst.DictElement, cst.StarredDictElement)):
+        return _value_escape(facts, table[parent], scope, table)
+    if isinstance(parent, (cst.DictComp, cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        return _value_escape(facts, parent, scope, table)  # the element a comprehension makes
+    if isinstance(parent, cst.CompFor) and parent.iter is node:
+        return _comprehension_escape(facts, parent, scope, table)
+    if isinstance(parent, cst.For) and parent.iter is node:
+        return _names_escape(facts, target_names(parent.target), scope, table)
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        call = table.get(parent)
+        if isinstance(call, cst.Call) and call.func is parent:
+            if parent.attr.value in KEEPING_METHODS:
+                return None  # a container of it grows: what goes in is followed there
+        return f"`{_short(call if isinstance(call, cst.Call) else parent)}` may change it"
+    if isinstance(parent, cst.Assign) and parent.value is node:
+        names: List[str] = []
+        for target in parent.targets:
+            if find_all(target.target, cst.Attribute, cst.Subscript):
+                return f"`{_short(parent)}` stores it"
+            names.extend(target_names(target.target))
+        return _names_escape(facts, names, scope, table)
+    if isinstance(parent, (cst.Return, cst.Yield)):
+        return f"`{_short(parent)}` hands it on to the caller"
+    return f"`{_short(parent if parent is not None else node)}` uses it"
+
+
+def _comprehension_escape(facts, loop: cst.CompFor, scope: Scope, table) -> Optional[str]:
+    """The names a comprehension's `for` binds live in the comprehension only: their uses
+    there are followed."""
+    comprehension: cst.CSTNode = loop
+    while not isinstance(comprehension, _COMPREHENSIONS):
+        comprehension = table[comprehension]
+    names = set(target_names(loop.target))
+    bound = {id(n) for c in find_all(comprehension, cst.CompFor) for n in find_all(c.target)}
+    for use in find_all(comprehension, cst.Name):
+        if use.value in names and id(use) not in bound:
+            reason = _value_escape(facts, use, scope, table)
+            if reason is not None:
+                return reason
+    return None
+
+
+def _passed_on(table, node: cst.CSTNode) -> cst.CSTNode:
+    """`node` taken through indexing (`x[i, 1:]`, `stats["acc1"]`) and `_PASSING_METHODS`."""
+    while True:
+        parent = table.get(node)
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            node = parent
+            continue
+        call = table.get(parent)
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.value is node
+            and parent.attr.value in _PASSING_METHODS
+            and isinstance(call, cst.Call)
+            and call.func is parent
+        ):
+            node = call
+            continue
+        return node
+
+
+def _argument_escape(facts, arg: cst.Arg, scope: Scope, table) -> Optional[str]:
+    call = table.get(arg)
+    if not isinstance(call, cst.Call):
+        return f"`{_short(arg)}` uses it"
+    if isinstance(call.func, cst.Name) and call.func.value in _CHOOSING_BUILTINS:
+        return _value_escape(facts, call, scope, table)
+    if method_name(call) in LOGGING_METHODS or facts.qualified_name(call.func) in (
+        _SERIALISING_CALLS
+    ):
+        return None
+    if method_name(call) == "format" and isinstance(call.func.value, _STRINGS):
+        return None  # `"{acc:.1f}".format(acc=best_acc)`
+    return f"`{_short(call)}` takes it, and the analysis does not see what that keeps"
+
+
+def _names_escape(facts, names: Iterable[str], scope: Scope, table) -> Optional[str]:
+    """The first escape among the uses of `names` in `scope`. Each name is followed once per
+    pass. A name met again while it is being followed (`a = b` ... `b = a`) is assumed to
+    read only: its own uses decide. What was answered under such an assumption is settled
+    when the outermost name is: it escapes with it (conservative), or reads only."""
+    memo = facts.memo("name_escapes")
+    state = facts.memo("name_escapes_pending")
+    active: List[tuple] = state.setdefault("active", [])
+    provisional: List[tuple] = state.setdefault("provisional", [])
+    for name in names:
+        key = (id(scope), name)
+        if key in memo:
+            reason = memo[key]
+        elif key in active:
+            state["assumed"] = True
+            reason = None
+        else:
+            active.append(key)
+            reason = _name_escape(facts, name, scope, table)
+            active.pop()
+            if reason is None and active and state.get("assumed"):
+                provisional.append(key)
+            else:
+                memo[key] = reason
+            if not active:
+                for pending in provisional:
+                    memo[pending] = reason
+                provisional.clear()
+                state["assumed"] = False
+        if reason is not None:
+            return reason
+    return None
+
+
+def _name_escape(facts, name: str, scope: Scope, table) -> Optional[str]:
+    for use in name_uses(scope, name, facts):
+        if use.store:
+            continue
+        if use.nested:
+            return f"`{name}` is used by a nested function"
+        reason = _value_escape(facts, use.node, scope, table)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _scope_host_names(facts, scope: Scope) -> Set[str]:
+    known = facts.memo("host_names")
+    if scope not in known:
+        known[scope] = host_names(scope, facts)
+    return known[scope]

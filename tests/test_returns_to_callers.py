@@ -1,0 +1,115 @@
+"""OPT403 follows what a `@torch.no_grad()` function returns to every caller of the run: the
+decorator becomes `@torch.inference_mode()` only where each caller only reads the result."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Dict
+
+from optimizer_codemod import runner
+from optimizer_codemod.config import Settings
+from optimizer_codemod.diagnostics import Status
+
+PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "evaluate_elsewhere"
+
+
+def _apply(folder: Path) -> Dict[str, list]:
+    files = sorted(str(p) for p in folder.rglob("*.py"))
+    settings = Settings(unsafe_fixes=True, root=str(folder), select=["OPT403"], why_not=True)
+    outcomes = runner.run(files, settings, runner.Mode(write=True), jobs=1)
+    return {Path(o.path).name: o.diagnostics for o in outcomes}
+
+
+def _project(tmp_path: Path, main: str) -> Path:
+    folder = tmp_path / "project"
+    shutil.copytree(PROJECT, folder)
+    (folder / "main.py").write_text(textwrap.dedent(main))
+    return folder
+
+
+def _declined(diagnostics) -> str:
+    return " ".join(d.message for d in diagnostics if d.status is Status.DECLINED)
+
+
+def test_a_caller_in_another_module_that_only_reads_the_result_lets_it_convert(
+    tmp_path: Path,
+) -> None:
+    folder = _project(tmp_path, (PROJECT / "main.py").read_text())
+    _apply(folder)
+    assert "@torch.inference_mode()\ndef evaluate" in (folder / "engine.py").read_text()
+
+
+def test_a_caller_in_another_module_that_trains_on_the_result_keeps_no_grad(
+    tmp_path: Path,
+) -> None:
+    folder = _project(
+        tmp_path,
+        """\
+        import torch
+        from engine import evaluate, train_one_epoch
+
+        data = [(torch.randn(16, 8), torch.randint(0, 3, (16,)))]
+        model = torch.nn.Linear(8, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_one_epoch(model, data, optimizer)
+        stats = evaluate(model, data)
+        penalty = torch.nn.functional.mse_loss(model.weight.sum(), stats["acc1"])
+        penalty.backward()
+        """,
+    )
+    diagnostics = _apply(folder)
+    assert "@torch.no_grad()" in (folder / "engine.py").read_text()
+    reason = _declined(diagnostics["engine.py"])
+    assert "main.py keeps the result" in reason
+    assert "mse_loss" in reason
+
+
+def test_a_caller_in_another_module_that_stores_the_result_keeps_no_grad(tmp_path: Path) -> None:
+    folder = _project(
+        tmp_path,
+        """\
+        import torch
+        from engine import evaluate
+
+
+        class Runner:
+            def check(self, model, data):
+                self.stats = evaluate(model, data)
+
+
+        if __name__ == "__main__":
+            Runner().check(torch.nn.Linear(8, 3), [])
+        """,
+    )
+    diagnostics = _apply(folder)
+    assert "@torch.no_grad()" in (folder / "engine.py").read_text()
+    assert "`self.stats = evaluate(model, data)` stores it" in _declined(diagnostics["engine.py"])
+
+
+def test_a_function_passed_around_by_another_module_is_not_followed(tmp_path: Path) -> None:
+    folder = _project(
+        tmp_path,
+        """\
+        import torch
+        from engine import evaluate
+
+        hooks = {"eval": evaluate}
+        print(hooks["eval"](torch.nn.Linear(8, 3), []))
+        """,
+    )
+    diagnostics = _apply(folder)
+    assert "@torch.no_grad()" in (folder / "engine.py").read_text()
+    assert "main.py passes it around or stores it" in _declined(diagnostics["engine.py"])
+
+
+def test_a_module_no_script_of_the_run_imports_says_its_callers_are_not_followed(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "alone"
+    folder.mkdir()
+    shutil.copy(PROJECT / "engine.py", folder / "engine.py")
+    diagnostics = _apply(folder)
+    assert "@torch.no_grad()" in (folder / "engine.py").read_text()
+    assert "no module of the run imports it" in _declined(diagnostics["engine.py"])
