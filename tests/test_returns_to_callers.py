@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import Dict
 
-from optimizer_codemod import runner
+from optimizer_codemod import rewrite, runner
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import Status
 
@@ -113,3 +113,65 @@ def test_a_module_no_script_of_the_run_imports_says_its_callers_are_not_followed
     diagnostics = _apply(folder)
     assert "@torch.no_grad()" in (folder / "engine.py").read_text()
     assert "no module of the run imports it" in _declined(diagnostics["engine.py"])
+
+
+GETTER_GENERATE = '''import torch
+from torch import nn
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block_size = 4
+        self.head = nn.Linear(1, 5)
+
+    def get_block_size(self):
+        """The longest context."""
+        return self.block_size
+
+    def forward(self, idx):
+        return self.head(idx[..., None].float())
+
+
+@torch.no_grad()
+def generate(model, idx, steps):
+    for _ in range(steps):
+        block = idx[:, -model.get_block_size():]
+        idx = torch.cat((idx, model(block)[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+model = TinyLM()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.zeros(2, 3, dtype=torch.long)).sum()
+    loss.backward()
+    optimizer.step()
+print(generate(model, torch.zeros(1, 1, dtype=torch.long), 5)[0].tolist())
+'''
+
+
+def test_a_getter_of_the_trained_class_reads_the_model() -> None:
+    result = rewrite(GETTER_GENERATE, path="train.py", select=["OPT403"])
+    assert "@torch.inference_mode()\ndef generate" in result.source
+
+
+def test_a_method_of_the_trained_class_that_does_more_than_return_is_not_a_read() -> None:
+    source = GETTER_GENERATE.replace(
+        "        return self.block_size", "        self.cache = {}\n        return self.block_size"
+    )
+    result = rewrite(source, path="train.py", select=["OPT403"], why_not=True)
+    assert not result.changed
+    (reason,) = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    assert "`model.get_block_size()` changes a module that the script trains" in reason
+
+
+def test_a_long_chain_of_names_declines_instead_of_overflowing_the_stack() -> None:
+    chain = "\n".join(f"a{i} = a{i - 1}" for i in range(1, 2000))
+    source = GETTER_GENERATE.replace("print(generate(", "a0 = (generate(")
+    source = source.replace("[0].tolist())", "[0])") + chain + "\n"
+    source += "print(a1999.tolist())\n"
+    result = rewrite(source, path="train.py", select=["OPT403"], why_not=True)
+    assert not result.changed
+    (reason,) = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    assert "it passes through more than 40 names" in reason

@@ -90,6 +90,10 @@ class EvaluationUnderNoGrad(Rule):
         values. Anything else stops the rewrite: a function of the script, `model.to(...)`
         or `load_state_dict` on the trained model, `m.reset_parameters()`,
         `param.materialize(...)` (new parameters made there would be inference tensors).
+        A method of the trained model is accepted only when it switches or reads it
+        (`eval()`, `parameters()`, or a getter such as `model.get_block_size()`: every
+        model the file trains is built from classes of the file, and each of them that
+        defines the method defines it as one `return` of an expression without calls).
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
         to the graph, nor in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,

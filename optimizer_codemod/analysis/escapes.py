@@ -208,7 +208,7 @@ def block_escape(
             runs_model = True
             continue
         if method is not None and code_of(node.func.value).strip() in trained:
-            if method in MODULE_READS:
+            if method in MODULE_READS or _getter_of_trained_classes(facts, method):
                 continue
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
@@ -337,6 +337,57 @@ def _binds(statement: cst.CSTNode, name: str) -> bool:
     return False
 
 
+def _getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
+    """`model.get_block_size()`: every model the file trains is built from classes of this
+    file, and each of its classes that defines `method` defines it as a getter (one
+    `return` of an expression without calls, `return self.block_size`): the call only reads
+    the module, as `.eval()` only switches it."""
+    from optimizer_codemod.analysis.training import model_classes, trained_models
+
+    memo = facts.memo("getters_of_trained_classes")
+    if method not in memo:
+        models = trained_models(facts)
+        classes = [model_classes(facts, model) for model in models]
+        definitions = [
+            statement
+            for names in classes
+            for name in names
+            for statement in facts.classes[name].node.body.body
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == method
+        ]
+        memo[method] = (
+            bool(models)
+            and all(classes)
+            and bool(definitions)
+            and all(_is_getter(definition) for definition in definitions)
+        )
+    return memo[method]
+
+
+def _is_getter(function: cst.FunctionDef) -> bool:
+    statements = [
+        s
+        for s in getattr(function.body, "body", ())
+        if not (isinstance(s, cst.SimpleStatementLine) and _is_docstring(s))
+    ]
+    if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
+        return False
+    (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
+    return (
+        isinstance(small, cst.Return)
+        and small.value is not None
+        and not find_all(small.value, cst.Call, cst.NamedExpr, cst.Lambda)
+    )
+
+
+def _is_docstring(line: cst.SimpleStatementLine) -> bool:
+    return (
+        len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, _STRINGS)
+    )
+
+
 def _training_callees(facts: "ScriptFacts") -> Set[str]:
     """The text of every callee called in a training loop: `model`, `self.net`, `criterion`."""
     return {
@@ -394,6 +445,7 @@ _CHOOSING_BUILTINS = frozenset({"max", "min"})
 # Library calls that only serialise or format what they are given.
 _SERIALISING_CALLS = frozenset({"json.dumps", "json.dump", "torch.save"})
 _STRINGS = (cst.SimpleString, cst.ConcatenatedString)
+_MAX_CHAIN = 40  # names followed one into the next (`a = f(); b = a; ...`): Python's stack
 
 
 def result_escape(facts: "ScriptFacts", node: cst.BaseExpression, scope: Scope) -> Optional[str]:
@@ -529,6 +581,8 @@ def _names_escape(facts, names: Iterable[str], scope: Scope, table) -> Optional[
         elif key in active:
             state["assumed"] = True
             reason = None
+        elif len(active) >= _MAX_CHAIN:
+            reason = f"it passes through more than {_MAX_CHAIN} names, and is not followed further"
         else:
             active.append(key)
             reason = _name_escape(facts, name, scope, table)
