@@ -175,3 +175,33 @@ def test_a_long_chain_of_names_declines_instead_of_overflowing_the_stack() -> No
     assert not result.changed
     (reason,) = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
     assert "it passes through more than 40 names" in reason
+
+
+def test_max_imported_from_torch_is_not_the_builtin_that_picks_an_argument() -> None:
+    source = GETTER_GENERATE.replace("import torch\n", "import torch\nfrom torch import max\n")
+    source += "print(max(model.head.weight, generate(model, torch.zeros(1, 1).long(), 2)))\n"
+    result = rewrite(source, path="train.py", select=["OPT403"], why_not=True)
+    assert not result.changed
+    (reason,) = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    assert "`max(model.head.weight, " in reason and "takes it" in reason
+
+
+def test_a_method_of_the_result_whose_value_is_used_is_not_taken_for_a_container_update() -> None:
+    source = GETTER_GENERATE + "tokens = generate(model, torch.zeros(1, 1).long(), 2)\n"
+    source += "loss = tokens.add(model.head.weight.sum()).float().mean()\n"
+    result = rewrite(source, path="train.py", select=["OPT403"], why_not=True)
+    assert not result.changed
+    (reason,) = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    assert "`tokens.add(model.head.weight.sum())` may change it" in reason
+
+
+def test_a_getter_that_reads_a_property_of_the_class_is_not_taken_for_a_read() -> None:
+    source = GETTER_GENERATE.replace("        self.block_size = 4\n", "").replace(
+        "    def get_block_size(self):",
+        "    @property\n    def block_size(self):\n        self.calls = 1\n        return 4\n\n"
+        "    def get_block_size(self):",
+    )
+    result = rewrite(source, path="train.py", select=["OPT403"], why_not=True)
+    assert not result.changed
+    (reason,) = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    assert "`model.get_block_size()` changes a module that the script trains" in reason

@@ -92,8 +92,9 @@ class EvaluationUnderNoGrad(Rule):
         `param.materialize(...)` (new parameters made there would be inference tensors).
         A method of the trained model is accepted only when it switches or reads it
         (`eval()`, `parameters()`, or a getter such as `model.get_block_size()`: every
-        model the file trains is built from classes of the file, and each of them that
-        defines the method defines it as one `return` of an expression without calls).
+        model the file trains is built from classes of the file deriving from `nn.Module`
+        or from each other, and each of them that defines the method defines it as one
+        `return` of an expression without calls that reads no property or method of them).
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
         to the graph, nor in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,

@@ -339,32 +339,40 @@ def _binds(statement: cst.CSTNode, name: str) -> bool:
 
 def _getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
     """`model.get_block_size()`: every model the file trains is built from classes of this
-    file, and each of its classes that defines `method` defines it as a getter (one
-    `return` of an expression without calls, `return self.block_size`): the call only reads
+    file whose bases are classes of this file or `nn.Module`, and each of them that defines
+    `method` defines it as a getter (one `return` of an expression without calls, reading
+    no property or method of those classes: `return self.block_size`): the call only reads
     the module, as `.eval()` only switches it."""
-    from optimizer_codemod.analysis.training import model_classes, trained_models
+    from optimizer_codemod.analysis.training import MODULE_BASE, model_classes, trained_models
 
     memo = facts.memo("getters_of_trained_classes")
     if method not in memo:
         models = trained_models(facts)
         classes = [model_classes(facts, model) for model in models]
+        every = {name for names in classes for name in names}
+        functions = {
+            statement.name.value: statement
+            for name in every
+            for statement in getattr(facts.classes[name].node.body, "body", ())
+            if isinstance(statement, cst.FunctionDef)
+        }
         definitions = [
             statement
-            for names in classes
-            for name in names
-            for statement in facts.classes[name].node.body.body
+            for name in every
+            for statement in getattr(facts.classes[name].node.body, "body", ())
             if isinstance(statement, cst.FunctionDef) and statement.name.value == method
         ]
         memo[method] = (
             bool(models)
             and all(classes)
+            and all(b in every or b == MODULE_BASE for n in every for b in facts.classes[n].bases)
             and bool(definitions)
-            and all(_is_getter(definition) for definition in definitions)
+            and all(_is_getter(definition, functions) for definition in definitions)
         )
     return memo[method]
 
 
-def _is_getter(function: cst.FunctionDef) -> bool:
+def _is_getter(function: cst.FunctionDef, functions: Dict[str, cst.FunctionDef]) -> bool:
     statements = [
         s
         for s in getattr(function.body, "body", ())
@@ -377,6 +385,7 @@ def _is_getter(function: cst.FunctionDef) -> bool:
         isinstance(small, cst.Return)
         and small.value is not None
         and not find_all(small.value, cst.Call, cst.NamedExpr, cst.Lambda)
+        and not any(a.attr.value in functions for a in find_all(small.value, cst.Attribute))
     )
 
 
@@ -458,9 +467,10 @@ def result_escape(facts: "ScriptFacts", node: cst.BaseExpression, scope: Scope) 
     over it, containers and comprehensions it is packed into, `max`/`min`, arithmetic with
     host values. Accepted as reads: what `_reads_only_its_value` accepts (`.item()`,
     `.tolist()`, `float(...)`, `print(...)`, f-strings), comparisons, truth tests, loggers'
-    methods, `json.dumps`, and `update`/`append` of a container that holds it (what goes in
-    is followed where it goes in). Anything else (another call, an attribute or subscript
-    store, a `return`) is an escape. Each name of a scope is followed once per pass.
+    methods, `str.format`, `json.dumps`, `torch.save`, and `update`/`append` of a container
+    that holds it, as a statement of its own (what goes in is followed where it goes in).
+    Anything else (another call, an attribute read or store, a subscript store, a `return`)
+    is an escape. Each name of a scope is followed once per pass.
     """
     table = facts.memo("parents").get(scope)
     if table is None:
@@ -498,10 +508,11 @@ def _value_escape(facts, node: cst.CSTNode, scope: Scope, table) -> Optional[str
         return _names_escape(facts, target_names(parent.target), scope, table)
     if isinstance(parent, cst.Attribute) and parent.value is node:
         call = table.get(parent)
-        if isinstance(call, cst.Call) and call.func is parent:
-            if parent.attr.value in KEEPING_METHODS:
-                return None  # a container of it grows: what goes in is followed there
-        return f"`{_short(call if isinstance(call, cst.Call) else parent)}` may change it"
+        if not (isinstance(call, cst.Call) and call.func is parent):
+            return f"`{_short(parent)}` reads an attribute the analysis does not follow"
+        if parent.attr.value in KEEPING_METHODS and isinstance(table.get(call), cst.Expr):
+            return None  # `log_stats.update(...)`: what goes in is followed where it goes in
+        return f"`{_short(call)}` may change it"
     if isinstance(parent, cst.Assign) and parent.value is node:
         names: List[str] = []
         for target in parent.targets:
@@ -554,7 +565,11 @@ def _argument_escape(facts, arg: cst.Arg, scope: Scope, table) -> Optional[str]:
     call = table.get(arg)
     if not isinstance(call, cst.Call):
         return f"`{_short(arg)}` uses it"
-    if isinstance(call.func, cst.Name) and call.func.value in _CHOOSING_BUILTINS:
+    if (
+        isinstance(call.func, cst.Name)
+        and call.func.value in _CHOOSING_BUILTINS
+        and facts.qualified_name(call.func) is None  # not `from torch import max`
+    ):
         return _value_escape(facts, call, scope, table)
     if method_name(call) in LOGGING_METHODS or facts.qualified_name(call.func) in (
         _SERIALISING_CALLS
