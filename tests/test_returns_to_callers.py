@@ -203,3 +203,41 @@ def test_a_getter_that_reads_a_property_of_the_class_is_not_taken_for_a_read() -
     )
     reason = _only_decline(source)
     assert "`model.get_block_size()` changes a module that the script trains" in reason
+
+
+METHOD = (
+    Path(__file__).resolve().parent.parent
+    / "fixtures"
+    / "OPT403"
+    / "fix_generate_method_of_the_trained_class.py"
+).read_text()
+
+
+def test_a_method_called_on_a_receiver_not_followed_to_its_class_keeps_no_grad() -> None:
+    source = (
+        METHOD + "\n\ndef sample(m):\n    return m.generate(torch.zeros(1, 1).long(), 2).tolist()\n"
+    )
+    reason = _only_decline(source)
+    assert "it is a method of `TinyGPT`, and the receiver of `m.generate(" in reason
+    assert "is not followed to an instance of it" in reason
+
+
+def test_a_method_taken_as_a_bound_method_keeps_no_grad() -> None:
+    reason = _only_decline(METHOD + "    sampler = model.generate\n")
+    assert "this file uses `.generate` otherwise than by calling it" in reason
+
+
+def test_a_method_of_a_module_other_files_import_is_not_followed(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "model.py").write_text(METHOD)
+    (folder / "train.py").write_text(
+        "import torch\nfrom model import TinyGPT\n\nmodel = TinyGPT()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.zeros(1, 2).long()).sum().backward()\n"
+        "print(model.generate(torch.zeros(1, 1).long(), 2).tolist())\n"
+    )
+    diagnostics = _apply(folder)
+    assert "@torch.no_grad()" in (folder / "model.py").read_text()
+    reason = _declined(diagnostics["model.py"])
+    assert "it is a method of `TinyGPT`, and train.py import this module" in reason

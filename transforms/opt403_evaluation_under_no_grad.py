@@ -13,11 +13,19 @@ from optimizer_codemod.analysis.escapes import (
     is_host_value,
     result_escape,
 )
-from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.calls import code_of, excerpt
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, no_grad_regions
-from optimizer_codemod.analysis.values import calls_named, name_mentions, outside_calls
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.values import (
+    attribute_mentions,
+    calls_named,
+    instance_of,
+    method_class,
+    name_mentions,
+    outside_calls,
+)
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -119,10 +127,13 @@ class EvaluationUnderNoGrad(Rule):
         a `return` onward, or arithmetic with a tensor stops the rewrite. So does a caller
         that may not be seen: the function passed around or stored (here or by a module of
         the run), a module that is no script (no `__main__` guard, no training at its top
-        level) and that no module of the run imports, a method or nested function (calls
-        through an instance are not followed). Callers outside the files of the run are
-        not known: run the tool on the whole project, as for every fact of the project
-        index.
+        level) and that no module of the run imports, a nested function. A method
+        (`model.generate(...)`) is followed in a script that no module of the run imports:
+        every `.generate` of the file must be a call whose receiver is followed to an
+        instance of the class (`model = GPT(config).to(device)`, or `self` in its methods);
+        in its body, `self(...)` runs the model when the class is one the trained model is
+        built from. Callers outside the files of the run are not known: run the tool on the
+        whole project, as for every fact of the project index.
         A `no_grad` block in the fallback branch of a feature check (the `else` of
         `if hasattr(torch, "inference_mode")`, an old-torch version branch) stays: it runs
         where `inference_mode` is missing (analysis/guards.py).
@@ -345,17 +356,17 @@ def _callers_keep(facts, function: cst.FunctionDef) -> Optional[str]:
     """Why what `function` returns may not be only read by its callers; None when every call
     of it in the run is known and only reads the result (escapes.result_escape)."""
     name = function.name.value
+    owner = method_class(facts, function)
+    if owner is not None:
+        return _method_callers_keep(facts, name, owner)
     if id(function) not in {id(s) for s in facts.module.body}:
-        return "it is a method or a nested function, whose calls are not followed"
+        return "it is a nested function, whose calls are not followed"
     calls = calls_named(facts, name)
     outside = outside_calls(facts, name)
     if name_mentions(facts).get(name, 0) != 1 + len(calls) or facts.assignments_to(name):
         return "this file uses it otherwise than by calling it"
     project = facts.project
-    script = facts.records.has_main_guard or any(
-        loop.function is None for loop in facts.training_loops
-    )
-    if not (script or (project is not None and project.importers)):
+    if not (_is_script(facts) or (project is not None and project.importers)):
         return (
             "this module is no script (no `__main__` guard, no training at its top level) "
             "and no module of the run imports it: callers elsewhere are not followed"
@@ -372,9 +383,46 @@ def _callers_keep(facts, function: cst.FunctionDef) -> Optional[str]:
             return f"what {call.caller} does with the result is not known"
         if call.result:
             return f"{call.caller} keeps the result: {call.result}"
+    return _local_callers_keep(facts, calls)
+
+
+def _local_callers_keep(facts, calls) -> Optional[str]:
     for call in calls:
         scope = call.site.function if call.site.function is not None else facts.module
         reason = result_escape(facts, call.node, scope)
         if reason is not None:
             return f"a caller keeps the result: {reason}"
     return None
+
+
+def _method_callers_keep(facts, name: str, owner: str) -> Optional[str]:
+    """For method `name` of class `owner`: every `.name` of the file is a call on an instance
+    of `owner`, and no other module of the run imports the file (instances made there are
+    not followed)."""
+    label = f"it is a method of `{owner}`"
+    project = facts.project
+    if project is not None and project.importers:
+        return (
+            f"{label}, and {', '.join(project.importers)} import this module: calls through "
+            "instances made there are not followed"
+        )
+    if not _is_script(facts):
+        return f"{label}, in a module that is no script: callers elsewhere are not followed"
+    calls = facts.method_calls(name)
+    if attribute_mentions(facts).get(name, 0) != len(calls) or not calls:
+        return f"{label}, and this file uses `.{name}` otherwise than by calling it"
+    for call in calls:
+        receiver = dotted_name(call.node.func.value)
+        if receiver is None or not instance_of(facts, receiver, call.site.function, owner):
+            return (
+                f"{label}, and the receiver of `{excerpt(call.node, 40)}` is not followed to "
+                "an instance of it"
+            )
+    return _local_callers_keep(facts, calls)
+
+
+def _is_script(facts) -> bool:
+    """The module runs as a program: a `__main__` guard, or training at its top level."""
+    return facts.records.has_main_guard or any(
+        loop.function is None for loop in facts.training_loops
+    )

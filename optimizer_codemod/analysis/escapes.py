@@ -199,6 +199,8 @@ def block_escape(
             bound_inside.add(name.value)
     runs_model = False
     trained = _training_callees(facts)
+    if isinstance(scope, cst.FunctionDef) and _method_of_trained_class(facts, scope):
+        trained = trained | {"self"}  # `self(idx)` in `GPT.generate`: the model's forward
     for node in find_all(body, cst.Call):
         method = method_name(node)
         func_name = method or (node.func.value if isinstance(node.func, cst.Name) else None)
@@ -335,6 +337,17 @@ def _binds(statement: cst.CSTNode, name: str) -> bool:
         ):
             return True
     return False
+
+
+def _method_of_trained_class(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
+    """`function` is a method of a class that a model the file trains is built from."""
+    from optimizer_codemod.analysis.training import model_classes, trained_models
+    from optimizer_codemod.analysis.values import method_class
+
+    memo = facts.memo("trained_classes")
+    if "all" not in memo:
+        memo["all"] = {c for model in trained_models(facts) for c in model_classes(facts, model)}
+    return method_class(facts, function) in memo["all"]
 
 
 def _getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
