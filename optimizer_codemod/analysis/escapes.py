@@ -23,11 +23,20 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, method_name
+from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
+from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.values import (
+    attribute_mentions,
+    calls_named,
+    instance_of,
+    method_class,
+    name_mentions,
+    outside_calls,
+)
 from optimizer_codemod.analysis.walk import children, parents
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -342,7 +351,6 @@ def _binds(statement: cst.CSTNode, name: str) -> bool:
 def _method_of_trained_class(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
     """`function` is a method of a class that a model the file trains is built from."""
     from optimizer_codemod.analysis.training import model_classes, trained_models
-    from optimizer_codemod.analysis.values import method_class
 
     memo = facts.memo("trained_classes")
     if "all" not in memo:
@@ -646,3 +654,86 @@ def _scope_host_names(facts, scope: Scope) -> Set[str]:
     if scope not in known:
         known[scope] = host_names(scope, facts)
     return known[scope]
+
+
+def callers_keep_result(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
+    """Why what `function` returns may not be only read by its callers; None when every call
+    of it in the run is known and only reads the result (result_escape): the calls of this
+    file, and those the project index found in the other modules of the run (each with the
+    caller's own result_escape). A function passed around or stored, in a module that is no
+    script and that no module of the run imports, is not followed; nor is a method of such
+    a module or of one other modules import (instances made there are not followed)."""
+    name = function.name.value
+    owner = method_class(facts, function)
+    if owner is not None:
+        return _method_callers_keep(facts, name, owner)
+    if id(function) not in {id(s) for s in facts.module.body}:
+        return (
+            "it is defined in a function or class without being a method: its calls are "
+            "not followed"
+        )
+    calls = calls_named(facts, name)
+    outside = outside_calls(facts, name)
+    if name_mentions(facts).get(name, 0) != 1 + len(calls) or facts.assignments_to(name):
+        return "this file uses it otherwise than by calling it"
+    project = facts.project
+    if not (_is_script(facts) or (project is not None and project.importers)):
+        return (
+            "this module is no script (no `__main__` guard, no training at its top level) "
+            "and no module of the run imports it: callers elsewhere are not followed"
+        )
+    for used, importer in project.used_otherwise if project is not None else ():
+        if used == name:
+            return f"{importer} passes it around or stores it"
+    if not calls and not outside:
+        return "no module of the run calls it: callers elsewhere are not followed"
+    for call in outside:
+        if call.passed_around:
+            return f"{call.caller} passes it around or stores it"
+        if call.result is None:
+            return f"what {call.caller} does with the result is not known"
+        if call.result:
+            return f"{call.caller} keeps the result: {call.result}"
+    return _local_callers_keep(facts, calls)
+
+
+def _local_callers_keep(facts, calls) -> Optional[str]:
+    for call in calls:
+        scope = call.site.function if call.site.function is not None else facts.module
+        reason = result_escape(facts, call.node, scope)
+        if reason is not None:
+            return f"a caller keeps the result: {reason}"
+    return None
+
+
+def _method_callers_keep(facts, name: str, owner: str) -> Optional[str]:
+    """For method `name` of class `owner`: every `.name` of the file is a call on an instance
+    of `owner`, and no other module of the run imports the file (instances made there are
+    not followed)."""
+    label = f"it is a method of `{owner}`"
+    project = facts.project
+    if project is not None and project.importers:
+        return (
+            f"{label}, and {', '.join(project.importers)} import this module: calls through "
+            "instances made there are not followed"
+        )
+    if not _is_script(facts):
+        return f"{label}, in a module that is no script: callers elsewhere are not followed"
+    calls = facts.method_calls(name)
+    if attribute_mentions(facts).get(name, 0) != len(calls) or not calls:
+        return f"{label}, and this file uses `.{name}` otherwise than by calling it"
+    for call in calls:
+        receiver = dotted_name(call.node.func.value)
+        if receiver is None or not instance_of(facts, receiver, call.site.function, owner):
+            return (
+                f"{label}, and the receiver of `{excerpt(call.node, 40)}` is not followed to "
+                "an instance of it"
+            )
+    return _local_callers_keep(facts, calls)
+
+
+def _is_script(facts) -> bool:
+    """The module runs as a program: a `__main__` guard, or training at its top level."""
+    return facts.records.has_main_guard or any(
+        loop.function is None for loop in facts.training_loops
+    )
