@@ -240,4 +240,4 @@ def test_a_method_of_a_module_other_files_import_is_not_followed(tmp_path: Path)
     diagnostics = _apply(folder)
     assert "@torch.no_grad()" in (folder / "model.py").read_text()
     reason = _declined(diagnostics["model.py"])
-    assert "it is a method of `TinyGPT`, and train.py import this module" in reason
+    assert "it is a method of `TinyGPT`, and this module is imported by train.py" in reason

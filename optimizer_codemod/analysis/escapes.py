@@ -714,8 +714,8 @@ def _method_callers_keep(facts, name: str, owner: str) -> Optional[str]:
     project = facts.project
     if project is not None and project.importers:
         return (
-            f"{label}, and {', '.join(project.importers)} import this module: calls through "
-            "instances made there are not followed"
+            f"{label}, and this module is imported by {', '.join(project.importers)}: calls "
+            "through instances made there are not followed"
         )
     if not _is_script(facts):
         return f"{label}, in a module that is no script: callers elsewhere are not followed"
