@@ -35,3 +35,27 @@ def test_an_inference_tensor_cannot_be_updated_in_place_after_the_block() -> Non
     made = _inference_tensor()
     with pytest.raises(RuntimeError, match="[Ii]nplace update to inference tensor"):
         made.add_(1)
+
+
+def test_what_a_caller_may_do_with_returned_inference_tensors() -> None:
+    # What escapes.result_escape accepts at the call site of a `@torch.inference_mode()`
+    # function: moves to the CPU, indexing, dict iteration, max/min, comparisons, string
+    # formatting, json of the values read out, and torch.save.
+    import io
+    import json
+
+    stats = {"acc1": _inference_tensor().sum(), "loss": 0.5}
+    tokens = _inference_tensor().to("cpu")
+    assert tokens.is_inference() and tokens[1:].tolist() == [2.0, 2.0]
+    assert tokens.cpu().detach().numpy().tolist() == [2.0, 2.0, 2.0]
+    best = max(0.0, stats["acc1"])
+    assert bool(best > 5.0) and "6.0" in "{:.1f}".format(best)
+    assert json.dumps({f"test_{k}": float(v) for k, v in stats.items()}) == (
+        '{"test_acc1": 6.0, "test_loss": 0.5}'
+    )
+    scaled = stats["acc1"] * 100.0 / 3
+    assert float(scaled) == 200.0
+    buffer = io.BytesIO()
+    torch.save({"best": best, "tokens": tokens}, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer)["tokens"].tolist() == [2.0, 2.0, 2.0]

@@ -35,7 +35,7 @@ DRIVERS = {"trainer_lm": ["train.py"], "trainer_convnet": ["train.py"]}
 DRIVERS["two_drivers"] = ["train_small.py", "train_large.py"]
 DRIVERS.update(star_models=["train.py"], imported_demo=["train.py"])
 DRIVERS.update(engine_loop=["main.py"], padded_elsewhere=["train.py"])
-DRIVERS.update(datasets_elsewhere=["train.py"])
+DRIVERS.update(datasets_elsewhere=["train.py"], evaluate_elsewhere=["main.py"])
 DRIVERS["registry_models"] = ["train_dict.py", "train_namespace.py"]
 
 

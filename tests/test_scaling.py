@@ -262,3 +262,42 @@ def test_models_built_by_name_cost_linear_work() -> None:
         return counts
 
     assert_linear_work(work, 20, "builders")
+
+
+def _evaluate_and_readers(count: int) -> str:
+    """A `@torch.no_grad()` evaluate and `count` functions that call it and read the result
+    through names, a dict comprehension, `max` and formatting (escapes.result_escape)."""
+    parts = [
+        "import json\nimport torch\n\nmodel = torch.nn.Linear(4, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\n"
+        "@torch.no_grad()\ndef evaluate(x):\n    return {'acc1': model(x).sum()}\n"
+    ]
+    for index in range(count):
+        parts.append(f"""
+
+def report_{index}(x, best):
+    stats = evaluate(x)
+    best = max(best, stats["acc1"])
+    log = {{f"test_{{k}}": float(v) for k, v in stats.items()}}
+    print(json.dumps(log), f"{{best:.2f}}")
+""")
+    parts.append("\n\nfor x in [torch.ones(4)]:\n    model(x).sum().backward()\n")
+    parts.append("    optimizer.step()\n")
+    return "".join(parts)
+
+
+def test_following_results_to_many_callers_costs_linear_work() -> None:
+    options = Settings(select=["OPT403"]).options_for("train.py")
+
+    def work(count: int) -> Counter:
+        src = _evaluate_and_readers(count).encode()
+        counts, result = counted(lambda: rewrite_source(src, "train.py", options))
+        assert b"@torch.inference_mode()" in result.new
+        return counts
+
+    # The total only: this runs the whole rewrite, whose line diff and piecewise parse vary
+    # per function with where the one edit falls (the analysis' share is what grows here).
+    work(1)  # imports
+    before, after = work(10), work(10 * FACTOR)
+    total = sum(after.values()) / sum(before.values())
+    assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the callers"

@@ -8,6 +8,7 @@ from typing import List, Optional, Set
 
 from optimizer_codemod.analysis.escapes import (
     block_escape,
+    callers_keep_result,
     evaluation_loops,
     host_names,
     is_host_value,
@@ -15,7 +16,7 @@ from optimizer_codemod.analysis.escapes import (
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.nodes import find_all, under_with
-from optimizer_codemod.analysis.training import no_grad_regions
+from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, no_grad_regions
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -88,6 +89,11 @@ class EvaluationUnderNoGrad(Rule):
         values. Anything else stops the rewrite: a function of the script, `model.to(...)`
         or `load_state_dict` on the trained model, `m.reset_parameters()`,
         `param.materialize(...)` (new parameters made there would be inference tensors).
+        A method of the trained model is accepted only when it switches or reads it
+        (`eval()`, `parameters()`, or a getter such as `model.get_block_size()`: every
+        model the file trains is built from classes of the file deriving from `nn.Module`
+        or from each other, and each of them that defines the method defines it as one
+        `return` of an expression without calls that reads no property or method of them).
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
         to the graph, nor in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
@@ -99,8 +105,26 @@ class EvaluationUnderNoGrad(Rule):
         and iterable are covered, since the loader's batches become inference tensors too.
         A function decorated with `@torch.no_grad()` (or `@torch.no_grad`) gets
         `@torch.inference_mode()` on the same conditions, its whole body taken as the block,
-        and only when what it returns is a plain Python value: its callers are not analysed
-        (they may be in other modules), so a returned tensor could be saved for backward.
+        when what it returns is a plain Python value, or else when every caller in the run
+        only reads what it returns. For a module-level function, the calls of this file and
+        those the project index found in the other modules of the run are followed
+        (analysis/escapes.py `result_escape`): the result, through indexing, `.items()`,
+        `.to("cpu")`/`.cpu()`/`.detach()`, the names it is assigned or unpacked to, loops and
+        comprehensions over it, containers it is packed into, `max`/`min` and arithmetic
+        with plain values, may only meet the reads accepted after a block, comparisons,
+        truth tests, loggers, `str.format`, `json.dumps` and `torch.save` (serialising an
+        inference tensor is reading it; tests/test_inference_mode_claims.py runs each).
+        A call that hands it to any other function, a store into an attribute or subscript,
+        a `return` onward, or arithmetic with a tensor stops the rewrite. So does a caller
+        that may not be seen: the function passed around or stored (here or by a module of
+        the run), a module that is no script (no `__main__` guard, no training at its top
+        level) and that no module of the run imports, a nested function. A method
+        (`model.generate(...)`) is followed in a script that no module of the run imports:
+        every `.generate` of the file must be a call whose receiver is followed to an
+        instance of the class (`model = GPT(config).to(device)`, or `self` in its methods);
+        in its body, `self(...)` runs the model when the class is one the trained model is
+        built from. Callers outside the files of the run are not known: run the tool on the
+        whole project, as for every fact of the project index.
         A `no_grad` block in the fallback branch of a feature check (the `else` of
         `if hasattr(torch, "inference_mode")`, an old-torch version branch) stays: it runs
         where `inference_mode` is missing (analysis/guards.py).
@@ -127,7 +151,7 @@ class EvaluationUnderNoGrad(Rule):
     # decorated with `no_grad` is examined (and its decline explained) in any file: library
     # modules hold `generate`/`evaluate` functions that training scripts call.
     # Callbacks handed to a trainer of another module are examined too (and explained).
-    requires = (BACKWARD_CALL + r"|@[ \t]*(?:torch\.(?:autograd\.)?)?no_grad\b|callback",)
+    requires = (BACKWARD_CALL + "|" + NO_GRAD_DECORATOR + "|callback",)
     examples = (
         Example(
             _TRAIN + "correct = 0\n"
@@ -299,16 +323,21 @@ def _names_no_grad(expr: cst.BaseExpression) -> bool:
 
 def _function_escape(facts, function: cst.FunctionDef) -> Optional[str]:
     """Why a tensor made in the decorated `function` may reach code after it runs; None
-    when none can. Its callers are not followed, so it may return plain values only."""
+    when none can: it returns plain values only, or every caller in the run only reads
+    what it returns."""
     host = host_names(function, facts)
+    returns_read = False
     for node in find_all(function.body, cst.Return, cst.Yield):
         if isinstance(node, cst.Yield):
             return "it is a generator, and what it yields goes to its caller"
         if node.value is not None and not is_host_value(node.value, host, facts):
             text = code_of(node.value).strip().splitlines()[0][:40]
-            return (
-                f"it returns `{text}`, maybe a tensor, to callers the analysis does not "
-                "follow, which could save it for backward or update it in place (an "
-                "inference tensor cannot be)"
-            )
-    return block_escape(facts, function, function)
+            reason = callers_keep_result(facts, function)
+            if reason is not None:
+                return (
+                    f"it returns `{text}`, maybe a tensor, and {reason}; a caller could save "
+                    "it for backward or update it in place (an inference tensor cannot be)"
+                )
+            returns_read = True
+            break
+    return block_escape(facts, function, function, returns_read)

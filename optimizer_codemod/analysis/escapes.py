@@ -13,6 +13,8 @@ when the analysis cannot tell, a value escapes.
 - Escapes of a block: non-host names read after it, stores into attributes or subscripts,
   returns, in-place updates, and calls that could keep or replace tensors (anything but the
   trained model, library functions, builtins, pure tensor methods and loggers).
+- What callers do with a value a function returns (`result_escape`): followed through the
+  names, loops, comprehensions and containers it reaches, it may only be read.
 """
 
 from __future__ import annotations
@@ -21,11 +23,20 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, method_name
+from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
+from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.values import (
+    attribute_mentions,
+    calls_named,
+    instance_of,
+    method_class,
+    name_mentions,
+    outside_calls,
+)
 from optimizer_codemod.analysis.walk import children, parents
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -166,9 +177,13 @@ def _scope_nodes(scope: Scope) -> Iterable[cst.CSTNode]:
 
 
 def block_escape(
-    facts: "ScriptFacts", block: cst.BaseCompoundStatement, scope: Scope
+    facts: "ScriptFacts",
+    block: cst.BaseCompoundStatement,
+    scope: Scope,
+    returns_read: bool = False,
 ) -> Optional[str]:
     """Why a value created in `block` may reach code after it as a tensor; None when none can.
+    With `returns_read`, what a function returns is known to be only read by its callers.
 
     Also refuses blocks that want autograd (backward, `enable_grad`, `requires_grad`) or update
     anything in place (`x.add_(...)`, `p += ...` on a non-host name, `optimizer.step()`).
@@ -181,10 +196,7 @@ def block_escape(
         if word in text:
             return f"the block uses `{word}`"
     inside = set(find_all(body))
-    known_host = facts.memo("host_names")
-    host = known_host.get(scope)
-    if host is None:
-        host = known_host[scope] = host_names(scope, facts)
+    host = _scope_host_names(facts, scope)
     bound_inside: Set[str] = set()
     for node in find_all(
         body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.AsName
@@ -196,6 +208,8 @@ def block_escape(
             bound_inside.add(name.value)
     runs_model = False
     trained = _training_callees(facts)
+    if isinstance(scope, cst.FunctionDef) and _method_of_trained_class(facts, scope):
+        trained = trained | {"self"}  # `self(idx)` in `GPT.generate`: the model's forward
     for node in find_all(body, cst.Call):
         method = method_name(node)
         func_name = method or (node.func.value if isinstance(node.func, cst.Name) else None)
@@ -205,7 +219,7 @@ def block_escape(
             runs_model = True
             continue
         if method is not None and code_of(node.func.value).strip() in trained:
-            if method in MODULE_READS:
+            if method in MODULE_READS or _getter_of_trained_classes(facts, method):
                 continue
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
@@ -239,6 +253,8 @@ def block_escape(
         value = getattr(node, "value", None)
         if isinstance(node, (cst.Global, cst.Nonlocal)):
             return "the block declares global names"
+        if isinstance(node, cst.Return) and returns_read:
+            continue
         if value is not None and not is_host_value(value, host, facts):
             return f"`{_short(node)}` hands a value from the block to the caller"
     table = None
@@ -332,6 +348,76 @@ def _binds(statement: cst.CSTNode, name: str) -> bool:
     return False
 
 
+def _method_of_trained_class(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
+    """`function` is a method of a class that a model the file trains is built from."""
+    from optimizer_codemod.analysis.training import model_classes, trained_models
+
+    memo = facts.memo("trained_classes")
+    if "all" not in memo:
+        memo["all"] = {c for model in trained_models(facts) for c in model_classes(facts, model)}
+    return method_class(facts, function) in memo["all"]
+
+
+def _getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
+    """`model.get_block_size()`: every model the file trains is built from classes of this
+    file whose bases are classes of this file or `nn.Module`, and each of them that defines
+    `method` defines it as a getter (one `return` of an expression without calls, reading
+    no property or method of those classes: `return self.block_size`): the call only reads
+    the module, as `.eval()` only switches it."""
+    from optimizer_codemod.analysis.training import MODULE_BASE, model_classes, trained_models
+
+    memo = facts.memo("getters_of_trained_classes")
+    if method not in memo:
+        models = trained_models(facts)
+        classes = [model_classes(facts, model) for model in models]
+        every = {name for names in classes for name in names}
+        functions = {
+            statement.name.value: statement
+            for name in every
+            for statement in getattr(facts.classes[name].node.body, "body", ())
+            if isinstance(statement, cst.FunctionDef)
+        }
+        definitions = [
+            statement
+            for name in every
+            for statement in getattr(facts.classes[name].node.body, "body", ())
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == method
+        ]
+        memo[method] = (
+            bool(models)
+            and all(classes)
+            and all(b in every or b == MODULE_BASE for n in every for b in facts.classes[n].bases)
+            and bool(definitions)
+            and all(_is_getter(definition, functions) for definition in definitions)
+        )
+    return memo[method]
+
+
+def _is_getter(function: cst.FunctionDef, functions: Dict[str, cst.FunctionDef]) -> bool:
+    statements = [
+        s
+        for s in getattr(function.body, "body", ())
+        if not (isinstance(s, cst.SimpleStatementLine) and _is_docstring(s))
+    ]
+    if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
+        return False
+    (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
+    return (
+        isinstance(small, cst.Return)
+        and small.value is not None
+        and not find_all(small.value, cst.Call, cst.NamedExpr, cst.Lambda)
+        and not any(a.attr.value in functions for a in find_all(small.value, cst.Attribute))
+    )
+
+
+def _is_docstring(line: cst.SimpleStatementLine) -> bool:
+    return (
+        len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, _STRINGS)
+    )
+
+
 def _training_callees(facts: "ScriptFacts") -> Set[str]:
     """The text of every callee called in a training loop: `model`, `self.net`, `criterion`."""
     return {
@@ -378,3 +464,276 @@ def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
         if last is not None and last.method == "eval":
             found.append(loop)
     return found
+
+
+# What callers do with a returned value -----------------------------------------------------------
+# Methods through which a tensor, or a dict or list of them, passes on unchanged, as a view or
+# as a copy: `.to("cpu")` of a CPU tensor is the tensor itself. What they give is followed on.
+_PASSING_METHODS = frozenset({"to", "cpu", "detach", "numpy", "items", "keys", "values", "get"})
+# Builtins whose result is one of their arguments (or a view of it): followed on too.
+_CHOOSING_BUILTINS = frozenset({"max", "min"})
+# Library calls that only serialise or format what they are given.
+_SERIALISING_CALLS = frozenset({"json.dumps", "json.dump", "torch.save"})
+_STRINGS = (cst.SimpleString, cst.ConcatenatedString)
+_MAX_CHAIN = 40  # names followed one into the next (`a = f(); b = a; ...`): Python's stack
+
+
+def result_escape(facts: "ScriptFacts", node: cst.BaseExpression, scope: Scope) -> Optional[str]:
+    """Why the value of `node` (a call whose result may be, or hold, inference tensors), read
+    in `scope`, may be saved for backward or updated in place later; None when every use of it
+    only reads it.
+
+    Followed: indexing, `.items()`/`.values()` and the other `_PASSING_METHODS`, names it is
+    assigned or unpacked to (every use of them in the scope), `for` loops and comprehensions
+    over it, containers and comprehensions it is packed into, `max`/`min`, arithmetic with
+    host values. Accepted as reads: what `_reads_only_its_value` accepts (`.item()`,
+    `.tolist()`, `float(...)`, `print(...)`, f-strings), comparisons, truth tests, loggers'
+    methods, `str.format`, `json.dumps`, `torch.save`, and `update`/`append` of a container
+    that holds it, as a statement of its own (what goes in is followed where it goes in).
+    Anything else (another call, an attribute read or store, a subscript store, a `return`)
+    is an escape. Each name of a scope is followed once per pass.
+    """
+    table = facts.memo("parents").get(scope)
+    if table is None:
+        table = facts.memo("parents")[scope] = parents(scope)
+    return _value_escape(facts, node, scope, table)
+
+
+def _value_escape(facts, node: cst.CSTNode, scope: Scope, table) -> Optional[str]:
+    node = _passed_on(table, node)
+    parent = table.get(node)
+    if _reads_only_its_value(table, node):
+        return None
+    if isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.Assert)):
+        return None  # a comparison makes a new tensor that never requires grad
+    if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is node:
+        return None
+    if isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+        return None
+    if isinstance(parent, cst.BooleanOperation):
+        return _value_escape(facts, parent, scope, table)
+    if isinstance(parent, cst.BinaryOperation):
+        other = parent.right if parent.left is node else parent.left
+        if not is_host_value(other, _scope_host_names(facts, scope), facts):
+            return f"`{_short(parent)}` computes with it"
+        return _value_escape(facts, parent, scope, table)
+    if isinstance(parent, cst.Arg):
+        return _argument_escape(facts, parent, scope, table)
+    if isinstance(parent, (cst.Element, cst.DictElement, cst.StarredDictElement)):
+        return _value_escape(facts, table[parent], scope, table)
+    if isinstance(parent, (cst.DictComp, cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        return _value_escape(facts, parent, scope, table)  # the element a comprehension makes
+    if isinstance(parent, cst.CompFor) and parent.iter is node:
+        return _comprehension_escape(facts, parent, scope, table)
+    if isinstance(parent, cst.For) and parent.iter is node:
+        return _names_escape(facts, target_names(parent.target), scope, table)
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        call = table.get(parent)
+        if not (isinstance(call, cst.Call) and call.func is parent):
+            return f"`{_short(parent)}` reads an attribute the analysis does not follow"
+        if parent.attr.value in KEEPING_METHODS and isinstance(table.get(call), cst.Expr):
+            return None  # `log_stats.update(...)`: what goes in is followed where it goes in
+        return f"`{_short(call)}` may change it"
+    if isinstance(parent, cst.Assign) and parent.value is node:
+        names: List[str] = []
+        for target in parent.targets:
+            if find_all(target.target, cst.Attribute, cst.Subscript):
+                return f"`{_short(parent)}` stores it"
+            names.extend(target_names(target.target))
+        return _names_escape(facts, names, scope, table)
+    if isinstance(parent, (cst.Return, cst.Yield)):
+        return f"`{_short(parent)}` hands it on to the caller"
+    return f"`{_short(parent if parent is not None else node)}` uses it"
+
+
+def _comprehension_escape(facts, loop: cst.CompFor, scope: Scope, table) -> Optional[str]:
+    """The names a comprehension's `for` binds live in the comprehension only: their uses
+    there are followed."""
+    comprehension: cst.CSTNode = loop
+    while not isinstance(comprehension, _COMPREHENSIONS):
+        comprehension = table[comprehension]
+    names = set(target_names(loop.target))
+    bound = {id(n) for c in find_all(comprehension, cst.CompFor) for n in find_all(c.target)}
+    for use in find_all(comprehension, cst.Name):
+        if use.value in names and id(use) not in bound:
+            reason = _value_escape(facts, use, scope, table)
+            if reason is not None:
+                return reason
+    return None
+
+
+def _passed_on(table, node: cst.CSTNode) -> cst.CSTNode:
+    """`node` taken through indexing (`x[i, 1:]`, `stats["acc1"]`) and `_PASSING_METHODS`."""
+    while True:
+        parent = table.get(node)
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            node = parent
+            continue
+        call = table.get(parent)
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.value is node
+            and parent.attr.value in _PASSING_METHODS
+            and isinstance(call, cst.Call)
+            and call.func is parent
+        ):
+            node = call
+            continue
+        return node
+
+
+def _argument_escape(facts, arg: cst.Arg, scope: Scope, table) -> Optional[str]:
+    call = table.get(arg)
+    if not isinstance(call, cst.Call):
+        return f"`{_short(arg)}` uses it"
+    if (
+        isinstance(call.func, cst.Name)
+        and call.func.value in _CHOOSING_BUILTINS
+        and facts.qualified_name(call.func) is None  # not `from torch import max`
+    ):
+        return _value_escape(facts, call, scope, table)
+    if method_name(call) in LOGGING_METHODS or facts.qualified_name(call.func) in (
+        _SERIALISING_CALLS
+    ):
+        return None
+    if method_name(call) == "format" and isinstance(call.func.value, _STRINGS):
+        return None  # `"{acc:.1f}".format(acc=best_acc)`
+    return f"`{_short(call)}` takes it, and the analysis does not see what that keeps"
+
+
+def _names_escape(facts, names: Iterable[str], scope: Scope, table) -> Optional[str]:
+    """The first escape among the uses of `names` in `scope`. Each name is followed once per
+    pass. A name met again while it is being followed (`a = b` ... `b = a`) is assumed to
+    read only: its own uses decide. What was answered under such an assumption is settled
+    when the outermost name is: it escapes with it (conservative), or reads only."""
+    memo = facts.memo("name_escapes")
+    state = facts.memo("name_escapes_pending")
+    active: List[tuple] = state.setdefault("active", [])
+    provisional: List[tuple] = state.setdefault("provisional", [])
+    for name in names:
+        key = (id(scope), name)
+        if key in memo:
+            reason = memo[key]
+        elif key in active:
+            state["assumed"] = True
+            reason = None
+        elif len(active) >= _MAX_CHAIN:
+            reason = f"it passes through more than {_MAX_CHAIN} names, and is not followed further"
+        else:
+            active.append(key)
+            reason = _name_escape(facts, name, scope, table)
+            active.pop()
+            if reason is None and active and state.get("assumed"):
+                provisional.append(key)
+            else:
+                memo[key] = reason
+            if not active:
+                for pending in provisional:
+                    memo[pending] = reason
+                provisional.clear()
+                state["assumed"] = False
+        if reason is not None:
+            return reason
+    return None
+
+
+def _name_escape(facts, name: str, scope: Scope, table) -> Optional[str]:
+    for use in name_uses(scope, name, facts):
+        if use.store:
+            continue
+        if use.nested:
+            return f"`{name}` is used by a nested function"
+        reason = _value_escape(facts, use.node, scope, table)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _scope_host_names(facts, scope: Scope) -> Set[str]:
+    known = facts.memo("host_names")
+    if scope not in known:
+        known[scope] = host_names(scope, facts)
+    return known[scope]
+
+
+def callers_keep_result(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
+    """Why what `function` returns may not be only read by its callers; None when every call
+    of it in the run is known and only reads the result (result_escape): the calls of this
+    file, and those the project index found in the other modules of the run (each with the
+    caller's own result_escape). A function passed around or stored, in a module that is no
+    script and that no module of the run imports, is not followed; nor is a method of such
+    a module or of one other modules import (instances made there are not followed)."""
+    name = function.name.value
+    owner = method_class(facts, function)
+    if owner is not None:
+        return _method_callers_keep(facts, name, owner)
+    if id(function) not in {id(s) for s in facts.module.body}:
+        return (
+            "it is defined in a function or class without being a method: its calls are "
+            "not followed"
+        )
+    calls = calls_named(facts, name)
+    outside = outside_calls(facts, name)
+    if name_mentions(facts).get(name, 0) != 1 + len(calls) or facts.assignments_to(name):
+        return "this file uses it otherwise than by calling it"
+    project = facts.project
+    if not (_is_script(facts) or (project is not None and project.importers)):
+        return (
+            "this module is no script (no `__main__` guard, no training at its top level) "
+            "and no module of the run imports it: callers elsewhere are not followed"
+        )
+    for used, importer in project.used_otherwise if project is not None else ():
+        if used == name:
+            return f"{importer} passes it around or stores it"
+    if not calls and not outside:
+        return "no module of the run calls it: callers elsewhere are not followed"
+    for call in outside:
+        if call.passed_around:
+            return f"{call.caller} passes it around or stores it"
+        if call.result is None:
+            return f"what {call.caller} does with the result is not known"
+        if call.result:
+            return f"{call.caller} keeps the result: {call.result}"
+    return _local_callers_keep(facts, calls)
+
+
+def _local_callers_keep(facts, calls) -> Optional[str]:
+    for call in calls:
+        scope = call.site.function if call.site.function is not None else facts.module
+        reason = result_escape(facts, call.node, scope)
+        if reason is not None:
+            return f"a caller keeps the result: {reason}"
+    return None
+
+
+def _method_callers_keep(facts, name: str, owner: str) -> Optional[str]:
+    """For method `name` of class `owner`: every `.name` of the file is a call on an instance
+    of `owner`, and no other module of the run imports the file (instances made there are
+    not followed)."""
+    label = f"it is a method of `{owner}`"
+    project = facts.project
+    if project is not None and project.importers:
+        return (
+            f"{label}, and this module is imported by {', '.join(project.importers)}: calls "
+            "through instances made there are not followed"
+        )
+    if not _is_script(facts):
+        return f"{label}, in a module that is no script: callers elsewhere are not followed"
+    calls = facts.method_calls(name)
+    if attribute_mentions(facts).get(name, 0) != len(calls) or not calls:
+        return f"{label}, and this file uses `.{name}` otherwise than by calling it"
+    for call in calls:
+        receiver = dotted_name(call.node.func.value)
+        if receiver is None or not instance_of(facts, receiver, call.site.function, owner):
+            return (
+                f"{label}, and the receiver of `{excerpt(call.node, 40)}` is not followed to "
+                "an instance of it"
+            )
+    return _local_callers_keep(facts, calls)
+
+
+def _is_script(facts) -> bool:
+    """The module runs as a program: a `__main__` guard, or training at its top level."""
+    return facts.records.has_main_guard or any(
+        loop.function is None for loop in facts.training_loops
+    )

@@ -84,6 +84,7 @@ from optimizer_codemod.analysis.handoffs import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR
 
 # A line importing something: its module part (with any leading dots) and the rest.
 _IMPORT_LINE = re.compile(
@@ -120,6 +121,10 @@ class IncomingCall:
     star: bool  # `*args`/`**kwargs`: arguments the call does not show
     guarded: bool  # runs only under the caller's `if __name__ == "__main__":`
     passed_around: bool  # the caller also uses the imported name otherwise than calling it
+    # For a function decorated with `no_grad`: why the caller may keep what the call returns
+    # for autograd or change it in place (escapes.result_escape), "" when it only reads it;
+    # None when not asked (a class, another function).
+    result: Optional[str] = None
 
     def argument(self, name: str, index: Optional[int]) -> Optional[Argument]:
         for keyword, argument in self.keywords:
@@ -244,6 +249,9 @@ class ProjectFacts:
     looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
     imported_datasets: Tuple[ImportedDataset, ...] = ()  # their dataset classes, summarised
     imported_registries: Tuple[ImportedRegistry, ...] = ()  # their model builders by name
+    # (name, file) for each class or function of it that a file of the run imports and uses
+    # otherwise than by calling it (passes it around, stores it): its calls are not all seen.
+    used_otherwise: Tuple[Tuple[str, str], ...] = ()
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -283,6 +291,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             star=record["star"],
             guarded=record["guarded"],
             passed_around=record["passed_around"],
+            result=record.get("result"),
         )
 
     def loops(record) -> Optional[LoopsElsewhere]:
@@ -326,6 +335,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             imported_registries=tuple(
                 imported_class(r, ImportedRegistry) for r in record.get("imported_registries", ())
             ),
+            used_otherwise=tuple(tuple(u) for u in record.get("used_otherwise", ())),
         )
         for path, record in data.items()
     }
@@ -617,10 +627,13 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
         m.path: _own_facts(m, files, scripts.get(m.path, []), importers_of.get(m.path, set()))
         for m in parsed
     }
+    wanted = _wanting_calls(parsed, files)
+    for path, used in _used_otherwise(parsed, files, wanted).items():
+        if path in facts:
+            facts[path] = replace(facts[path], used_otherwise=tuple(sorted(used)))
     # Callers' arguments, read with what their own callers tell them (a chain of calls): a
     # module's calls are read again only when what it is told changed.
     outgoing: Dict[str, List[Tuple[str, IncomingCall]]] = {}
-    wanted = _wanting_calls(parsed, files)
     dirty = {m.path for m in parsed if m.objects or m.modules}
     for _ in range(MAX_ROUNDS):
         for module in parsed:
@@ -1363,6 +1376,7 @@ def _loops_elsewhere(module: _Module, files: Dict[str, _Module]) -> Optional[Loo
 # Calls into other modules ----------------------------------------------------------------------
 # Modules whose parameters a rule may follow: they build a DataLoader or train.
 _USES_ARGUMENTS = re.compile(rb"DataLoader|" + BACKWARD_CALL.encode())
+_NO_GRAD_DECORATOR = re.compile(NO_GRAD_DECORATOR.encode())
 
 
 def _trains_or_loads(src: bytes) -> bool:
@@ -1404,8 +1418,11 @@ def _reads_a_root_name(code: types.CodeType) -> bool:
 
 def _wanting_calls(parsed: List[_Module], files: Dict[str, _Module]) -> Set[str]:
     """The files whose incoming calls are worth reading: those that build a DataLoader or
-    train, and those that call into such a file (their parameters are passed on)."""
-    wanted = {m.path for m in parsed if _USES_ARGUMENTS.search(m.src)}
+    train, or define a function decorated with `no_grad` (what it returns is followed to its
+    callers), and those that call into such a file (their parameters are passed on)."""
+    wanted = {
+        m.path for m in parsed if _USES_ARGUMENTS.search(m.src) or _NO_GRAD_DECORATOR.search(m.src)
+    }
     importers: Dict[str, Set[str]] = {}
     for module in parsed:
         for path in {*module.modules.values(), *(o[0] for o in module.objects.values())}:
@@ -1450,7 +1467,40 @@ def _outgoing_calls(module: _Module, files: Dict[str, _Module], wanted: Set[str]
             star=any(a.star for a in call.node.args),
             guarded=_guarded(facts, call),
             passed_around=dotted_name(call.node.func) in uses,
+            result=_result_use(facts, call, owner, name),
         )
+
+
+def _result_use(facts, call, owner: _Module, name: str) -> Optional[str]:
+    """For a call of a function decorated with `no_grad` (OPT403 follows what it returns to
+    its callers): why the caller may keep the result for autograd, "" when it only reads it."""
+    from optimizer_codemod.analysis.escapes import result_escape
+    from optimizer_codemod.analysis.training import decorated_without_grad
+
+    function = owner.facts.records.functions.get(name)
+    if not isinstance(function, cst.FunctionDef) or not decorated_without_grad(
+        owner.facts, function
+    ):
+        return None
+    scope = call.site.function if call.site.function is not None else facts.module
+    return result_escape(facts, call.node, scope) or ""
+
+
+def _used_otherwise(
+    parsed: List[_Module], files: Dict[str, _Module], wanted: Set[str]
+) -> Dict[str, Set[tuple]]:
+    """{file: {(object, importer)}}: the objects of each `wanted` file (whose incoming calls
+    are summarised) that an importer uses otherwise than by calling them."""
+    found: Dict[str, Set[tuple]] = {}
+    for module in parsed:
+        if not (module.objects or module.modules):
+            continue
+        for spelling in _other_uses(module):
+            named = _imported_name(module, spelling)
+            defined = _defined(files, *named) if named is not None else None
+            if defined is not None and defined[0].path in wanted:
+                found.setdefault(defined[0].path, set()).add((defined[1], module.label))
+    return found
 
 
 def _other_uses(module: _Module) -> Set[str]:

@@ -74,6 +74,8 @@ GRADIENT_CLIPPING = frozenset(
     f"torch.nn.utils.{name}" for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")
 )
 NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+# Source text of a decorator that may be `torch.no_grad` (a cheap test before parsing).
+NO_GRAD_DECORATOR = r"@[ \t]*(?:torch\.(?:autograd\.)?)?no_grad\b"
 COMPILE_FUNCTIONS = ("torch.compile", "torch.jit.script", "torch.jit.trace")
 NOT_MODULES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"})
 # Dropout that draws one mask element per activation element, in memory order: on a tensor
@@ -1144,12 +1146,19 @@ def no_grad_regions(facts: "ScriptFacts") -> List[cst.CSTNode]:
         if facts.qualified_name(expr) in NO_GRAD_CONTEXTS and site.statement is not None:
             regions.append(site.statement)
     for function in facts.records.functions.values():
-        for decorator in function.decorators:
-            expr = decorator.decorator
-            expr = expr.func if isinstance(expr, cst.Call) else expr
-            if facts.qualified_name(expr) in NO_GRAD_CONTEXTS:
-                regions.append(function)
+        if decorated_without_grad(facts, function):
+            regions.append(function)
     return regions
+
+
+def decorated_without_grad(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
+    """`function` is decorated with `torch.no_grad()` or `torch.inference_mode()`."""
+    for decorator in function.decorators:
+        expr = decorator.decorator
+        expr = expr.func if isinstance(expr, cst.Call) else expr
+        if facts.qualified_name(expr) in NO_GRAD_CONTEXTS:
+            return True
+    return False
 
 
 def evaluation_forwards(facts: "ScriptFacts", model: TrainedModel) -> List[cst.SimpleStatementLine]:

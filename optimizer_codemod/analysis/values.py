@@ -560,3 +560,39 @@ def alias_in(
         if bound is not None and dotted_name(bound.value) == outer:
             return param
     return None
+
+
+# Methods that return the module they are called on (or move it, as the same object).
+_SAME_MODULE_METHODS = frozenset({"to", "cuda", "cpu", "eval", "train", "float", "half"})
+
+
+def instance_of(
+    facts: "ScriptFacts", name: str, function: Optional[cst.CSTNode], class_name: str
+) -> bool:
+    """Every value `name` holds where `function` reads it is built by `class_name(...)` of
+    this file (maybe moved or switched: `GPT(config).to(device)`), or is `self` in a method
+    of that class; `model = model.to(device)` rebinding adds nothing."""
+    if name == SELF:
+        return method_class(facts, function) == class_name
+    sources = value_sources(facts, name, function)
+    if sources is None:
+        sources = [Source(a.value, a.site.function, a) for a in facts.assignments_to(name)]
+    if not sources or not _defined_once(facts, class_name):
+        return False
+    for source in sources:
+        value = source.value
+        while (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in _SAME_MODULE_METHODS
+        ):
+            value = value.func.value
+        if isinstance(value, cst.Name) and value.value == name:
+            continue  # `model = model.to(device)`
+        if not (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Name)
+            and value.func.value == class_name
+        ):
+            return False
+    return True
