@@ -27,7 +27,7 @@ from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import find_all, is_docstring
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
     attribute_mentions,
@@ -394,11 +394,7 @@ def _getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
 
 
 def _is_getter(function: cst.FunctionDef, functions: Dict[str, cst.FunctionDef]) -> bool:
-    statements = [
-        s
-        for s in getattr(function.body, "body", ())
-        if not (isinstance(s, cst.SimpleStatementLine) and _is_docstring(s))
-    ]
+    statements = [s for s in getattr(function.body, "body", ()) if not (is_docstring(s))]
     if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
         return False
     (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
@@ -407,14 +403,6 @@ def _is_getter(function: cst.FunctionDef, functions: Dict[str, cst.FunctionDef])
         and small.value is not None
         and not find_all(small.value, cst.Call, cst.NamedExpr, cst.Lambda)
         and not any(a.attr.value in functions for a in find_all(small.value, cst.Attribute))
-    )
-
-
-def _is_docstring(line: cst.SimpleStatementLine) -> bool:
-    return (
-        len(line.body) == 1
-        and isinstance(line.body[0], cst.Expr)
-        and isinstance(line.body[0].value, _STRINGS)
     )
 
 

@@ -108,3 +108,13 @@ def without_attached_comments(lines: Sequence[cst.EmptyLine]) -> List[cst.EmptyL
         or line.comment is None
         or line.comment.value.lower().startswith(TOOL_COMMENTS)
     ]
+
+
+def is_docstring(statement: cst.CSTNode) -> bool:
+    """A statement that is a string literal alone (a docstring where it comes first)."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

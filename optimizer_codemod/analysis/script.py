@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.autocast_escapes import AutocastEscapes
 from optimizer_codemod.analysis.debugging import DebugSwitches
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+from optimizer_codemod.analysis.nodes import is_docstring
 from optimizer_codemod.analysis.syncs import HostSyncs
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -441,13 +442,13 @@ class ScriptFacts:
             if _is_import_line(statement) or _imports_only(statement):
                 roots |= _bound_roots(statement)
             elif not (
-                (index == 0 and _is_docstring(statement))
+                (index == 0 and is_docstring(statement))
                 or _is_masked_magic(statement)
                 or _configures(statement, roots)
             ):
                 break
             block.append(statement)
-            if not _is_docstring(statement) and not _is_masked_magic(statement):
+            if not is_docstring(statement) and not _is_masked_magic(statement):
                 end = len(block)
         return tuple(block[:end]) if any(map(_is_import_line, block[:end])) else ()
 
@@ -564,13 +565,4 @@ def _is_masked_magic(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, cst.Name)
         and statement.body[0].value.value.startswith("__optcodemod_magic_")
-    )
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
