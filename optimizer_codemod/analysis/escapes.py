@@ -12,7 +12,8 @@ when the analysis cannot tell, a value escapes.
   bound again first (an earlier statement of the same block, a `for` target).
 - Escapes of a block: non-host names read after it, stores into attributes or subscripts,
   returns, in-place updates, and calls that could keep or replace tensors (anything but the
-  trained model, library functions, builtins, pure tensor methods and loggers).
+  trained model, functions of known libraries, builtins, pure tensor methods and loggers; a
+  function of the project may keep what it is given).
 - What callers do with a value a function returns (`result_escape`): followed through the
   names, loops, comprehensions and containers it reaches, it may only be read.
 """
@@ -67,8 +68,19 @@ PURE_METHODS = (
         "sort topk eq ne lt gt le ge logical_not masked_fill float double half bfloat16 long "
         "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
         "permute transpose contiguous expand gather index_select split chunk round "
+        "t clamp clip norm square prod all any floor ceil sign repeat expand_as narrow "
+        "unbind type_as mm bmm dot log1p "
         "items keys values get format join eval parameters named_parameters".split()
     )
+)
+# Libraries whose functions keep no tensor they are given (they read, convert, save or log it).
+# A function of any other module, above all one of the project (`utils.remember(logits)`),
+# may store its argument where later training code finds it.
+LIBRARY_ROOTS = frozenset(
+    "torch torchvision torchaudio numpy scipy sklearn pandas PIL matplotlib einops tqdm wandb "
+    "mlflow tensorboardX math cmath time datetime os sys logging json csv pickle random "
+    "itertools functools operator collections statistics copy pprint warnings pathlib "
+    "shutil".split()
 )
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
 # Methods of a trained module that neither make nor replace its tensors: mode switches and
@@ -76,6 +88,11 @@ KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
 MODULE_READS = frozenset({"eval", "train", "parameters", "named_parameters"})
 # Calls under which autograd is wanted, or that change what `inference_mode` would freeze.
 GRAD_WORDS = ("backward", "enable_grad", "set_grad_enabled", "requires_grad", "autograd")
+
+
+def _library_function(facts: "ScriptFacts", call: cst.Call) -> bool:
+    qualified = facts.qualified_name(call.func)
+    return qualified is not None and qualified.partition(".")[0] in LIBRARY_ROOTS
 
 
 def _is_inplace(name: Optional[str]) -> bool:
@@ -224,8 +241,8 @@ def block_escape(
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
             return f"`{_short(node)}` changes a module that the script trains"
-        if facts.qualified_name(node.func) is not None:
-            continue  # torch, numpy, logging libraries: they keep no tensor of the block
+        if _library_function(facts, node):
+            continue
         if method is None:
             if func_name in SAFE_BUILTINS:
                 continue
