@@ -18,6 +18,7 @@ from optimizer_codemod.analysis.training import (
     model_device,
     model_recurrent_layers,
     model_sparse_calls,
+    places_while_wrapping,
     torch_own_module,
     visible_at,
     why_no_trained_model,
@@ -200,9 +201,12 @@ class ModelTrainedWithoutCompile(Rule):
             inserted = cst.parse_statement(f"{compile_call}\n")
         else:
             inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
+        # Where the placement also builds the DDP wrapper, compile the inner module first
+        # (PyTorch's "Where to apply torch.compile?": DDP is not compiled well).
+        side = "before" if places_while_wrapping(facts, anchor, model.name) else "after"
         self.report(
             anchor,
-            Fix((InsertStatements(anchor, after=(inserted,)),)),
+            Fix((InsertStatements(anchor, **{side: (inserted,)}),)),
             message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
         )
 

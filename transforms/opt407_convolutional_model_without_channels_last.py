@@ -28,6 +28,7 @@ from optimizer_codemod.analysis.training import (
     model_imported_classes,
     model_layer_calls,
     model_output_names,
+    places_while_wrapping,
     why_no_trained_model,
 )
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
@@ -278,9 +279,12 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 f" (it applies dropout, {shown}: in channels_last a seeded run drops other "
                 "elements)"
             )
+        # Before a DDP wrapper built around the placement: parameters must not change after
+        # DistributedDataParallel registered them.
+        side = "before" if places_while_wrapping(facts, anchor, model.name) else "after"
         self.report(
             anchor,
-            Fix((InsertStatements(anchor, after=(statement,)),), imports),
+            Fix((InsertStatements(anchor, **{side: (statement,)}),), imports),
             message=message,
             safety=Safety.BEHAVIOR if dropout or dropout_elsewhere is not None else None,
         )

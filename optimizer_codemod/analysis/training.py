@@ -544,29 +544,54 @@ def wrapper_assignments(facts: "ScriptFacts", model: str) -> List["Assignment"]:
     found = []
     for assignment in facts.records.assignments:
         value = assignment.value
-        if (
-            isinstance(value, cst.Call)
-            and facts.qualified_name(value.func) in DATA_PARALLEL_WRAPPERS
-        ):
-            args = positional(value)
-            if args and dotted_name(args[0].value) == model:
-                found.append(assignment)
+        if wrapped_model(facts, value) == model:
+            found.append(assignment)
     return found
+
+
+def wrapped_model(facts: "ScriptFacts", value: Optional[cst.BaseExpression]) -> Optional[str]:
+    """`model` for `DistributedDataParallel(model, ...)` and for a wrapper built around the
+    model's placement, `DDP(model.to(device), ...)`; None for anything else."""
+    if not isinstance(value, cst.Call):
+        return None
+    if facts.qualified_name(value.func) not in DATA_PARALLEL_WRAPPERS:
+        return None
+    args = positional(value)
+    if not args:
+        return None
+    inner = args[0].value
+    while (
+        isinstance(inner, cst.Call)
+        and isinstance(inner.func, cst.Attribute)
+        and inner.func.attr.value in PLACEMENT_METHODS
+    ):
+        inner = inner.func.value
+    return dotted_name(inner)
+
+
+def places_while_wrapping(facts: "ScriptFacts", statement: cst.BaseStatement, model: str) -> bool:
+    """`model = DDP(model.to(device), ...)`: the statement that places the model also wraps
+    it, so what must happen between the two (compiling, a memory format) goes before it."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign):
+        return False
+    value = assign.value
+    return (
+        wrapped_model(facts, value) == model
+        and isinstance(value, cst.Call)
+        and isinstance(positional(value)[0].value, cst.Call)
+    )
 
 
 def unwrapped(facts: "ScriptFacts", name: str) -> Tuple[str, Optional[str]]:
     """(the model, its data-parallel wrapper) for `ddp_model = DDP(model, ...)` or
     `model = DDP(model)`; (name, None) when `name` is not a wrapper."""
     for assignment in facts.assignments_to(name):
-        value = assignment.value
-        if (
-            isinstance(value, cst.Call)
-            and facts.qualified_name(value.func) in DATA_PARALLEL_WRAPPERS
-        ):
-            args = positional(value)
-            inner = dotted_name(args[0].value) if args else None
-            if inner is not None:
-                return inner, name
+        inner = wrapped_model(facts, assignment.value)
+        if inner is not None:
+            return inner, name
     return name, None
 
 
@@ -739,13 +764,17 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
 def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.SimpleStatementLine]:
     """The statement after which `model` is built and placed on its device: its last
     assignment or `model.to(...)` statement, all in one function, none in a loop, before the
-    optimizer is built and before any data-parallel wrapper. None when the analysis is unsure."""
+    optimizer is built and before any data-parallel wrapper. None when the analysis is unsure.
+    When the wrapper is built around the placement (`model = DDP(model.to(device))`), that
+    statement, before which the model is built and placed (`places_while_wrapping`)."""
     events: List[Tuple[int, cst.BaseStatement, "Loop | None", object]] = []
     wrappers = wrapper_assignments(facts, model.name)
     for assignment in model_assignments(facts, model):
-        if assignment in wrappers:
-            continue
         site = assignment.site
+        if assignment in wrappers:
+            if not places_while_wrapping(facts, site.statement, model.name):
+                continue
+            wrappers = [w for w in wrappers if w is not assignment]
         events.append((site.order, site.statement, site.loop, site.function))
     for call in facts.records.calls:
         if call.receiver == model.name and call.method in PLACEMENT_METHODS:
