@@ -15,7 +15,6 @@ from optimizer_codemod.analysis.precision import (
     float64_model,
     imported_by_others,
     loops_elsewhere,
-    runs_as_script,
     setting_placement,
     reduced_precision_use,
     setting_statement,
@@ -175,7 +174,7 @@ class Float32MatmulWithoutTF32(Rule):
         if reason is not None:
             self.decline(anchor.node, reason)
             return
-        if elsewhere is None and not runs_as_script(facts):
+        if elsewhere is None and not facts.runs_as_script:
             scripts = entry_points_elsewhere(facts)
             if scripts:
                 self.decline(

@@ -14,7 +14,6 @@ from optimizer_codemod.analysis.precision import (
     imported_by_others,
     imported_convolutions,
     loops_elsewhere,
-    runs_as_script,
     setting_placement,
     setting_statement,
     shape_variation,
@@ -152,7 +151,7 @@ class CudnnBenchmarkDisabled(Rule):
                 "shapes repeat",
             )
             return
-        if elsewhere is None and not runs_as_script(facts):
+        if elsewhere is None and not facts.runs_as_script:
             scripts = entry_points_elsewhere(facts)
             if scripts:
                 self.decline(

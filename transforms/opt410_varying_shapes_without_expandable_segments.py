@@ -6,7 +6,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.padding import SLICE_TO_OWN_EXTENT
-from optimizer_codemod.analysis.precision import loops_elsewhere, runs_as_script, shape_variation
+from optimizer_codemod.analysis.precision import loops_elsewhere, shape_variation
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Rule, Safety
 
@@ -134,7 +134,7 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         if self._configured() or facts.calls_to(ALLOCATOR_SETTINGS):
             self.decline(shapes.node, "the script already configures the CUDA allocator")
             return
-        if not runs_as_script(facts):
+        if not facts.runs_as_script:
             self.decline(
                 shapes.node,
                 "the file looks importable (no `__main__` guard, no module-level training): "

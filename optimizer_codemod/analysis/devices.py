@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import STRING_NODES, find_all
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import holds_module
@@ -62,9 +62,6 @@ class DeviceKind(enum.Enum):
     UNKNOWN = "unknown"  # decided at run time, or not known to the analysis
 
 
-_STRINGS = (cst.SimpleString, cst.ConcatenatedString)
-
-
 def _combine(kinds: Iterable[DeviceKind]) -> DeviceKind:
     kinds = set(kinds)
     return kinds.pop() if len(kinds) == 1 else DeviceKind.UNKNOWN
@@ -84,7 +81,7 @@ def device_kind(
 
 def _device_kind(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> DeviceKind:
     # Only a string literal can name a device; printing other nodes to find out is costly.
-    value = literal(node, None) if isinstance(node, _STRINGS) else None
+    value = literal(node, None) if isinstance(node, STRING_NODES) else None
     if isinstance(value, str):
         if value.split(":")[0] == "cpu":
             return DeviceKind.CPU
@@ -231,7 +228,7 @@ def tensor_types(
 def _tensor_types(
     facts: "ScriptFacts", node: cst.BaseExpression, depth: int
 ) -> Optional[FrozenSet[str]]:
-    if isinstance(node, _STRINGS):
+    if isinstance(node, STRING_NODES):
         text = literal(node, None)
         return frozenset({text}) if text in LEGACY_TENSOR_TYPES else None
     if isinstance(node, cst.IfExp):

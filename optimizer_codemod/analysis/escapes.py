@@ -28,7 +28,7 @@ from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all, is_docstring
+from optimizer_codemod.analysis.nodes import STRING_NODES, find_all, is_docstring
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
     attribute_mentions,
@@ -479,7 +479,6 @@ _PASSING_METHODS = frozenset({"to", "cpu", "detach", "numpy", "items", "keys", "
 _CHOOSING_BUILTINS = frozenset({"max", "min"})
 # Library calls that only serialise or format what they are given.
 _SERIALISING_CALLS = frozenset({"json.dumps", "json.dump", "torch.save"})
-_STRINGS = (cst.SimpleString, cst.ConcatenatedString)
 _MAX_CHAIN = 40  # names followed one into the next (`a = f(); b = a; ...`): Python's stack
 
 
@@ -601,7 +600,7 @@ def _argument_escape(facts, arg: cst.Arg, scope: Scope, table) -> Optional[str]:
         _SERIALISING_CALLS
     ):
         return None
-    if method_name(call) == "format" and isinstance(call.func.value, _STRINGS):
+    if method_name(call) == "format" and isinstance(call.func.value, STRING_NODES):
         return None  # `"{acc:.1f}".format(acc=best_acc)`
     return f"`{_short(call)}` takes it, and the analysis does not see what that keeps"
 
@@ -682,7 +681,7 @@ def callers_keep_result(facts: "ScriptFacts", function: cst.FunctionDef) -> Opti
     if name_mentions(facts).get(name, 0) != 1 + len(calls) or facts.assignments_to(name):
         return "this file uses it otherwise than by calling it"
     project = facts.project
-    if not (_is_script(facts) or (project is not None and project.importers)):
+    if not (facts.runs_as_script or (project is not None and project.importers)):
         return (
             "this module is no script (no `__main__` guard, no training at its top level) "
             "and no module of the run imports it: callers elsewhere are not followed"
@@ -722,7 +721,7 @@ def _method_callers_keep(facts, name: str, owner: str) -> Optional[str]:
             f"{label}, and this module is imported by {', '.join(project.importers)}: calls "
             "through instances made there are not followed"
         )
-    if not _is_script(facts):
+    if not facts.runs_as_script:
         return f"{label}, in a module that is no script: callers elsewhere are not followed"
     calls = facts.method_calls(name)
     if attribute_mentions(facts).get(name, 0) != len(calls) or not calls:
@@ -735,10 +734,3 @@ def _method_callers_keep(facts, name: str, owner: str) -> Optional[str]:
                 "an instance of it"
             )
     return _local_callers_keep(facts, calls)
-
-
-def _is_script(facts) -> bool:
-    """The module runs as a program: a `__main__` guard, or training at its top level."""
-    return facts.records.has_main_guard or any(
-        loop.function is None for loop in facts.training_loops
-    )

@@ -16,6 +16,10 @@ from optimizer_codemod.analysis.walk import children
 _MATCHES: Dict[Tuple[type, ...], Dict[type, bool]] = {}
 
 
+# String literals, implicitly joined or not.
+STRING_NODES = (cst.SimpleString, cst.ConcatenatedString)
+
+
 def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
     """Every node of one of `types` in `tree` (the tree itself included), in source order;
     every node when no type is given."""

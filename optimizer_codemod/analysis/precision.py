@@ -137,24 +137,6 @@ def _statement_line(small: cst.CSTNode, block: Tuple[cst.CSTNode, ...]) -> bool:
 
 
 # Is this file an entry point? ---------------------------------------------------------------
-def runs_as_script(facts: "ScriptFacts") -> bool:
-    """The file is run, not imported: a `__main__` guard, or a module-level statement that
-    trains (a backward call, or a call of a function or method of this file that reaches
-    one). A process-wide setting added to an importable module would change the numerics
-    of whoever imports it."""
-    if facts.records.has_main_guard:
-        return True
-    training = facts.functions_reaching_backward
-    for call in facts.records.calls:
-        if call.site.function is not None or call.site.class_name is not None:
-            continue
-        if callee_name(call.node) in training or any(
-            call.node is backward.node for backward in facts.backward_calls
-        ):
-            return True
-    return False
-
-
 def loops_elsewhere(facts: "ScriptFacts"):
     """For a script whose training loops are in other modules of the run (`Trainer(net,
     ds).run()` with `Trainer` from trainer.py): those loops and what the modules it imports

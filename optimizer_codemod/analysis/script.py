@@ -215,6 +215,23 @@ class ScriptFacts:
         return names
 
     @cached_property
+    def runs_as_script(self) -> bool:
+        """The file is run, not imported: a `__main__` guard, or a module-level statement that
+        trains (a backward call, or a call of a function or method of this file that reaches
+        one). A process-wide setting added to an importable module would change the numerics
+        of whoever imports it."""
+        if self.records.has_main_guard:
+            return True
+        training = self.functions_reaching_backward
+        backward = {id(call.node) for call in self.backward_calls}
+        return any(
+            call.site.function is None
+            and call.site.class_name is None
+            and (callee_name(call.node) in training or id(call.node) in backward)
+            for call in self.records.calls
+        )
+
+    @cached_property
     def training_loops(self) -> List[Loop]:
         """Innermost loops that contain a backward call, in source order."""
         loops: List[Loop] = []
