@@ -833,10 +833,24 @@ def _built_in_init(
 
 
 def model_assignments(facts: "ScriptFacts", model: TrainedModel) -> Sequence["Assignment"]:
-    """The assignments to the model's name: for `self.X`, in the methods of its class only."""
+    """The assignments to the model's name: for `self.X`, in the methods of its class only;
+    for another name, in the scope that trains it and in functions declaring it `global` or
+    `nonlocal` (a builder's own `model = Net()` is another variable)."""
     if model.owner is not None:
         return attribute_assignments(facts, model.owner, model.name)
-    return facts.assignments_to(model.name)
+    scope = model.scope
+    memo = facts.memo("rebinds_the_model")
+    found = []
+    for assignment in facts.assignments_to(model.name):
+        function = assignment.site.function
+        if function is not scope and function is not None:
+            key = (id(function), model.name)
+            if key not in memo:
+                memo[key] = declares_global(function, model.name)
+            if not memo[key]:
+                continue
+        found.append(assignment)
+    return found
 
 
 def _in_owner(facts: "ScriptFacts", model: TrainedModel, function: Optional[cst.CSTNode]) -> bool:
