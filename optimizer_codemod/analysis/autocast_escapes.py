@@ -9,7 +9,8 @@ tensors, a step function returns them to callers that expect float32.
 `escaping_reads(facts, statements)` answers, for statements about to be wrapped, which reads
 after them (in the same function, or module) take such a value to such a use, following
 the value through tensor-preserving operations (`torch.sigmoid(out).detach().cpu()`) and
-through local names (`preds = out.sigmoid()` then `preds.numpy()`). Reads that end in
+through local names (`preds = out.sigmoid()` then `preds.numpy()`); what torch's factories
+make (`torch.randint(...)`) is never 16-bit. Reads that end in
 backward, `.item()`, an integer or boolean result (`out.argmax(1) == y`), an explicit cast
 (`.float()`), a shape or dtype, printing, or a name bound again before the read are not
 escapes. Anything else handed to a function that is not torch's (a metric function, numpy,
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import method_name
+from optimizer_codemod.analysis.calls import keyword, method_name
 from optimizer_codemod.analysis.escapes import HOST_METHODS
+from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
 from optimizer_codemod.analysis.nodes import find_all
@@ -229,6 +231,8 @@ class AutocastEscapes:
         qualified = self.facts.qualified_name(value.func)
         if qualified in FLOAT32_FUNCTIONS:
             return True
+        if qualified in FACTORIES and not qualified.endswith("_like"):
+            return self._made_wide(value)
         name = dotted_name(value.func)
         if name is None:
             return False
@@ -238,6 +242,16 @@ class AutocastEscapes:
             and self.facts.qualified_name(a.value.func) in FLOAT32_MODULES
             for a in assignments
         )
+
+    def _made_wide(self, factory: cst.Call) -> bool:
+        """`torch.randint(...)`, `torch.zeros(n)`: autocast casts the inputs of its ops, never
+        what a factory makes, which is float32 or int64 unless `dtype=` says otherwise
+        (the `*_like` ones copy the dtype of a tensor that may be 16-bit)."""
+        dtype = keyword(factory, "dtype")
+        if dtype is None:
+            return True
+        qualified = self.facts.qualified_name(dtype.value)
+        return qualified in WIDE_DTYPES or qualified in NARROW_OR_INTEGER_DTYPES
 
     def _casts_wide(self, call: cst.Call) -> bool:
         """`.to(torch.float32)`, `.to(dtype=torch.long)`: a cast out of 16 bits."""

@@ -17,7 +17,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import callee_name, literal, positional, receiver
 from optimizer_codemod.analysis.collect import is_main_guard, target_names
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.parameter_loops import (
     iterated_parameter_calls,
     parameter_update_loops,
@@ -1113,8 +1113,11 @@ def training_steps(facts: "ScriptFacts", model: TrainedModel) -> List[TrainingSt
 
 
 def _switches_mode(statement: cst.CSTNode, names: Set[str]) -> bool:
-    """`model.train()` alone on its line: a mode switch before the forward pass, not part
+    """`model.train()` alone on its line, or `for p in model.parameters(): p.requires_grad
+    = False` (a GAN freezing its discriminator): a switch before the forward pass, not part
     of it."""
+    if isinstance(statement, cst.For):
+        return _toggles_requires_grad(statement, names)
     body = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
     call = body[0].value if len(body) == 1 and isinstance(body[0], cst.Expr) else None
     func = call.func if isinstance(call, cst.Call) else None
@@ -1123,6 +1126,40 @@ def _switches_mode(statement: cst.CSTNode, names: Set[str]) -> bool:
         and func.attr.value in MODE_METHODS
         and dotted_name(func.value) in names
     )
+
+
+def _toggles_requires_grad(loop: cst.For, names: Set[str]) -> bool:
+    """`for p in model.parameters(): p.requires_grad = <bool>`: `model.requires_grad_()`."""
+    iterable = loop.iter
+    if not (
+        isinstance(loop.target, cst.Name)
+        and isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value == "parameters"
+        and dotted_name(iterable.func.value) in names
+        and loop.orelse is None
+        and isinstance(loop.body, cst.IndentedBlock)
+    ):
+        return False
+    for line in loop.body.body:
+        if not (
+            isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+            and isinstance(line.body[0], cst.Assign)
+            and len(line.body[0].targets) == 1
+        ):
+            return False
+        target = line.body[0].targets[0].target
+        value = line.body[0].value
+        if not (
+            isinstance(target, cst.Attribute)
+            and target.attr.value == "requires_grad"
+            and is_name(target.value, loop.target.value)
+            and isinstance(value, cst.Name)
+            and value.value in ("True", "False")
+        ):
+            return False
+    return True
 
 
 def _holds_loop(statement: cst.CSTNode, loops: Set[int]) -> bool:

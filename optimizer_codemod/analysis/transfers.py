@@ -33,6 +33,7 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, Site, target_names
 from optimizer_codemod.analysis.cuda_runs import cuda_required_before
+from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.devices import (
     COPY_METHODS,
     DeviceKind,
@@ -687,24 +688,6 @@ def _target_types(
 
 
 # Tensors created on the host and then copied ----------------------------------------------------
-# Factories that take `device=`, by what moving the device into the call keeps:
-# - "exact": the values do not depend on the dtype they are made in (0, 1, uninitialised, an
-#   identity matrix), so a dtype given to `.to()` can move into the call too;
-# - "value": the same values only in the same dtype (`full(n, 0.1)` made in float16 rounds
-#   once, made in float32 and converted rounds twice), so only the device moves;
-# - "random": the device's generator draws other numbers than the CPU's;
-# - "data": `torch.tensor(data)`: builds the tensor on the host and copies it either way, so
-#   only the one call saved; moved inside loops only.
-FACTORIES = {
-    **{f"torch.{name}": "exact" for name in ("zeros", "ones", "empty", "eye")},
-    **{f"torch.{name}_like": "exact" for name in ("zeros", "ones", "empty")},
-    **{f"torch.{name}": "value" for name in ("full", "full_like", "arange")},
-    **{
-        f"torch.{name}": "random"
-        for name in ("rand rand_like randn randn_like randint randint_like randperm normal".split())
-    },
-    "torch.tensor": "data",
-}
 # Methods that only convert the dtype, and give the same result on the device and the host.
 DTYPE_METHODS = frozenset(
     {"long", "int", "short", "byte", "char", "float", "double", "half", "bfloat16", "bool"}
