@@ -10,7 +10,8 @@ tensors, a step function returns them to callers that expect float32.
 after them (in the same function, or module) take such a value to such a use, following
 the value through tensor-preserving operations (`torch.sigmoid(out).detach().cpu()`) and
 through local names (`preds = out.sigmoid()` then `preds.numpy()`); what torch's factories
-make (`torch.randint(...)`) is never 16-bit. Reads that end in
+make (`torch.randint(...)`) and a DataLoader's batch copied to the device are never 16-bit.
+Reads that end in
 backward, `.item()`, an integer or boolean result (`out.argmax(1) == y`), an explicit cast
 (`.float()`), a shape or dtype, printing, or a name bound again before the read are not
 escapes. Anything else handed to a function that is not torch's (a metric function, numpy,
@@ -27,11 +28,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Un
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, method_name
+from optimizer_codemod.analysis.devices import device_types
 from optimizer_codemod.analysis.escapes import HOST_METHODS
 from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +72,8 @@ SETTLING_METHODS = HOST_METHODS - {"tolist", "item"} | frozenset(
 )
 ESCAPING_METHODS = frozenset({"numpy", "tolist"})
 # Methods that move or reshape a tensor without computing on its values.
+# Copies to a device (or the host), which keep the dtype.
+MOVING_METHODS = frozenset({"to", "cuda", "cpu"})
 VIEW_METHODS = frozenset(
     "detach cpu cuda to view reshape flatten squeeze unsqueeze permute transpose contiguous "
     "clone expand narrow select unbind split chunk t".split()
@@ -226,8 +230,10 @@ class AutocastEscapes:
         method = method_name(value)
         if method in SETTLING_METHODS or method in FLOAT32_METHODS or method == "item":
             return True
-        if method == "to":
-            return self._casts_wide(value)
+        if method == "to" and self._casts_wide(value):
+            return True
+        if method in MOVING_METHODS:
+            return self._moves_a_batch(value)
         qualified = self.facts.qualified_name(value.func)
         if qualified in FLOAT32_FUNCTIONS:
             return True
@@ -242,6 +248,45 @@ class AutocastEscapes:
             and self.facts.qualified_name(a.value.func) in FLOAT32_MODULES
             for a in assignments
         )
+
+    def _moves_a_batch(self, call: cst.Call) -> bool:
+        """`y.to(device)`, `x.cuda()`: a copy to a device, which keeps the dtype, of a part
+        of a DataLoader's batch (a target of the loop over the loader, bound in the loop by
+        nothing but such copies): the loader made it outside any autocast."""
+        if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, cst.Name):
+            return False
+        if not self._only_moves(call):
+            return False
+        name = call.func.value.value
+        site = self.facts.call_site_of.get(call)
+        loop = site.site.loop if site is not None else None
+        if loop is None or name not in loop.targets or self.facts.loader_of(loop) is None:
+            return False
+        return all(
+            isinstance(a.value, cst.Call)
+            and method_name(a.value) in MOVING_METHODS
+            and is_name(a.value.func.value, name)
+            and self._only_moves(a.value)
+            for a in self.facts.assignments_in(loop)
+            if a.target == name
+        )
+
+    def _only_moves(self, call: cst.Call) -> bool:
+        """The call copies to a device and nothing else: `.cuda()`, `.to(device,
+        non_blocking=True)`; not `.to(other)`, which takes the dtype of a tensor `other`."""
+        for arg in call.args:
+            if arg.keyword is not None:
+                if arg.keyword.value not in ("device", "non_blocking", "copy"):
+                    return False
+            elif method_name(call) == "to" and not self._names_a_device(arg.value):
+                return False
+        return True
+
+    def _names_a_device(self, node: cst.BaseExpression) -> bool:
+        if device_types(self.facts, node) is not None:
+            return True
+        name = dotted_name(node) or ""
+        return name.rpartition(".")[2].endswith("device")  # `device`, `args.device`
 
     def _made_wide(self, factory: cst.Call) -> bool:
         """`torch.randint(...)`, `torch.zeros(n)`: autocast casts the inputs of its ops, never
