@@ -80,6 +80,46 @@ def test_escaping_uses(use: str, expected) -> None:
     assert escaping(use) == expected
 
 
+BOUND_IN_THE_FORWARD = """
+import torch
+from torch.utils.data import DataLoader
+
+loader = DataLoader(dataset, batch_size=8)
+for x, y in loader:
+    out = model(x)
+    {bound}
+    loss = criterion(out, y)
+    loss.backward()
+metric({read})
+"""
+
+
+@pytest.mark.parametrize(
+    "bound, read, escapes",
+    [
+        # Never 16-bit: what factories make, indices and masks, the loader's batch copied to
+        # the device (the dtype stays that of the batch: int64 labels stay int64).
+        ("t = torch.randint(0, 10, (8,), device=x.device)", "t", False),
+        ("noise = torch.randn(8, 4)", "noise", False),
+        ("preds = torch.argmax(out, dim=1)", "preds", False),
+        ("y = y.to(device, non_blocking=True)", "y", False),
+        ("y = y.cuda()", "y", False),
+        # Maybe 16-bit: a factory told so, or copying the dtype of a 16-bit tensor, a copy
+        # that takes another tensor's dtype, a helper the analysis does not read.
+        ("t = torch.randn(8, 4, dtype=torch.bfloat16)", "t", True),
+        ("t = torch.randn_like(out)", "t", True),
+        ("y = y.to(out)", "y", True),
+        ("t = helper(x)", "t", True),
+    ],
+)
+def test_values_bound_in_the_forward(bound: str, read: str, escapes: bool) -> None:
+    source = BOUND_IN_THE_FORWARD.replace("{bound}", bound).replace("{read}", read)
+    facts = ScriptFacts.of(cst.parse_module(source))
+    loop = facts.training_loops[0].node
+    reads = facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:3]))
+    assert [facts.module.code_for_node(r) for r in reads] == ([read] if escapes else [])
+
+
 def test_a_name_bound_again_is_no_escape() -> None:
     source = textwrap.dedent("""
         import torch
