@@ -70,14 +70,6 @@ SETTLING_METHODS = HOST_METHODS - {"tolist", "item"} | frozenset(
         "type",
     }
 )
-# The same as functions (`torch.argmax(logits, 1)`): indices and masks, never 16-bit floats.
-INDEX_OR_MASK_FUNCTIONS = frozenset(
-    f"torch.{name}"
-    for name in (
-        "argmax argmin argsort eq ne lt le gt ge isnan isinf isfinite logical_and logical_or "
-        "logical_not".split()
-    )
-)
 ESCAPING_METHODS = frozenset({"numpy", "tolist"})
 # Methods that move or reshape a tensor without computing on its values.
 # Copies to a device (or the host), which keep the dtype.
@@ -243,7 +235,7 @@ class AutocastEscapes:
         if method in MOVING_METHODS:
             return self._moves_a_batch(value)
         qualified = self.facts.qualified_name(value.func)
-        if qualified in FLOAT32_FUNCTIONS or qualified in INDEX_OR_MASK_FUNCTIONS:
+        if qualified in FLOAT32_FUNCTIONS:
             return True
         if qualified in FACTORIES and not qualified.endswith("_like"):
             return self._made_wide(value)
