@@ -29,6 +29,7 @@ from optimizer_codemod.analysis.values import (
     declares_global,
     imported_module_class,
     imported_registry,
+    locally_assigned,
     method_class,
     outside_value,
     parameter_names,
@@ -778,7 +779,7 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
         events.append((site.order, site.statement, site.loop, site.function))
     for call in facts.records.calls:
         if call.receiver == model.name and call.method in PLACEMENT_METHODS:
-            if not _in_owner(facts, model, call.site.function):
+            if not _same_variable(facts, model, call.site.function, moved=True):
                 continue
             statement = call.site.statement
             if is_expression_statement(statement, call.node):
@@ -838,19 +839,32 @@ def model_assignments(facts: "ScriptFacts", model: TrainedModel) -> Sequence["As
     `nonlocal` (a builder's own `model = Net()` is another variable)."""
     if model.owner is not None:
         return attribute_assignments(facts, model.owner, model.name)
-    scope = model.scope
+    return [
+        assignment
+        for assignment in facts.assignments_to(model.name)
+        if _same_variable(facts, model, assignment.site.function)
+    ]
+
+
+def _same_variable(facts: "ScriptFacts", model: TrainedModel, function, moved=False) -> bool:
+    """`model.name` read or bound in `function` is the trained model's variable: the scope
+    that trains it, module level, or a function declaring the name `global`/`nonlocal`;
+    for `self.X`, a method of its class. With `moved` (an in-place `.to()`/`.cuda()` of the
+    module), also any function that does not bind the name itself: its parameter or the
+    global may be the trained module (`def place(model): model.cuda()`)."""
+    if model.owner is not None:
+        return _in_owner(facts, model, function)
+    if function is model.scope or function is None:
+        return True
     memo = facts.memo("rebinds_the_model")
-    found = []
-    for assignment in facts.assignments_to(model.name):
-        function = assignment.site.function
-        if function is not scope and function is not None:
-            key = (id(function), model.name)
-            if key not in memo:
-                memo[key] = declares_global(function, model.name)
-            if not memo[key]:
-                continue
-        found.append(assignment)
-    return found
+    key = (id(function), model.name)
+    if key not in memo:
+        memo[key] = declares_global(function, model.name)
+    if memo[key]:
+        return True
+    return moved and (
+        model.name in parameter_names(function) or not locally_assigned(facts, model.name, function)
+    )
 
 
 def _in_owner(facts: "ScriptFacts", model: TrainedModel, function: Optional[cst.CSTNode]) -> bool:
@@ -897,7 +911,7 @@ def _placements(
     found: List[cst.BaseExpression] = []
     scopes: List[Optional[cst.FunctionDef]] = []
     for call in _placement_calls(facts).get(model.name, ()):
-        if not _in_owner(facts, model, call.site.function):
+        if not _same_variable(facts, model, call.site.function, moved=True):
             continue
         if call.method == "cuda":
             found.append(cst.SimpleString('"cuda"'))
