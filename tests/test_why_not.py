@@ -85,6 +85,21 @@ def declined(source: str, **options) -> dict:
     return {(d.code, d.line): d.message for d in result.diagnostics if d.status is Status.DECLINED}
 
 
+# A deprecated autocast in the fallback of an SDPA check: kept, and said so.
+FALLBACK_SCRIPT = """import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v)
+    with torch.cuda.amp.autocast():
+        w = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+    return w @ v
+"""
+
+
+
 @pytest.mark.parametrize(
     "source, code, line, reason",
     [
@@ -102,6 +117,7 @@ def declined(source: str, **options) -> dict:
             "the dataset is a TensorDataset",
         ),
         (TENSOR_LOADER_SCRIPT, "OPT103", 9, "not iterated again and again"),
+        (FALLBACK_SCRIPT, "OPT801", 8, "the code runs when a feature is missing"),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:
