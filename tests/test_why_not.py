@@ -98,6 +98,33 @@ def attend(q, k, v):
     return w @ v
 """
 
+# torchvision's references: evaluate() loops over `metric_logger.log_every(data_loader)`,
+# a method of a module outside the run; whether the loader is iterated is unknown.
+HANDED_ON_SCRIPT = """import torch
+import utils
+
+
+def evaluate(model, data_loader):
+    for x, y in utils.MetricLogger().log_every(data_loader, 10):
+        model(x.cuda())
+
+
+def main(args):
+    model = torch.nn.Linear(8, 2).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 2))
+    test_loader = torch.utils.data.DataLoader(data, num_workers=args.workers)
+    for epoch in range(args.epochs):
+        for x, y in data:
+            opt.zero_grad()
+            model(x.cuda()).sum().backward()
+            opt.step()
+        evaluate(model, test_loader)
+
+
+if __name__ == "__main__":
+    main(None)
+"""
 
 
 @pytest.mark.parametrize(
@@ -118,6 +145,8 @@ def attend(q, k, v):
         ),
         (TENSOR_LOADER_SCRIPT, "OPT103", 9, "not iterated again and again"),
         (FALLBACK_SCRIPT, "OPT801", 8, "the code runs when a feature is missing"),
+        (HANDED_ON_SCRIPT, "OPT103", 14, "`evaluate` inside a loop, which passes it on"),
+        (HANDED_ON_SCRIPT, "OPT101", 14, "no loop over this loader is found"),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:
