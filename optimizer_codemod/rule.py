@@ -61,6 +61,13 @@ SAFETY_DESCRIPTIONS = {
     Safety.SUGGEST: "reported, never applied: no sound rewrite exists",
 }
 
+# Why a fix in the fallback of a feature check is dropped (guards.py), for --why-not.
+FALLBACK_REASON = (
+    "the code runs when a feature is missing (the fallback of a feature check: an `except "
+    "ImportError` handler, the `else` of a `hasattr` test, an old-torch branch): a rewrite "
+    "there would bring back what the branch exists to do without"
+)
+
 
 @dataclass(frozen=True)
 class ImportSpec:
@@ -215,6 +222,7 @@ class Rule(cst.BatchableCSTVisitor):
         # Only edits are held back: a report changes nothing, and a rule that reports without
         # asking for facts must not pay for the whole file's (test_engine checks it).
         if fix is not None and self._in_feature_fallback(node, fix):
+            self.decline(node, FALLBACK_REASON)
             return
         level = self.safety if safety is None else max(safety, self.safety)
         if fix is None:

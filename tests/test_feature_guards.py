@@ -131,6 +131,26 @@ def test_statements_after_an_exiting_feature_branch() -> None:
     assert found == {"after return": True, "no exit": False, "after no exit": False}
 
 
+def test_statements_after_a_raising_requirement_are_no_fallback() -> None:
+    # As in torchvision's references/classification/train.py, whose main() follows one.
+    found = marked("""
+        import torch
+        try:
+            import apex
+        except ImportError:
+            apex = None
+        def main(args):
+            if args.apex and apex is None:
+                raise RuntimeError("Failed to import apex.")
+            a = "after raise"
+            if args.apex and apex is None:
+                raise RuntimeError("again")
+            else:
+                b = "else of raise"
+        """)
+    assert found == {"after raise": False, "else of raise": False}
+
+
 def test_nested_fallbacks_are_marked_once() -> None:
     source = "import torch\n" + "".join(
         "    " * i + f"if not hasattr(torch, 'f{i}'):\n" for i in range(30)

@@ -85,6 +85,48 @@ def declined(source: str, **options) -> dict:
     return {(d.code, d.line): d.message for d in result.diagnostics if d.status is Status.DECLINED}
 
 
+# A deprecated autocast in the fallback of an SDPA check: kept, and said so.
+FALLBACK_SCRIPT = """import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v)
+    with torch.cuda.amp.autocast():
+        w = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+    return w @ v
+"""
+
+# torchvision's references: evaluate() loops over `metric_logger.log_every(data_loader)`,
+# a method of a module outside the run; whether the loader is iterated is unknown.
+HANDED_ON_SCRIPT = """import torch
+import utils
+
+
+def evaluate(model, data_loader):
+    for x, y in utils.MetricLogger().log_every(data_loader, 10):
+        model(x.cuda())
+
+
+def main(args):
+    model = torch.nn.Linear(8, 2).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 2))
+    test_loader = torch.utils.data.DataLoader(data, num_workers=args.workers)
+    for epoch in range(args.epochs):
+        for x, y in data:
+            opt.zero_grad()
+            model(x.cuda()).sum().backward()
+            opt.step()
+        evaluate(model, test_loader)
+
+
+if __name__ == "__main__":
+    main(None)
+"""
+
+
 @pytest.mark.parametrize(
     "source, code, line, reason",
     [
@@ -102,6 +144,9 @@ def declined(source: str, **options) -> dict:
             "the dataset is a TensorDataset",
         ),
         (TENSOR_LOADER_SCRIPT, "OPT103", 9, "not iterated again and again"),
+        (FALLBACK_SCRIPT, "OPT801", 8, "the code runs when a feature is missing"),
+        (HANDED_ON_SCRIPT, "OPT103", 14, "`evaluate` inside a loop, which passes it on"),
+        (HANDED_ON_SCRIPT, "OPT101", 14, "no loop over this loader is found"),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:

@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     loaders_run_elsewhere,
+    loops_over,
     module_name,
     option_values,
     options_unknown,
@@ -148,6 +149,16 @@ class DataloaderWithoutPinnedMemory(Rule):
             call = site.node
             # Chosen on some path (`if use_cuda: options.update(pin_memory=True)` counts).
             if option_values(self.facts, call, "pin_memory") or keyword(call, "pin_memory_device"):
+                continue
+            if not loops_over(self.facts, site):
+                self.decline(
+                    call,
+                    "no loop over this loader is found (a loop through a call the analysis "
+                    "does not follow, such as `metric_logger.log_every(data_loader)` from "
+                    "another module, is not seen): whether its batches are copied to an "
+                    "accelerator is unknown; add `pin_memory=torch.cuda.is_available()` by "
+                    "hand if they are",
+                )
                 continue
             if not copies_batches_to_accelerator(self.facts, site):
                 self.decline(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
@@ -290,9 +290,21 @@ class HandWrittenAttention(Rule):
                 leading_lines=[*lines, *match.statement.leading_lines],
             )
         else:
-            statement = statement.with_changes(leading_lines=[*lines, *own])
+            statement = statement.with_changes(leading_lines=_one_blank_per_run([*lines, *own]))
         edits = [Replace(folded, cst.RemovalSentinel.REMOVE) for folded in match.chain]
         return (*edits, Replace(match.statement, statement), *returned)
+
+
+def _one_blank_per_run(lines: Sequence[cst.EmptyLine]) -> List[cst.EmptyLine]:
+    """The lines above the removed statements and the final one, where a blank line above
+    each removed statement would otherwise stack on the final one's (deit's Attention)."""
+    kept: List[cst.EmptyLine] = []
+    for line in lines:
+        blank = line.comment is None
+        if blank and kept and kept[-1].comment is None:
+            continue
+        kept.append(line)
+    return kept
 
 
 def _value(statement: cst.SimpleStatementLine) -> Optional[cst.BaseExpression]:

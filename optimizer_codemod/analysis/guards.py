@@ -23,8 +23,10 @@ with every feature atom set to "missing" (three-valued: an atom whose direction 
 and anything else, may be either), and a branch whose condition can then hold is a fallback.
 `if self.flash and x:` has a fallback `else` only; `if flag or x:` makes both branches
 fallbacks. Statements after `if feature: ... return` in the same block are the fallback of
-that `if`. Rules never rewrite code in a fallback (Rule.report drops such findings): the
-rewrite would put the feature back exactly where the branch exists for its absence.
+that `if`; a branch that raises is a requirement, not a path of its own, so its `else` and
+the statements after it are not (`if args.weights and PM is None: raise ...`). Rules never
+rewrite code in a fallback (Rule.report drops such findings): the rewrite would put the
+feature back exactly where the branch exists for its absence.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class FeatureGuards:
                 continue
             if True in outcomes:
                 roots.append(node.body)
-            if False in outcomes:
+            if False in outcomes and not _always_raises(node.body):
                 if node.orelse is not None:
                     roots.append(node.orelse)
                 elif isinstance(node, cst.If):
@@ -290,6 +292,16 @@ def _statements_after_exit(node: cst.If, suite: Optional[cst.CSTNode]) -> Sequen
         if statement is node:
             return tuple(body[index + 1 :])
     return ()
+
+
+def _always_raises(suite: cst.CSTNode) -> bool:
+    """The block ends in `raise`: a requirement (`if args.weights and PM is None: raise`),
+    not the feature's own path, so what follows it is the one path for every case."""
+    statements = _statements(suite)
+    last = statements[-1] if statements else None
+    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        return isinstance(last.body[-1], cst.Raise)
+    return False
 
 
 def _always_exits(suite: cst.CSTNode) -> bool:

@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # pragma: no cover
 ROUNDS = 4  # a parameter handed on through this many functions of one file
 # Builtins that iterate their positional arguments (`zip(loader_a, loader_b)`) when called.
 ITERATING_BUILTINS = frozenset({"enumerate", "iter", "zip", "list", "tuple", "sorted"})
+# Builtins that read a loader without iterating it.
+NOT_ITERATING = frozenset(
+    {"len", "print", "isinstance", "hasattr", "getattr", "id", "type", "repr"}
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class LoopingFunction:
     repeated: Tuple[str, ...]  # those it loops over inside a loop of its own
     dataset_changed: Tuple[str, ...]  # loaders whose `.dataset` it changes
     varargs: bool = False  # it takes `*args` (positions past `parameters` are unknown)
+    # those it hands to a function that cannot be read (`metric_logger.log_every(p)` with
+    # MetricLogger from a module outside the run): whether it loops over them is unknown
+    handed_away: Tuple[str, ...] = ()
 
     def bound(self, call: cst.Call, arg: cst.Arg) -> Optional[str]:
         """The parameter `arg` of `call` binds, None when it cannot be told."""
@@ -90,7 +97,8 @@ def looping_functions(
                 repeated[key].add(name)
     for key, name in _datasets_changed(facts, key_of):
         changed[key].add(name)
-    summaries = _summaries(functions, iterated, repeated, changed)
+    handed_away = _handed_away(facts, key_of, elsewhere)
+    summaries = _summaries(functions, iterated, repeated, changed, handed_away)
     for _ in range(ROUNDS):
         grew = False
         for call in facts.records.calls:
@@ -120,8 +128,30 @@ def looping_functions(
                         grew = True
         if not grew:
             break
-        summaries = _summaries(functions, iterated, repeated, changed)
+        summaries = _summaries(functions, iterated, repeated, changed, handed_away)
     return summaries
+
+
+def _handed_away(facts, key_of, elsewhere) -> Dict[str, set]:
+    """{function key: its parameters handed, as an argument, to a call whose callee has no
+    summary here or in the project index (builtins that only read them left out)."""
+    found: Dict[str, set] = {key: set() for key in key_of.values()}
+    for call in facts.records.calls:
+        key = key_of.get(id(call.site.function))
+        if key is None:
+            continue
+        written = dotted_name(call.node.func)
+        if written in NOT_ITERATING and not facts.imports.is_bound(written):
+            continue
+        if callee_summary(facts, call, {}, elsewhere) is not None:
+            continue
+        if callee_key(facts, call) in key_of.values():
+            continue  # a function of this file: its own summary says what it does
+        own = parameter_names(call.site.function)
+        found[key].update(
+            dotted_name(arg.value) for arg in call.node.args if dotted_name(arg.value) in own
+        )
+    return found
 
 
 def _functions(facts: "ScriptFacts") -> Dict[str, cst.FunctionDef]:
@@ -136,7 +166,7 @@ def _functions(facts: "ScriptFacts") -> Dict[str, cst.FunctionDef]:
     return found
 
 
-def _summaries(functions, iterated, repeated, changed) -> Dict[str, LoopingFunction]:
+def _summaries(functions, iterated, repeated, changed, handed_away) -> Dict[str, LoopingFunction]:
     summaries = {}
     for key, function in functions.items():
         params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
@@ -148,6 +178,7 @@ def _summaries(functions, iterated, repeated, changed) -> Dict[str, LoopingFunct
             repeated=tuple(sorted(repeated[key])),
             dataset_changed=tuple(sorted(changed[key])),
             varargs=isinstance(function.params.star_arg, cst.Param),
+            handed_away=tuple(sorted(handed_away[key])),
         )
     return summaries
 

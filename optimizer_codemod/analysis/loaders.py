@@ -26,6 +26,7 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
 from optimizer_codemod.analysis.handoffs import (
+    NOT_ITERATING,
     LoopingFunction,
     callee_key,
     callee_summary,
@@ -666,10 +667,6 @@ def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
 
 
 # Loaders handed to functions -------------------------------------------------------------
-# Builtins that read a loader without iterating it.
-NOT_ITERATING = frozenset(
-    {"len", "print", "isinstance", "hasattr", "getattr", "id", "type", "repr"}
-)
 
 
 @dataclass(frozen=True)
@@ -727,6 +724,9 @@ def _handoffs_by_site(facts: "ScriptFacts") -> Dict[int, Handoffs]:
                     repeated=before.repeated or repeated,
                     dataset_changed=before.dataset_changed or bound in summary.dataset_changed,
                 )
+                if runs_again and not repeated and before.unknown is None:
+                    if bound in summary.handed_away:
+                        found[id(site)] = replace(found[id(site)], unknown=_handed_away(call.node))
             elif runs_again and before.unknown is None:
                 reason = _unknown_callee(facts, call, summary, arg)
                 if reason is not None:
@@ -747,6 +747,14 @@ def _unknown_callee(facts, call, summary, arg) -> Optional[str]:
         f"it is handed to `{written}` inside a loop, and that function is not in the files "
         "of this run (or is called through a name that cannot be followed), so what it does "
         "with the loader cannot be read"
+    )
+
+
+def _handed_away(call: cst.Call) -> str:
+    return (
+        f"it is handed to `{excerpt(call.func)}` inside a loop, which passes it on to a "
+        "function that is not in the files of this run (or is called through a name that "
+        "cannot be followed), so what that does with the loader cannot be read"
     )
 
 
