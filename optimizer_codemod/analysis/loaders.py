@@ -500,19 +500,33 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
         names.add(f"{loader}.dataset")
     if handoffs_of(facts, site).dataset_changed:
         return True
-    return bool(names) and names_changed(facts, names)
+    return bool(names) and names_changed(facts, names, _before_first_iteration(facts, site))
 
 
-def names_changed(facts: "ScriptFacts", names: Set[str]) -> bool:
+def _before_first_iteration(facts: "ScriptFacts", site: CallSite):
+    """Whether a statement's site runs before the loader is first iterated (when its workers
+    start, and copy the dataset as it is then): outside any loop, in the function that
+    builds the loader and holds every loop over it, before the first of them."""
+    loops = loops_over(facts, site)
+    function = site.site.function
+    if not loops or any(loop.function is not function for loop in loops):
+        return lambda other: False
+    first = min(loop.start for loop in loops)
+    return lambda other: (other.function is function and other.loop is None and other.order < first)
+
+
+def names_changed(facts: "ScriptFacts", names: Set[str], settled=lambda site: False) -> bool:
     """A method of one of `names` is called, or an attribute of one assigned (outside
-    classes): the object may change after it is built."""
+    classes): the object may change after it is built. `settled(site)`: a change at that
+    site comes before the object is used, and does not count."""
     for call in facts.records.calls:
         if call.receiver in names or any((call.receiver or "").startswith(n + ".") for n in names):
-            return True
+            if not settled(call.site):
+                return True
     return any(
         any(a.target.startswith(n + ".") for n in names)
         for a in facts.records.assignments
-        if a.site.class_name is None
+        if a.site.class_name is None and not settled(a.site)
     )
 
 
