@@ -29,7 +29,8 @@ class DataloaderWithoutPinnedMemory(Rule):
         Adds `pin_memory=torch.cuda.is_available()` to a `torch.utils.data.DataLoader` whose
         batches the training script copies to an accelerator with `.to(device)`, `.cuda()` or
         a legacy CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`, or a `Tensor` alias
-        that is one when CUDA is available).
+        that is one when CUDA is available), also through a view of the batch
+        (`images.reshape(n, -1).to(device)`: a view of a pinned batch is pinned too).
 
     Why is it slow:
         A host-to-device copy from ordinary (pageable) memory is staged by the driver through

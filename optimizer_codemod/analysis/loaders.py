@@ -37,6 +37,7 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
@@ -821,11 +822,23 @@ def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
             if (
                 call.method in COPY_METHODS
                 and isinstance(func, cst.Attribute)
-                and facts.derives_from(func.value, names)
+                and facts.derives_from(_under_views(func.value), names)
                 and places_on_accelerator(facts, call.node)
             ):
                 return True
     return False
+
+
+def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor under a chain of view methods (`images.reshape(n, -1)` gives `images`): a
+    view of a pinned batch is pinned too, so copying it gains from pinning as the batch does."""
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in VIEW_METHODS - COPY_METHODS
+    ):
+        node = node.func.value
+    return node
 
 
 # Processes -----------------------------------------------------------------------------
