@@ -24,7 +24,7 @@ from optimizer_codemod.analysis.calls import (
     positional,
     with_keyword,
 )
-from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
+from optimizer_codemod.analysis.collect import CallSite, Loop, Site, is_main_guard
 from optimizer_codemod.analysis.handoffs import (
     LoopingFunction,
     callee_key,
@@ -500,17 +500,30 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
         names.add(f"{loader}.dataset")
     if handoffs_of(facts, site).dataset_changed:
         return True
-    return bool(names) and names_changed(facts, names)
+    return bool(names) and names_changed(facts, names, site.site)
 
 
-def names_changed(facts: "ScriptFacts", names: Set[str]) -> bool:
+def names_changed(facts: "ScriptFacts", names: Set[str], built: Optional[Site] = None) -> bool:
     """A method of one of `names` is called, or an attribute of one assigned (outside
-    classes): the object may change after it is built."""
+    classes): the object may change after it is built. With `built` (where the loader is
+    built), changes that run only before it are left out: earlier in the same function, with
+    the construction in no loop (barlowtwins evaluate.py fills `train_dataset.samples`, then
+    builds the loader)."""
+
+    def counts(where: Site) -> bool:
+        return not (
+            built is not None
+            and not built.loops
+            and where.function is built.function
+            and where.order < built.order
+        )
+
     for call in facts.records.calls:
         if call.receiver in names or any((call.receiver or "").startswith(n + ".") for n in names):
-            return True
+            if counts(call.site):
+                return True
     return any(
-        any(a.target.startswith(n + ".") for n in names)
+        any(a.target.startswith(n + ".") for n in names) and counts(a.site)
         for a in facts.records.assignments
         if a.site.class_name is None
     )
