@@ -37,6 +37,7 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
 from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
@@ -827,9 +828,12 @@ def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
 
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
     """Some loop over this loader copies (parts of) its batches to an accelerator (`.to(device)`,
-    `.cuda()`, `.type(torch.cuda.FloatTensor)`)."""
-    for loop in loops_over(facts, site):
-        names = facts.names_derived_in(loop, set(loop.targets))
+    `.cuda()`, `.type(torch.cuda.FloatTensor)`), or a loop that draws them with
+    `batch = next(it)` from an iterator of it (`it = iter(loader)`)."""
+    loops = [(loop, set(loop.targets)) for loop in loops_over(facts, site)]
+    loops += [(loop, seeds) for loop, seeds, loaders in _drawing_loops(facts) if site in loaders]
+    for loop, seeds in loops:
+        names = facts.names_derived_in(loop, seeds)
         for call in facts.loop_calls(loop):
             func = call.node.func
             if (
@@ -840,6 +844,27 @@ def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
             ):
                 return True
     return False
+
+
+def _drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], List[CallSite]]]:
+    """Loops that bind batches with `x = next(it)`, with those names and the loaders `it`
+    iterates (batch_sources.py)."""
+    memo = facts.memo("drawing_loops")
+    if None not in memo:
+        drawn: Dict[int, Tuple[Loop, Set[str], List[CallSite]]] = {}
+        for assignment in facts.records.assignments:
+            loop = assignment.site.loop
+            iterator = drawn_from(facts, assignment.value)
+            if loop is None or iterator is None or assignment.augmented:
+                continue
+            source = batch_source(facts, iterator, assignment.site.function)
+            if source is None or not source.loaders:
+                continue
+            _, seeds, loaders = drawn.setdefault(id(loop), (loop, set(), []))
+            seeds.add(assignment.target)
+            loaders.extend(source.loaders)
+        memo[None] = list(drawn.values())
+    return memo[None]
 
 
 def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
