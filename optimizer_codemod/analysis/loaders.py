@@ -831,7 +831,7 @@ def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
     `.cuda()`, `.type(torch.cuda.FloatTensor)`), or a loop that draws them with
     `batch = next(it)` from an iterator of it (`it = iter(loader)`)."""
     loops = [(loop, set(loop.targets)) for loop in loops_over(facts, site)]
-    loops += [(loop, seeds) for loop, seeds, loaders in _drawing_loops(facts) if site in loaders]
+    loops += [(loop, seeds) for loop, seeds, _, loaders in drawing_loops(facts) if site in loaders]
     for loop, seeds in loops:
         names = facts.names_derived_in(loop, seeds)
         for call in facts.loop_calls(loop):
@@ -846,22 +846,25 @@ def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
     return False
 
 
-def _drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], List[CallSite]]]:
-    """Loops that bind batches with `x = next(it)`, with those names and the loaders `it`
-    iterates (batch_sources.py)."""
+def drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], Set[int], List[CallSite]]]:
+    """Loops that bind batches with `x = next(it)` from an iterator of loaders
+    (`it = iter(train_loader)`, `self.dl = cycle(dl)`; batch_sources.py): each with the names
+    bound to the batches, the ids of those `next` calls and the loaders. Iterators of
+    Accelerate-prepared loaders are left out."""
     memo = facts.memo("drawing_loops")
     if None not in memo:
-        drawn: Dict[int, Tuple[Loop, Set[str], List[CallSite]]] = {}
+        drawn: Dict[int, Tuple[Loop, Set[str], Set[int], List[CallSite]]] = {}
         for assignment in facts.records.assignments:
             loop = assignment.site.loop
             iterator = drawn_from(facts, assignment.value)
             if loop is None or iterator is None or assignment.augmented:
                 continue
             source = batch_source(facts, iterator, assignment.site.function)
-            if source is None or not source.loaders:
+            if source is None or not source.loaders or source.prepared:
                 continue
-            _, seeds, loaders = drawn.setdefault(id(loop), (loop, set(), []))
+            _, seeds, calls, loaders = drawn.setdefault(id(loop), (loop, set(), set(), []))
             seeds.add(assignment.target)
+            calls.add(id(assignment.value))
             loaders.extend(source.loaders)
         memo[None] = list(drawn.values())
     return memo[None]
