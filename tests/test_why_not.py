@@ -80,6 +80,17 @@ if __name__ == "__main__":
 """
 
 
+# pytorch-tutorial's image_captioning/data_loader.py: the loader goes back to train.py, whose
+# epoch loop iterates it; that loop is not followed from here.
+RETURNED_LOADER_MODULE = """import torch
+
+
+def get_loader(dataset, batch_size, num_workers):
+    data_loader = torch.utils.data.DataLoader(dataset, batch_size, num_workers=num_workers)
+    return data_loader
+"""
+
+
 def declined(source: str, **options) -> dict:
     result = rewrite(source, path="train.py", why_not=True, **options)
     return {(d.code, d.line): d.message for d in result.diagnostics if d.status is Status.DECLINED}
@@ -102,6 +113,7 @@ def declined(source: str, **options) -> dict:
             "the dataset is a TensorDataset",
         ),
         (TENSOR_LOADER_SCRIPT, "OPT103", 9, "not iterated again and again"),
+        (RETURNED_LOADER_MODULE, "OPT103", 5, "it is returned by `get_loader()`"),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:

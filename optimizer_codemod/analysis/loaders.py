@@ -822,8 +822,33 @@ def _function_named(facts: "ScriptFacts", key: Optional[str]) -> Optional[cst.Fu
 
 def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
     """Why it cannot be told whether the loader is iterated once per epoch: it is handed,
-    inside a loop, to a function that cannot be read (None when nothing is in doubt)."""
-    return handoffs_of(facts, site).unknown
+    inside a loop, to a function that cannot be read, or returned to callers whose loops are
+    not followed (None when nothing is in doubt)."""
+    unknown = handoffs_of(facts, site).unknown
+    if unknown is None and not loops_over(facts, site):
+        function = returned_by(facts, site)
+        if function is not None:
+            unknown = (
+                f"it is returned by `{function}()`, and the loops of its callers are not "
+                "followed"
+            )
+    return unknown
+
+
+def returned_by(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """The function that returns this loader to its callers (`return data_loader`, or the
+    construction itself, alone or in a tuple), if any."""
+    function = site.site.function
+    if not isinstance(function, cst.FunctionDef):
+        return None
+    names = loader_names(facts, site)
+    for node in find_all(function.body, cst.Return):
+        values = node.value.elements if isinstance(node.value, cst.Tuple) else [node]
+        for element in values:
+            value = element.value
+            if value is site.node or (value is not None and dotted_name(value) in names):
+                return function.name.value
+    return None
 
 
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
