@@ -80,6 +80,17 @@ if __name__ == "__main__":
 """
 
 
+# pytorch-tutorial's image_captioning/data_loader.py: the loader goes back to train.py, whose
+# epoch loop iterates it; that loop is not followed from here.
+RETURNED_LOADER_MODULE = """import torch
+
+
+def get_loader(dataset, batch_size, num_workers):
+    data_loader = torch.utils.data.DataLoader(dataset, batch_size, num_workers=num_workers)
+    return data_loader
+"""
+
+
 def declined(source: str, **options) -> dict:
     result = rewrite(source, path="train.py", why_not=True, **options)
     return {(d.code, d.line): d.message for d in result.diagnostics if d.status is Status.DECLINED}
@@ -147,6 +158,7 @@ if __name__ == "__main__":
         (FALLBACK_SCRIPT, "OPT801", 8, "the code runs when a feature is missing"),
         (HANDED_ON_SCRIPT, "OPT103", 14, "`evaluate` inside a loop, which passes it on"),
         (HANDED_ON_SCRIPT, "OPT101", 14, "no loop over this loader is found"),
+        (RETURNED_LOADER_MODULE, "OPT103", 5, "it is returned by `get_loader()`"),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:

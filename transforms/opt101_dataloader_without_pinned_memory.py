@@ -30,7 +30,10 @@ class DataloaderWithoutPinnedMemory(Rule):
         Adds `pin_memory=torch.cuda.is_available()` to a `torch.utils.data.DataLoader` whose
         batches the training script copies to an accelerator with `.to(device)`, `.cuda()` or
         a legacy CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`, or a `Tensor` alias
-        that is one when CUDA is available).
+        that is one when CUDA is available), also through a view of the batch
+        (`images.reshape(n, -1).to(device)`: a view of a pinned batch is pinned too), in a
+        `for` loop over the loader or in a loop that draws batches with `next(it)` from an
+        iterator of it (`it = iter(loader)`).
 
     Why is it slow:
         A host-to-device copy from ordinary (pageable) memory is staged by the driver through

@@ -78,7 +78,9 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         `worker_init_fn` runs once instead of once per epoch. Never applied when the loader is
         built again for each epoch, when the dataset is changed from outside after it is built
         (`dataset.set_epoch(...)`, assigning its attributes, also `loader.dataset.x = ...` in
-        a function the loader is handed to: persistent workers would keep a stale copy), or
+        a function the loader is handed to: persistent workers would keep a stale copy; a
+        change earlier in the function that builds the loader, outside any loop, is seen by
+        every worker and does not count), or
         when `persistent_workers` is already chosen. `loader.sampler.set_epoch(epoch)` is fine:
         the sampler runs in the main process, which draws a fresh iterator from it at every
         epoch (torch/utils/data/dataloader.py, `_BaseDataLoaderIter._reset`). A loader handed

@@ -25,6 +25,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_classes,
     model_dropout_calls,
+    model_random_draws,
     model_imported_classes,
     model_layer_calls,
     model_output_names,
@@ -135,7 +136,13 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         losses part from the first step on, not in the last bits. The analysis does not
         follow tensor ranks, so dropout on flattened features counts too. Channel-wise
         dropout (`nn.Dropout2d`, `F.dropout2d`, `FeatureAlphaDropout`) draws one value per
-        (sample, channel), whatever the layout, and keeps the fix `numerics`.
+        (sample, channel), whatever the layout, and keeps the fix `numerics`. Likewise
+        `behavior` when the model draws random numbers shaped like an activation
+        (`torch.randn_like`, `rand_like`, `randint_like`, `torch.bernoulli`, `torch.normal`,
+        in-place `.normal_()`, `.uniform_()`, `.bernoulli_()`...): a convolutional VAE's
+        `mu + torch.randn_like(mu) * std` on a 4-D latent gets other noise per element (its
+        first-step loss 0.5913 in NCHW, 0.5969 in channels_last; 2-core AMD EPYC, torch
+        2.13.0+cpu, 2026-11-24). `F.gumbel_softmax` allocates its noise contiguous and agrees.
 
         With the files rewritten together, a model class of another module of the run
         counts with the layers it is built from (docs/projects.md): its `.view` calls, 3-D
@@ -279,6 +286,13 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 f" (it applies dropout, {shown}: in channels_last a seeded run drops other "
                 "elements)"
             )
+        draws = [] if dropout or dropout_elsewhere is not None else model_random_draws(facts, model)
+        if draws:
+            shown = f"`{cst.Module([]).code_for_node(draws[0].node.func)}`"
+            message += (
+                f" (it draws random numbers per element, {shown}: in channels_last a seeded "
+                "run draws other numbers for each element)"
+            )
         # Before a DDP wrapper built around the placement: parameters must not change after
         # DistributedDataParallel registered them.
         side = "before" if places_while_wrapping(facts, anchor, model.name) else "after"
@@ -286,7 +300,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             anchor,
             Fix((InsertStatements(anchor, **{side: (statement,)}),), imports),
             message=message,
-            safety=Safety.BEHAVIOR if dropout or dropout_elsewhere is not None else None,
+            safety=(Safety.BEHAVIOR if dropout or dropout_elsewhere is not None or draws else None),
         )
 
     def _decline_unknown_models(self) -> None:

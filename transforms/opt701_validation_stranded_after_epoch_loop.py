@@ -45,7 +45,10 @@ class ValidationStrandedAfterEpochLoop(Rule):
         after the loop, in the same body, and ends at its last statement that reads the loop
         variable: a final test pass or final save that does not read it is left alone, and
         so is everything after a loop with a `break` of its own (early stopping), after a
-        `for ... else`, in another notebook cell, or in another scope. A block with
+        `for ... else`, in another notebook cell, or in another scope. So is a block whose
+        every statement the loop body already runs (DALLE-pytorch's `save_model(path,
+        epoch=epoch)`, at the end of each epoch and again after the loop: moved, it would
+        save twice per epoch). A block with
         `return`, `yield`, `break`, `continue`, `global`/`nonlocal` or a definition is not
         moved. Reported without a fix when the block calls `model.eval()` (directly or in a
         function of the file) and nothing in the loop calls `model.train()` again: the next
@@ -96,6 +99,14 @@ class ValidationStrandedAfterEpochLoop(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         for block in stranded_blocks(self.facts):
             first = block.statements[0]
+            if block.repeated:
+                self.decline(
+                    first,
+                    "the epoch loop's body already runs this code every epoch: "
+                    "after the loop it is a final repeat (a last save or test), and moving it "
+                    "would run it twice per epoch",
+                )
+                continue
             message = (
                 f"Validation or checkpoint code after the epoch loop reads `{block.variable}`: "
                 "it runs once, after training"

@@ -55,6 +55,9 @@ class StrandedBlock:
     statements: Tuple[cst.BaseStatement, ...]  # the block, in order, right after the loop
     variable: str  # the loop variable (or a name derived from it) that the block reads
     problem: Optional[str] = None  # why moving it is not sound, when it is not
+    # The loop body already runs each statement of the block every epoch: what follows the
+    # loop repeats it once more (a final save or test), and moving it would run it twice.
+    repeated: bool = False
 
 
 def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
@@ -167,7 +170,23 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     problem = _eval_mode_problem(facts, loop, block)
     if _breaks_out(node.body, cst.Continue):
         problem = "the loop's `continue` would skip it in some epochs"
-    return StrandedBlock(loop, block, variable, problem)
+    repeated = _runs_in_body(facts.module, node.body, block)
+    return StrandedBlock(loop, block, variable, problem, repeated)
+
+
+def _runs_in_body(
+    module: cst.Module, body: cst.IndentedBlock, block: Sequence[cst.BaseStatement]
+) -> bool:
+    """Each statement of `block` is also a statement of `body` (same code, comments aside)."""
+    inside = {_bare_code(module, statement) for statement in body.body}
+    return all(_bare_code(module, statement) in inside for statement in block)
+
+
+def _bare_code(module: cst.Module, statement: cst.BaseStatement) -> str:
+    """The statement's code without its comments and surrounding blank lines."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        return "; ".join(module.code_for_node(small).strip() for small in statement.body)
+    return module.code_for_node(statement.with_changes(leading_lines=())).strip()
 
 
 def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:

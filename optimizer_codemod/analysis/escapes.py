@@ -240,7 +240,7 @@ def block_escape(
                 continue
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
-            return f"`{_short(node)}` changes a module that the script trains"
+            return f"`{_short(node)}` may change a module that the script trains"
         if _library_function(facts, node):
             continue
         if method is None:

@@ -24,7 +24,7 @@ from optimizer_codemod.analysis.calls import (
     positional,
     with_keyword,
 )
-from optimizer_codemod.analysis.collect import CallSite, Loop, is_main_guard
+from optimizer_codemod.analysis.collect import CallSite, Loop, Site, is_main_guard
 from optimizer_codemod.analysis.handoffs import (
     NOT_ITERATING,
     LoopingFunction,
@@ -38,6 +38,8 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
+from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
@@ -500,7 +502,9 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
         names.add(f"{loader}.dataset")
     if handoffs_of(facts, site).dataset_changed:
         return True
-    return bool(names) and names_changed(facts, names, _before_first_iteration(facts, site))
+    return bool(names) and names_changed(
+        facts, names, site.site, _before_first_iteration(facts, site)
+    )
 
 
 def _before_first_iteration(facts: "ScriptFacts", site: CallSite):
@@ -515,18 +519,35 @@ def _before_first_iteration(facts: "ScriptFacts", site: CallSite):
     return lambda other: (other.function is function and other.loop is None and other.order < first)
 
 
-def names_changed(facts: "ScriptFacts", names: Set[str], settled=lambda site: False) -> bool:
+def names_changed(
+    facts: "ScriptFacts",
+    names: Set[str],
+    built: Optional[Site] = None,
+    settled=lambda site: False,
+) -> bool:
     """A method of one of `names` is called, or an attribute of one assigned (outside
-    classes): the object may change after it is built. `settled(site)`: a change at that
-    site comes before the object is used, and does not count."""
+    classes): the object may change after it is built. With `built` (where the loader is
+    built), changes that run only before it are left out: earlier in the same function, with
+    the construction in no loop (barlowtwins evaluate.py fills `train_dataset.samples`, then
+    builds the loader). `settled(site)`: a change there comes before the object is first
+    used (its loader first iterated), and does not count either."""
+
+    def counts(where: Site) -> bool:
+        return not settled(where) and not (
+            built is not None
+            and not built.loops
+            and where.function is built.function
+            and where.order < built.order
+        )
+
     for call in facts.records.calls:
         if call.receiver in names or any((call.receiver or "").startswith(n + ".") for n in names):
-            if not settled(call.site):
+            if counts(call.site):
                 return True
     return any(
-        any(a.target.startswith(n + ".") for n in names)
+        any(a.target.startswith(n + ".") for n in names) and counts(a.site)
         for a in facts.records.assignments
-        if a.site.class_name is None and not settled(a.site)
+        if a.site.class_name is None
     )
 
 
@@ -829,25 +850,89 @@ def _function_named(facts: "ScriptFacts", key: Optional[str]) -> Optional[cst.Fu
 
 def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
     """Why it cannot be told whether the loader is iterated once per epoch: it is handed,
-    inside a loop, to a function that cannot be read (None when nothing is in doubt)."""
-    return handoffs_of(facts, site).unknown
+    inside a loop, to a function that cannot be read, or returned to callers whose loops are
+    not followed (None when nothing is in doubt)."""
+    unknown = handoffs_of(facts, site).unknown
+    if unknown is None and not loops_over(facts, site):
+        function = returned_by(facts, site)
+        if function is not None:
+            unknown = (
+                f"it is returned by `{function}()`, and the loops of its callers are not "
+                "followed"
+            )
+    return unknown
+
+
+def returned_by(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """The function that returns this loader to its callers (`return data_loader`, or the
+    construction itself, alone or in a tuple), if any."""
+    function = site.site.function
+    if not isinstance(function, cst.FunctionDef):
+        return None
+    names = loader_names(facts, site)
+    for node in find_all(function.body, cst.Return):
+        values = node.value.elements if isinstance(node.value, cst.Tuple) else [node]
+        for element in values:
+            value = element.value
+            if value is site.node or (value is not None and dotted_name(value) in names):
+                return function.name.value
+    return None
 
 
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
     """Some loop over this loader copies (parts of) its batches to an accelerator (`.to(device)`,
-    `.cuda()`, `.type(torch.cuda.FloatTensor)`)."""
-    for loop in loops_over(facts, site):
-        names = facts.names_derived_in(loop, set(loop.targets))
+    `.cuda()`, `.type(torch.cuda.FloatTensor)`), or a loop that draws them with
+    `batch = next(it)` from an iterator of it (`it = iter(loader)`)."""
+    loops = [(loop, set(loop.targets)) for loop in loops_over(facts, site)]
+    loops += [(loop, seeds) for loop, seeds, _, loaders in drawing_loops(facts) if site in loaders]
+    for loop, seeds in loops:
+        names = facts.names_derived_in(loop, seeds)
         for call in facts.loop_calls(loop):
             func = call.node.func
             if (
                 call.method in COPY_METHODS
                 and isinstance(func, cst.Attribute)
-                and facts.derives_from(func.value, names)
+                and facts.derives_from(_under_views(func.value), names)
                 and places_on_accelerator(facts, call.node)
             ):
                 return True
     return False
+
+
+def drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], Set[int], List[CallSite]]]:
+    """Loops that bind batches with `x = next(it)` from an iterator of loaders
+    (`it = iter(train_loader)`, `self.dl = cycle(dl)`; batch_sources.py): each with the names
+    bound to the batches, the ids of those `next` calls and the loaders. Iterators of
+    Accelerate-prepared loaders are left out."""
+    memo = facts.memo("drawing_loops")
+    if None not in memo:
+        drawn: Dict[int, Tuple[Loop, Set[str], Set[int], List[CallSite]]] = {}
+        for assignment in facts.records.assignments:
+            loop = assignment.site.loop
+            iterator = drawn_from(facts, assignment.value)
+            if loop is None or iterator is None or assignment.augmented:
+                continue
+            source = batch_source(facts, iterator, assignment.site.function)
+            if source is None or not source.loaders or source.prepared:
+                continue
+            _, seeds, calls, loaders = drawn.setdefault(id(loop), (loop, set(), set(), []))
+            seeds.add(assignment.target)
+            calls.add(id(assignment.value))
+            loaders.extend(source.loaders)
+        memo[None] = list(drawn.values())
+    return memo[None]
+
+
+def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor under a chain of view methods (`images.reshape(n, -1)` gives `images`): a
+    view of a pinned batch is pinned too, so copying it gains from pinning as the batch does."""
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in VIEW_METHODS - COPY_METHODS
+    ):
+        node = node.func.value
+    return node
 
 
 # Processes -----------------------------------------------------------------------------

@@ -93,6 +93,16 @@ ELEMENTWISE_DROPOUT = frozenset(
         *(f"torch.{fn}" for fn in ("dropout", "dropout_", "alpha_dropout", "alpha_dropout_")),
     }
 )
+# Random draws shaped like an activation: `torch.randn_like(mu)` allocates in `mu`'s memory
+# format and fills it in memory order, so in channels_last a seeded run gives each element
+# other noise (checked with torch 2.13.0+cpu; `F.gumbel_softmax` allocates its noise
+# contiguous and agrees). In-place fills draw in the receiver's memory order too.
+ELEMENTWISE_RANDOM_FUNCTIONS = frozenset(
+    f"torch.{fn}" for fn in ("randn_like", "rand_like", "randint_like", "bernoulli", "normal")
+)
+ELEMENTWISE_RANDOM_METHODS = frozenset(
+    {"bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "random_"}
+)
 # torchvision builders whose networks apply element-wise dropout to 4-D feature maps
 # (SqueezeNet's classifier and DenseNet's `drop_rate` before a convolution, the ASPP and FCN
 # heads); the others drop only flattened 2-D features.
@@ -1520,6 +1530,18 @@ def model_dropout_calls(facts: "ScriptFacts", model: TrainedModel) -> List["Call
         call
         for call in model_layer_calls(facts, model)
         if is_elementwise_dropout(call.qualname or "")
+    ]
+
+
+def model_random_draws(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
+    """Random numbers the model draws per element of a tensor (`torch.randn_like(mu)` for a
+    VAE's latent, `x.bernoulli_(p)`) among its layer calls (see model_layer_calls); like
+    model_dropout_calls, the tensor's rank is not followed."""
+    return [
+        call
+        for call in model_layer_calls(facts, model)
+        if (call.qualname or "") in ELEMENTWISE_RANDOM_FUNCTIONS
+        or (call.qualname is None and call.method in ELEMENTWISE_RANDOM_METHODS)
     ]
 
 

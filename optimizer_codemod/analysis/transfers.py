@@ -50,6 +50,7 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import (
     DEFAULT_COLLATES,
+    drawing_loops,
     loops_over,
     option_values,
 )
@@ -313,23 +314,10 @@ NO_CALLS: FrozenSet[int] = frozenset()
 
 def _drawn_batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
     """Loops that draw batches with `batch = next(it)` from an iterator of pinned or unpinned
-    loaders (`it = iter(train_loader)`, `self.dl = cycle(dl)`), with the names bound to the
-    batches and the `next` calls."""
+    loaders (loaders.drawing_loops), with the names bound to the batches and the `next`
+    calls."""
     if not facts.trains:
         return []
-    drawn: Dict[int, Tuple[Loop, Set[str], Set[int], List[CallSite]]] = {}
-    for assignment in facts.records.assignments:
-        loop = assignment.site.loop
-        iterator = drawn_from(facts, assignment.value)
-        if loop is None or iterator is None or assignment.augmented:
-            continue
-        source = batch_source(facts, iterator, assignment.site.function)
-        if source is None or not source.loaders or source.prepared:
-            continue
-        _, seeds, calls, loaders = drawn.setdefault(id(loop), (loop, set(), set(), []))
-        seeds.add(assignment.target)
-        calls.add(id(assignment.value))
-        loaders.extend(source.loaders)
     return [
         (
             loop,
@@ -338,7 +326,7 @@ def _drawn_batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
             frozenset(seeds),
             frozenset(calls),
         )
-        for loop, seeds, calls, loaders in drawn.values()
+        for loop, seeds, calls, loaders in drawing_loops(facts)
     ]
 
 
