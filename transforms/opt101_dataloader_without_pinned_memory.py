@@ -7,6 +7,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import keyword, with_keyword
 from optimizer_codemod.analysis.loaders import (
     DatasetKind,
+    batch_loops,
     by_options_dict,
     collate_places_on_accelerator,
     copies_batches_to_accelerator,
@@ -15,7 +16,6 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     loaders_run_elsewhere,
-    loops_over,
     module_name,
     option_values,
     options_unknown,
@@ -153,7 +153,7 @@ class DataloaderWithoutPinnedMemory(Rule):
             # Chosen on some path (`if use_cuda: options.update(pin_memory=True)` counts).
             if option_values(self.facts, call, "pin_memory") or keyword(call, "pin_memory_device"):
                 continue
-            if not loops_over(self.facts, site):
+            if not batch_loops(self.facts, site):
                 self.decline(
                     call,
                     "no loop over this loader is found (a loop through a call the analysis "

@@ -879,13 +879,19 @@ def returned_by(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
     return None
 
 
+def batch_loops(facts: "ScriptFacts", site: CallSite) -> List[Tuple[Loop, Set[str]]]:
+    """The loops that get this loader's batches, with the names bound to them: loops over it,
+    and loops that draw them with `batch = next(it)` from an iterator of it."""
+    loops = [(loop, set(loop.targets)) for loop in loops_over(facts, site)]
+    loops += [(loop, seeds) for loop, seeds, _, loaders in drawing_loops(facts) if site in loaders]
+    return loops
+
+
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
     """Some loop over this loader copies (parts of) its batches to an accelerator (`.to(device)`,
     `.cuda()`, `.type(torch.cuda.FloatTensor)`), or a loop that draws them with
     `batch = next(it)` from an iterator of it (`it = iter(loader)`)."""
-    loops = [(loop, set(loop.targets)) for loop in loops_over(facts, site)]
-    loops += [(loop, seeds) for loop, seeds, _, loaders in drawing_loops(facts) if site in loaders]
-    for loop, seeds in loops:
+    for loop, seeds in batch_loops(facts, site):
         names = facts.names_derived_in(loop, seeds)
         for call in facts.loop_calls(loop):
             func = call.node.func
