@@ -491,6 +491,26 @@ class _BreakBefore:
 
 
 @dataclass(frozen=True)
+class _Operands:
+    """A parenthesised operation with one operand per line, each after the first led by its
+    operator, between its parentheses' lines."""
+
+    indent: str  # the indentation of the line the parenthesised operation begins
+
+
+@dataclass(frozen=True)
+class _BreakBeforeOperator:
+    indent: str  # the operator of this operation starts a line of its own, at this indentation
+
+
+# Operators black splits at together (its delimiter priorities): `+ -`, then `* / // % @`.
+_OPERATOR_CLASSES = (
+    (cst.Add, cst.Subtract),
+    (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.MatrixMultiply),
+)
+
+
+@dataclass(frozen=True)
 class _Layout:
     explode: bool  # one element per line with a trailing comma; else hugged on one line
     indent: str  # the indentation of the line the opening bracket stands on
@@ -507,7 +527,10 @@ class _Planner:
         by_start: Dict[int, List[cst.CSTNode]] = {}
         links: Dict[int, cst.Call] = {}  # `.name(...)` beginning a line of a split chain
         conditionals: Dict[int, List[cst.IfExp]] = {}
+        operations: Dict[int, List[cst.BinaryOperation]] = {}
         for node, where in self.positions.items():
+            if isinstance(node, cst.BinaryOperation) and node.lpar and where.start.line in too_long:
+                operations.setdefault(where.start.line, []).append(node)
             if isinstance(node, cst.IfExp) and where.start.line in too_long:
                 conditionals.setdefault(where.start.line, []).append(node)
             if (
@@ -529,9 +552,47 @@ class _Planner:
             found = found or self._method_chain(line, by_start.get(line, ()), plan)
             found = found or self._chain_link(line, links.get(line))
             found = found or self._ending_bracket(line, by_start.get(line, ()))
+            found = found or self._parenthesised_operation(line, operations.get(line, ()), plan)
             if found is not None:
                 plan[found[0]] = found[1]
         return plan
+
+    def _parenthesised_operation(
+        self, line: int, candidates, plan: Dict[cst.CSTNode, object]
+    ) -> Optional[Tuple[cst.CSTNode, _Operands]]:
+        """`(a - b)` alone on its line (a chain's first link, or an element of a bracket laid
+        out one per line): black splits at its parentheses, then, when the operation is still
+        too long, before each operator of its lowest priority."""
+        text = self.lines[line - 1]
+        indent = self._indent(line)
+        for node in candidates:
+            where = self.positions[node]  # inside the parentheses
+            parent = self.parents.get(node)
+            if (
+                where.end.line != line
+                or where.start.column - 1 != len(indent)
+                or len(node.lpar) != 1
+                or len(node.rpar) != 1
+                or "#" in text
+                or _code_part(text[where.end.column + 1 :]).strip() not in ("", ",")
+                or not (
+                    isinstance(parent, cst.Attribute)
+                    or isinstance(parent, (cst.Arg, cst.Element))
+                    and not getattr(parent, "keyword", None)
+                )
+                or getattr(parent, "value", None) is not node
+            ):
+                continue
+            # On a line of its own the operation is 2 columns wider than in its parentheses,
+            # so it does not fit there either: it is split at its operators too.
+            breaks = self._operator_breaks(node, 0, len(indent) + 4, inside_parentheses=True)
+            if not breaks:
+                return None
+            for link in breaks:
+                if link is not node:
+                    plan[link] = _BreakBeforeOperator(indent + "    ")
+            return node, _Operands(indent)
+        return None
 
     def joinable(self, changed) -> Dict[cst.CSTNode, str]:
         """Values wrapped in parentheses on their own line (`x = (\n    value\n)`) that a
@@ -561,6 +622,33 @@ class _Planner:
     def _indent(self, line: int) -> str:
         text = self.lines[line - 1]
         return text[: len(text) - len(text.lstrip(" \t"))]
+
+    def _operator_breaks(
+        self, node: cst.BaseExpression, lead: int, column: int, inside_parentheses=False
+    ) -> Optional[List[cst.BinaryOperation]]:
+        """The operations whose operator starts a line when `node`, after `lead` columns of
+        the operator before it, is laid out from `column` as black's delimiter split does:
+        at its lowest-priority operators, then again within each piece still too long; []
+        when it fits, None when a piece neither fits nor is such an operation."""
+        text = cst.Module([]).code_for_node(node)
+        if "\n" not in text and column + lead + len(text) <= self.limit:
+            return []
+        if not isinstance(node, cst.BinaryOperation) or node.lpar and not inside_parentheses:
+            return None
+        chain = _operator_chain(node)
+        if chain is None:
+            return None
+        found = self._operator_breaks(chain[-1].left, lead, column)
+        if found is None:
+            return None
+        found = list(chain) + found
+        for link in chain:
+            operator = cst.Module([]).code_for_node(link.operator).strip()
+            more = self._operator_breaks(link.right, len(operator) + 1, column)
+            if more is None:
+                return None
+            found += more
+        return found
 
     def _conditional_value(
         self, line: int, candidates
@@ -773,6 +861,22 @@ class _Planner:
         return None
 
 
+def _operator_chain(node: cst.BinaryOperation) -> Optional[List[cst.BinaryOperation]]:
+    """`a - b + c` as its operations from the outermost in, all of one operator class and
+    none in parentheses of its own: where black splits it; None for other operators."""
+    kinds = next((k for k in _OPERATOR_CLASSES if isinstance(node.operator, k)), None)
+    if kinds is None:
+        return None
+    chain = [node]
+    while (
+        isinstance(chain[-1].left, cst.BinaryOperation)
+        and not chain[-1].left.lpar
+        and isinstance(chain[-1].left.operator, kinds)
+    ):
+        chain.append(chain[-1].left)
+    return chain
+
+
 def _chain_dots(node: cst.CSTNode) -> List[cst.Attribute]:
     """The `.name` links of a method chain that follow a closing bracket, outermost first:
     where black splits a chain. Empty unless the chain starts from a plain name or dotted
@@ -892,6 +996,13 @@ def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
     )
 
 
+def _operator_on_new_line(node: cst.BinaryOperation, indent: str) -> cst.BinaryOperation:
+    operator = node.operator.with_changes(
+        whitespace_before=_line_break(indent), whitespace_after=cst.SimpleWhitespace(" ")
+    )
+    return node.with_changes(operator=operator)
+
+
 class _Relayout(cst.CSTTransformer):
     def __init__(self, plan: Dict[cst.CSTNode, object]) -> None:
         super().__init__()
@@ -914,6 +1025,15 @@ class _Relayout(cst.CSTTransformer):
                     whitespace_before_if=_line_break(inner),
                     whitespace_before_else=_line_break(inner),
                 )
+            return updated_node.with_changes(
+                lpar=[cst.LeftParen(whitespace_after=_line_break(inner))],
+                rpar=[cst.RightParen(whitespace_before=_line_break(layout.indent))],
+            )
+        if isinstance(layout, _BreakBeforeOperator):
+            return _operator_on_new_line(updated_node, layout.indent)
+        if isinstance(layout, _Operands):
+            inner = layout.indent + "    "
+            updated_node = _operator_on_new_line(updated_node, inner)
             return updated_node.with_changes(
                 lpar=[cst.LeftParen(whitespace_after=_line_break(inner))],
                 rpar=[cst.RightParen(whitespace_before=_line_break(layout.indent))],

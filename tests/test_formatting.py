@@ -394,6 +394,11 @@ CHAIN_OLD = "def forward(self, q, k, v):\n    if self.flash:\n        pass\n"
         " extra_dimension)",
         # links after an expression in parentheses (OPT201 on an evaluation loop's accuracy)
         "accuracy = (logits.argmax(1) == labels.to(device, non_blocking=True)).float().mean()",
+        # a difference in parentheses too long for its own line: split before each `-`/`+`
+        "loss = (model(x.to(device, non_blocking=True)).squeeze(-1) - y.to(device, "
+        "non_blocking=True) + penalty.to(device)).pow(2).mean()",
+        "loss = (prediction_of_the_model * weights.to(device, non_blocking=True) / scale_factor"
+        " - y).pow(2).mean()",
         # a bare expression statement gets no parentheses: its last call whose opening line
         # fits is split, with one link after it or several (OPT501 in `Trainer(...).train()`)
         "Trainer(net, torch.optim.SGD(net.parameters(), lr=0.1, fused=True), data, data)"
