@@ -25,6 +25,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_classes,
     model_dropout_calls,
+    model_helper_functions,
     model_random_draws,
     model_imported_classes,
     model_layer_calls,
@@ -340,7 +341,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         on the model's outputs, in source order."""
         facts = self.facts
         classes = model_classes(facts, model)
-        helpers = {
+        helpers = model_helper_functions(facts, model) | {
             call.node.func.value
             for call in facts.records.calls
             if call.site.class_name in classes

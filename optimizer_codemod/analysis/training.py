@@ -1506,8 +1506,23 @@ def is_elementwise_dropout(qualname: str) -> bool:
 
 
 def model_layer_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
-    """Calls that may build `model`'s layers: inside the expressions that build it, and in
-    every method of its classes of this file (see model_classes), in source order."""
+    """Calls that may build `model`'s layers: inside the expressions that build it, in every
+    method of its classes of this file (see model_classes), in source order, then in the
+    functions those call (model_helper_functions)."""
+    own = _own_layer_calls(facts, model)
+    helpers = _helper_functions(facts, model)
+    return own + [c for f in helpers.values() for c in facts.in_function("calls", f)]
+
+
+def model_helper_functions(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
+    """Functions of this file's top level that build `model`'s layers: called by name in the
+    methods of its classes (`conv3x3(in_planes, planes)` building `nn.Conv2d` for a ResNet),
+    or by those functions in turn. (Functions called where the model is built compute its
+    arguments, such as a dataset's sizes, and are left out.)"""
+    return set(_helper_functions(facts, model))
+
+
+def _own_layer_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
     inside = {
         id(call)
         for expression in _model_expressions(facts, model)
@@ -1519,6 +1534,26 @@ def model_layer_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSi
         for call in facts.records.calls
         if id(call.node) in inside or call.site.class_name in classes
     ]
+
+
+def _helper_functions(facts: "ScriptFacts", model: TrainedModel) -> Dict[str, cst.FunctionDef]:
+    classes = model_classes(facts, model)
+    calls = [c for c in facts.records.calls if c.site.class_name in classes]
+    functions = {
+        name: node
+        for name, node in facts.top_level_definitions.items()
+        if isinstance(node, cst.FunctionDef)
+    }
+    pending = [c.node.func.value for c in calls if isinstance(c.node.func, cst.Name)]
+    found: Dict[str, cst.FunctionDef] = {}
+    while pending:
+        name = pending.pop()
+        if name in found or name not in functions:
+            continue
+        found[name] = functions[name]
+        inner = facts.in_function("calls", functions[name])
+        pending.extend(c.node.func.value for c in inner if isinstance(c.node.func, cst.Name))
+    return found
 
 
 def model_dropout_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
