@@ -193,6 +193,26 @@ def _scope_nodes(scope: Scope) -> Iterable[cst.CSTNode]:
             stack.append(child)
 
 
+def _updates_started_in_block(body: cst.CSTNode) -> Set[int]:
+    """The `x += ...` of the block (by id) whose name a statement of the block itself set
+    (`correct = 0`) before the statement holding the update: every update then happens
+    under the block's mode, on a value the block made (a tensor made under `inference_mode`
+    may be updated there)."""
+    started: Set[str] = set()
+    found: Set[int] = set()
+    statements = getattr(body, "body", ())
+    for statement in statements if isinstance(statements, (list, tuple)) else ():
+        for update in find_all(statement, cst.AugAssign):
+            if isinstance(update.target, cst.Name) and update.target.value in started:
+                found.add(id(update))
+        line = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
+        if len(line) == 1 and isinstance(line[0], cst.Assign):
+            started.update(
+                t.target.value for t in line[0].targets if isinstance(t.target, cst.Name)
+            )
+    return found
+
+
 def block_escape(
     facts: "ScriptFacts",
     block: cst.BaseCompoundStatement,
@@ -255,6 +275,7 @@ def block_escape(
             return f"`{_short(node)}` may change state that outlives the block"
     if not runs_model:
         return "the block does not run a model that the script trains"
+    started = _updates_started_in_block(body)
     for node in find_all(body, cst.Assign, cst.AugAssign, cst.AnnAssign):
         targets = (
             [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
@@ -264,7 +285,11 @@ def block_escape(
                 if node.value is not None and not is_host_value(node.value, host, facts):
                     return f"`{_short(node)}` stores a value from the block"
                 break
-        if isinstance(node, cst.AugAssign) and not is_host_value(node.value, host, facts):
+        if (
+            isinstance(node, cst.AugAssign)
+            and not is_host_value(node.value, host, facts)
+            and id(node) not in started
+        ):
             return f"`{_short(node)}` updates a value in place"
     for node in find_all(body, cst.Return, cst.Yield, cst.Global, cst.Nonlocal):
         value = getattr(node, "value", None)
