@@ -11,6 +11,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.script import ScriptFacts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,3 +167,45 @@ def test_rewritten_script_runs_where_the_original_output_would_crash(tmp_path) -
         [sys.executable, str(uncast)], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert "BFloat16" in crashed.stderr
+
+
+EVALUATION = """
+import numpy as np
+import torch
+
+def sample(model, samples, outputs):
+    for x in samples:
+        {use}
+"""
+
+
+@pytest.mark.parametrize(
+    "use, leaving",
+    [
+        ("outputs.append(model(x))", "model(x)"),
+        ("outputs.append(model(x).cpu().numpy())", "model(x)"),
+        ("values = model(x).mean(0).tolist()", "model(x)"),
+        ('torch.save(model(x), "out.pt")', "model(x)"),
+        ("outputs.extend([torch.sigmoid(model(x))])", "model(x)"),
+        ("outputs[0] = model(x)", "model(x)"),
+        ("out = model(x); outputs.append(out)", "out"),
+        # Summed in 16 bits before `.item()`, as after the block.
+        ("outputs.append(model(x).sum().item())", "model(x)"),
+        # Settled or cast before it leaves: integers, a 32-bit copy, a Python number, a size.
+        ("outputs.append(model(x).argmax(1))", None),
+        ("outputs.append(model(x).float().cpu().numpy())", None),
+        ("outputs.append(model(x).item())", None),
+        ("outputs.append(len(model(x)))", None),
+        # A value that did not come out of a forward: the input batch.
+        ("outputs.append(x.cpu().numpy())", None),
+        ("out = model(x)", None),
+        ("out, features = model(x)", None),
+        ("outputs.append(model(helper(x)).argmax(1))", None),
+    ],
+)
+def test_escape_within_the_wrapped_statement(use: str, leaving) -> None:
+    source = textwrap.dedent(EVALUATION).replace("{use}", use)
+    facts = ScriptFacts.of(cst.parse_module(source))
+    loop = find_all(facts.module, cst.For)[0]
+    found = facts.autocast_escapes.escape_within(tuple(loop.body.body))
+    assert (facts.module.code_for_node(found) if found is not None else None) == leaving

@@ -145,6 +145,10 @@ class Float32TrainingWithoutAutocast(Rule):
         y).sum()`), `.item()` of the value itself, printing, shapes, an explicit `.float()`,
         and values autocast computes in float32 (`F.cross_entropy`, `nn.CrossEntropyLoss`,
         softmax). A read that sees a later binding of the name is no use of the block's value.
+        A value that leaves in the wrapped statement itself (`outputs.append(model(x))`,
+        `model(x).cpu().numpy()`, StarGAN's sampling) has no later read to cast back: that
+        evaluation statement stays in float32, and such a training step leaves the file's
+        steps in float32, `--why-not` naming the call.
         A training step in a method reads the model and device as `self.` attributes of its
         class; one in a function that receives them as parameters (called once in the file)
         gets the device by the function's own name for it (`torch.autocast(dev, ...)` in
@@ -257,6 +261,12 @@ class Float32TrainingWithoutAutocast(Rule):
         dtype = DTYPES[self.context.precision]
         if dtype == "bfloat16" and any(self._declines_recurrent(model, anchor) for model in models):
             return
+        escapes = facts.autocast_escapes
+        for step in steps:
+            leaving = escapes.escape_within(step.forward)
+            if leaving is not None:
+                self.decline(anchor, _leaves_the_block(leaving, "training step"))
+                return
         torch_name = facts.imports.name_for_module("torch")
         imports = () if torch_name else (ImportSpec("torch"),)
         torch_name = torch_name or "torch"
@@ -270,6 +280,10 @@ class Float32TrainingWithoutAutocast(Rule):
                 if any(statement is s for region in regions for s in region):
                     continue
                 if visible_at(facts, device, statement) and not guards.in_fallback(statement):
+                    leaving = escapes.escape_within((statement,))
+                    if leaving is not None:
+                        self.decline(statement, _leaves_the_block(leaving, "evaluation forward"))
+                        continue
                     regions.append((statement,))
                     code = device_type_code(facts, device)
                     contexts.append(autocast.format(torch=torch_name, device=code, dtype=dtype))
@@ -614,6 +628,15 @@ def _scaled_backward(step: TrainingStep, scaler: str) -> Edit:
                 )
             )
         ),
+    )
+
+
+def _leaves_the_block(leaving: cst.BaseExpression, where: str) -> str:
+    return (
+        f"this {where} stays in float32: the value of `{excerpt(leaving)}` would leave the "
+        "autocast block in the statement that computes it (`.numpy()`, `.tolist()`, a list's "
+        "`.append`, `torch.save` or an attribute), where bfloat16 breaks `.numpy()` or is kept "
+        "in 16 bits, and no later read is there to cast it back"
     )
 
 

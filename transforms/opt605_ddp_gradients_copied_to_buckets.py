@@ -78,7 +78,9 @@ class DDPGradientsCopiedToBuckets(Rule):
         across iterations sees it change, and `p.grad.detach_()` raises ("When gradients are
         views, `detach_()` cannot be called on the gradients", same docstring; `zero_grad()`
         avoids it). Applied only where the script touches no `.grad` at all (code in modules
-        it imports is not seen), with `--unsafe-fixes`. A script that wraps the model and
+        it imports is not seen; `torch.autograd.grad`, which returns gradients, touches
+        none: StyleGAN2's R1 penalty trains to the same parameters with and without the
+        option, two gloo processes on CPU), with `--unsafe-fixes`. A script that wraps the model and
         hands it to the training loop of another module of the run (`train_one_epoch(model,
         ...)` from engine.py; docs/projects.md) gets the option when neither it nor any
         module of the run it imports, directly or not, touches `.grad`; else it is reported,

@@ -71,6 +71,8 @@ SETTLING_METHODS = HOST_METHODS - {"tolist", "item"} | frozenset(
     }
 )
 ESCAPING_METHODS = frozenset({"numpy", "tolist"})
+# Methods of a container that keep the value they are given (`outputs.append(model(x))`).
+KEEPING_METHODS = frozenset({"append", "extend", "insert"})
 # Methods that move or reshape a tensor without computing on its values.
 # Copies to a device (or the host), which keep the dtype.
 MOVING_METHODS = frozenset({"to", "cuda", "cpu"})
@@ -119,6 +121,11 @@ FLOAT32_MODULES = frozenset(
     )
 )
 FLOAT32_METHODS = frozenset({"softmax", "log_softmax"})
+
+# Tensor methods whose result `escape_within` follows from their receiver, never a start.
+_FOLLOWED_METHODS = (
+    VIEW_METHODS | SETTLING_METHODS | ESCAPING_METHODS | KEEPING_METHODS | frozenset({"item"})
+)
 
 
 class _ScopeIndex:
@@ -188,6 +195,39 @@ class AutocastEscapes:
                 if self._use_escapes(index, scope, read, 0):
                     found.append(read)
         return sorted(found, key=lambda n: index.order[n])
+
+    def escape_within(
+        self, statements: Sequence[cst.BaseStatement]
+    ) -> Optional[cst.BaseExpression]:
+        """The first value `statements` compute, possibly a 16-bit tensor, that leaves them
+        in the statement that computes it, where no read after the block could cast it
+        back: `.numpy()`, `.tolist()`, a list's `.append()` (`outputs.append(model(x))`),
+        `torch.save`, an attribute or subscript it is stored in. A value handed to another
+        forward or helper is followed from that call's result."""
+        scope = self._scope_of(statements)
+        index = self._index(scope)
+        narrow = set(self._narrow_names(statements))
+        for statement in statements:
+            for node in find_all(statement, cst.Call, cst.Name):
+                if isinstance(node, cst.Name):
+                    start = node.value in narrow  # a binding target stops at its statement
+                else:
+                    start = self._may_compute_narrow(node)
+                if start and self._use_escapes(index, scope, node, 0, within=True):
+                    return node
+        return None
+
+    def _may_compute_narrow(self, call: cst.Call) -> bool:
+        """A call whose result may be a 16-bit tensor: a forward or helper called by name
+        (`model(x)`, `self.G(x)`), not torch's own op nor a tensor method (their dtype
+        follows their inputs, which are followed from their own calls)."""
+        name = dotted_name(call.func)
+        if name is None or method_name(call) in _FOLLOWED_METHODS:
+            return False
+        qualified = self.facts.qualified_name(call.func) or ""
+        if qualified.startswith("torch.") or self._is_wide(call):
+            return False
+        return not (name in SETTLING_BUILTINS and not self.facts.imports.is_bound(name))
 
     # Scopes --------------------------------------------------------------------------
     def _index(self, scope: Scope) -> _ScopeIndex:
@@ -343,11 +383,19 @@ class AutocastEscapes:
         return False
 
     def _use_escapes(
-        self, index: _ScopeIndex, scope: Scope, read: cst.Name, depth: int, computed=False
+        self,
+        index: _ScopeIndex,
+        scope: Scope,
+        read: cst.BaseExpression,
+        depth: int,
+        computed=False,
+        within=False,
     ) -> bool:
         """Where the value `read` reads goes: up through the expression around it.
         `computed`: an operation after the block already ran on it in 16 bits (a sum, a
-        softmax, a loss), so even `.item()` of the result has lost precision."""
+        softmax, a loss), so even `.item()` of the result has lost precision. `within`: the
+        value is read inside the block, where handing it to a forward or helper is no
+        escape, and a name it is bound to is followed by `escaping_reads`."""
         node: cst.CSTNode = read
         while True:
             parent = index.parents.get(node)
@@ -374,7 +422,7 @@ class AutocastEscapes:
                 call = index.parents.get(parent)
                 if not isinstance(call, cst.Call):
                     return False
-                verdict = self._argument_escapes(call)
+                verdict = self._argument_escapes(call, within)
                 if verdict is not None:
                     return verdict
                 node, computed = call, True
@@ -388,6 +436,11 @@ class AutocastEscapes:
             if isinstance(parent, cst.AugAssign):
                 return parent.value is node  # `total += out.sum()`: accumulated
             if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
+                if within:  # `self.fake = G(x)`, `out[i] = ...`: kept; names are followed
+                    return any(
+                        find_all(target, cst.Attribute, cst.Subscript)
+                        for target in binding_targets(parent)
+                    )
                 return self._assigned_value_escapes(index, scope, parent, depth, computed)
             if isinstance(parent, (cst.BaseStatement, cst.BaseSmallStatement, cst.BaseSuite)):
                 return False
@@ -395,9 +448,10 @@ class AutocastEscapes:
                 computed = True
             node = parent  # arithmetic, subscripts, tuples, lists: the value goes on
 
-    def _argument_escapes(self, call: cst.Call) -> Optional[bool]:
+    def _argument_escapes(self, call: cst.Call, within=False) -> Optional[bool]:
         """True: the call keeps or converts the value; False: it settles it; None: the
-        call computes a new tensor from it (a torch op) and the walk goes on."""
+        call computes a new tensor from it (a torch op) and the walk goes on. `within` the
+        block, only a container's or `torch.save` keeps it: another call is a forward."""
         facts = self.facts
         qualified = facts.qualified_name(call.func) or ""
         if qualified == "torch.save":
@@ -405,6 +459,8 @@ class AutocastEscapes:
         if qualified.startswith("torch."):
             return None
         method = method_name(call)
+        if within:
+            return method in KEEPING_METHODS
         if method is not None:
             if method == "scale":  # `scaler.scale(loss).backward()`
                 return False

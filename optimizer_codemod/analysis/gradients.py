@@ -28,7 +28,12 @@ def grad_reads(facts: "ScriptFacts") -> List[GradRead]:
     in place (`p.grad += noise`, which fails on None) and `getattr(p, "grad")`. Stores
     (`p.grad = None`) read nothing.
     """
-    found = [GradRead(read.node, read.site) for read in facts.records.grad_reads]
+    # `torch.autograd.grad(...)` is a function that returns gradients: no `.grad` is read.
+    found = [
+        GradRead(read.node, read.site)
+        for read in facts.records.grad_reads
+        if facts.qualified_name(read.node) != "torch.autograd.grad"
+    ]
     found += [
         GradRead(a.statement_node, a.site)
         for a in facts.records.assignments
