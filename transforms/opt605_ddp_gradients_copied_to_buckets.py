@@ -16,13 +16,10 @@ from optimizer_codemod.analysis.calls import (
 from optimizer_codemod.analysis.gradients import grad_touches
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import DDP_CLASSES
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
-DDP_CLASSES = (
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-)
 KEYWORD = "gradient_as_bucket_view"
 
 SCRIPT = """\
@@ -78,7 +75,11 @@ class DDPGradientsCopiedToBuckets(Rule):
         across iterations sees it change, and `p.grad.detach_()` raises ("When gradients are
         views, `detach_()` cannot be called on the gradients", same docstring; `zero_grad()`
         avoids it). Applied only where the script touches no `.grad` at all (code in modules
-        it imports is not seen), with `--unsafe-fixes`. A script that wraps the model and
+        it imports is not seen when it is rewritten alone), with `--unsafe-fixes`. When a
+        folder is rewritten, no module of the run it imports, directly or not, may touch
+        `.grad` either (guided-diffusion's train_util.py wraps its model in DDP and its
+        fp16_util.py calls `param.grad.detach_()`, which raises on a bucket view); else it
+        is reported, naming the module. A script that wraps the model and
         hands it to the training loop of another module of the run (`train_one_epoch(model,
         ...)` from engine.py; docs/projects.md) gets the option when neither it nor any
         module of the run it imports, directly or not, touches `.grad`; else it is reported,
@@ -143,13 +144,13 @@ class DDPGradientsCopiedToBuckets(Rule):
                 continue
             if touched is None:
                 touched = grad_touches(facts)
-            if not touched and elsewhere is not None and elsewhere.imported.touches_grad:
+            toucher = _imported_grad_toucher(facts, elsewhere)
+            if not touched and toucher:
                 self.report(
                     call,
                     message=f"{self.message}; `{KEYWORD}=True` would remove the copies, but "
-                    f"{elsewhere.decided_by('touches_grad')}, which this script imports (its "
-                    f"loop runs in {', '.join(elsewhere.modules)}), touches `.grad`, which "
-                    "would then be a view into a bucket DDP overwrites",
+                    f"{toucher}, touches `.grad`, which would then be a view into a bucket DDP "
+                    "overwrites",
                 )
                 continue
             if touched:
@@ -161,3 +162,17 @@ class DDPGradientsCopiedToBuckets(Rule):
                 )
                 continue
             self.report(call, Fix((Replace(call, with_keyword(call, KEYWORD, cst.Name("True"))),)))
+
+
+def _imported_grad_toucher(facts, elsewhere) -> str:
+    """`fp16_util.py, which this module imports` when a module of the run that this one
+    imports reads or assigns a `.grad` (project.py), "" when none does or without a project."""
+    project = getattr(facts, "project", None)
+    label = project.grad_touched_in if project is not None else ""
+    if not label:
+        return ""
+    if elsewhere is not None:
+        return (
+            f"{label}, which this script imports (its loop runs in {', '.join(elsewhere.modules)})"
+        )
+    return f"{label}, which this module imports"

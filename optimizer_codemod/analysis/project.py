@@ -84,7 +84,7 @@ from optimizer_codemod.analysis.handoffs import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR
+from optimizer_codemod.analysis.training import DDP_CLASSES, NO_GRAD_DECORATOR
 
 # A line importing something: its module part (with any leading dots) and the rest.
 _IMPORT_LINE = re.compile(
@@ -147,7 +147,6 @@ class Settings:
     convolutions: bool = False
     cudnn_configured: bool = False
     variable_shapes: bool = False
-    touches_grad: bool = False  # reads or assigns a `.grad` (OPT605's bucket views)
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -252,6 +251,10 @@ class ProjectFacts:
     # (name, file) for each class or function of it that a file of the run imports and uses
     # otherwise than by calling it (passes it around, stores it): its calls are not all seen.
     used_otherwise: Tuple[Tuple[str, str], ...] = ()
+    # For a file that wraps a model in DistributedDataParallel: the first file of the run it
+    # imports, directly or not, that reads or assigns a `.grad` (bucket views change what that
+    # code sees: fp16_util.py's `param.grad.detach_()` raises on one), "" when none.
+    grad_touched_in: str = ""
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -336,6 +339,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
                 imported_class(r, ImportedRegistry) for r in record.get("imported_registries", ())
             ),
             used_otherwise=tuple(tuple(u) for u in record.get("used_otherwise", ())),
+            grad_touched_in=record.get("grad_touched_in", ""),
         )
         for path, record in data.items()
     }
@@ -866,7 +870,6 @@ def _methods(facts, class_name: str) -> Set[str]:
 # One module's facts --------------------------------------------------------------------------
 def _settings(facts) -> Settings:
     from optimizer_codemod.analysis import precision
-    from optimizer_codemod.analysis.gradients import grad_touches
 
     return Settings(
         trains=facts.trains,
@@ -877,7 +880,6 @@ def _settings(facts) -> Settings:
         convolutions=bool(precision.convolution_sites(facts)),
         cudnn_configured=precision.cudnn_benchmark_configured(facts),
         variable_shapes=precision.variable_input_shapes(facts) is not None,
-        touches_grad=bool(grad_touches(facts)),
     )
 
 
@@ -940,6 +942,7 @@ def _own_facts(
             if found is not None:
                 datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found))
     loops = _loops_elsewhere(module, files)
+    wraps_in_ddp = bool(module.facts.calls_to(*DDP_CLASSES))
     registries = _imported_registries(module, files)
     # Only a file that builds a loader hands one on; the others' summaries stay in the index.
     builds = bool(module.facts.dataloader_constructions())
@@ -954,7 +957,20 @@ def _own_facts(
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
         imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
+        grad_touched_in=_grad_touched_in(module, files) if wraps_in_ddp else "",
     )
+
+
+def _grad_touched_in(module: _Module, files: Dict[str, _Module]) -> str:
+    """The first file (by label) of the run that `module` imports, transitively, and that
+    reads or assigns a `.grad`; "" when none."""
+    from optimizer_codemod.analysis.gradients import grad_touches
+
+    for path in sorted(_imported_files(module, files), key=lambda p: files[p].label):
+        other = files.get(path)
+        if other is not None and other.facts is not None and grad_touches(other.facts):
+            return other.label
+    return ""
 
 
 def _imported_registries(module: _Module, files: Dict[str, _Module]) -> List[ImportedRegistry]:
