@@ -37,7 +37,7 @@ DRIVERS.update(star_models=["train.py"], imported_demo=["train.py"])
 DRIVERS.update(engine_loop=["main.py"], padded_elsewhere=["train.py"])
 DRIVERS.update(datasets_elsewhere=["train.py"], evaluate_elsewhere=["main.py"])
 DRIVERS["registry_models"] = ["train_dict.py", "train_namespace.py"]
-DRIVERS["ddp_grad_reset_elsewhere"] = ["train.py"]
+DRIVERS.update(ddp_grad_reset_elsewhere=["train.py"], seeded_helper=["train.py"])
 
 
 def copy(name: str, tmp_path: Path) -> Path:
@@ -644,6 +644,16 @@ def test_ddp_gets_no_bucket_views_where_an_imported_module_touches_grad(tmp_path
     helper.write_text(helper.read_text().replace("param.grad.zero_()", "pass"))
     helper.write_text(helper.read_text().replace("param.grad is not None", "True"))
     assert "OPT605" in fixed(apply(folder, write=False)["trainer.py"])
+
+
+def test_a_seeding_helper_in_another_module_keeps_the_precision(tmp_path: Path) -> None:
+    """PyTorch-YOLOv3's train.py runs its own loop and calls utils.py's
+    `provide_determinism`, which sets `cudnn.deterministic = True`: TF32 and the autotuner
+    stay off there, as they do where the script sets the flag itself."""
+    outcomes = apply(copy("seeded_helper", tmp_path), why_not=True)
+    assert "OPT301" not in fixed(outcomes["train.py"])
+    [reason] = _by_code(outcomes["train.py"], Status.DECLINED)["OPT301"]
+    assert reason.startswith("seeding.py, which this script imports, already asks for reprod")
 
 
 def test_a_script_imports_packages_from_the_run_root(tmp_path: Path) -> None:

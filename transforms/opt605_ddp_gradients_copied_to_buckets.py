@@ -14,7 +14,7 @@ from optimizer_codemod.analysis.calls import (
     with_keyword,
 )
 from optimizer_codemod.analysis.gradients import grad_touches
-from optimizer_codemod.analysis.precision import loops_elsewhere
+from optimizer_codemod.analysis.precision import imported_decider, loops_elsewhere
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import DDP_CLASSES
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
@@ -144,7 +144,7 @@ class DDPGradientsCopiedToBuckets(Rule):
                 continue
             if touched is None:
                 touched = grad_touches(facts)
-            toucher = _imported_grad_toucher(facts, elsewhere)
+            toucher = imported_decider(facts, "touches_grad")
             if not touched and toucher:
                 self.report(
                     call,
@@ -162,17 +162,3 @@ class DDPGradientsCopiedToBuckets(Rule):
                 )
                 continue
             self.report(call, Fix((Replace(call, with_keyword(call, KEYWORD, cst.Name("True"))),)))
-
-
-def _imported_grad_toucher(facts, elsewhere) -> str:
-    """`fp16_util.py, which this module imports` when a module of the run that this one
-    imports reads or assigns a `.grad` (project.py), "" when none does or without a project."""
-    project = getattr(facts, "project", None)
-    label = project.grad_touched_in if project is not None else ""
-    if not label:
-        return ""
-    if elsewhere is not None:
-        return (
-            f"{label}, which this script imports (its loop runs in {', '.join(elsewhere.modules)})"
-        )
-    return f"{label}, which this module imports"
