@@ -359,8 +359,15 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
             value = assignment.value
             if assignment.unpacked:
                 statement = assignment.statement_node
+                host = _host_positions(facts, value)
                 for target in getattr(statement, "targets", ()):
-                    seeds.update(target_names(target.target))
+                    elements = getattr(target.target, "elements", None)
+                    if elements is None or not host:
+                        seeds.update(target_names(target.target))
+                        continue
+                    for position, element in enumerate(elements):
+                        if position not in host:
+                            seeds.update(target_names(element.value))
             elif isinstance(value, cst.Call):
                 seeds.update(
                     name
@@ -374,6 +381,35 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
                 if isinstance(root, cst.Name):
                     seeds.add(root.value)
     return seeds
+
+
+def _host_positions(facts: "ScriptFacts", value: cst.BaseExpression) -> Set[int]:
+    """Positions of the tuple that `value`, a call of a function of this file, returns that
+    hold a host value on every `return`: PyTorch-YOLOv3's `compute_loss` returns `loss,
+    to_cpu(torch.cat(...))`, with `to_cpu` returning `tensor.detach().cpu()`."""
+    site = facts.call_site_of.get(value) if isinstance(value, cst.Call) else None
+    function = local_function(facts, site) if site is not None else None
+    returns = find_all(function.body, cst.Return) if function is not None else []
+    if not returns or any(not isinstance(r.value, cst.Tuple) for r in returns):
+        return set()
+    positions = set(range(max(len(r.value.elements) for r in returns)))
+    for returned in returns:
+        elements = returned.value.elements
+        positions &= {i for i, e in enumerate(elements) if _host_result(facts, e.value)}
+    return positions
+
+
+def _host_result(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """A host value for sure (`_off_device`), or a call of a function of this file whose
+    every `return` gives one (`to_cpu(x)`)."""
+    if _off_device(facts, node):
+        return True
+    site = facts.call_site_of.get(node) if isinstance(node, cst.Call) else None
+    function = local_function(facts, site) if site is not None else None
+    returns = find_all(function.body, cst.Return) if function is not None else []
+    return bool(returns) and all(
+        r.value is not None and _off_device(facts, r.value) for r in returns
+    )
 
 
 def _commented(line: cst.CSTNode) -> bool:
