@@ -219,6 +219,18 @@ def test_a_keyword_added_to_a_hugged_call_keeps_its_layout() -> None:
             "opt = torch.optim.AdamW(\n    params,\n    lr=1e-3  # tuned\n)\n",
             "opt = torch.optim.AdamW(\n    params,\n    lr=1e-3,  # tuned\n    fused=True\n)\n",
         ),
+        # ... and with `)` hugging the last argument (PyTorch-YOLOv3's train.py), `)` follows
+        # the new one, and a comment on the line before is not copied
+        (
+            "opt = torch.optim.SGD(\n    params,\n    lr=1e-3,  # tuned\n    momentum=0.9)\n",
+            "opt = torch.optim.SGD(\n    params,\n    lr=1e-3,  # tuned\n    momentum=0.9,\n"
+            "    fused=True)\n",
+        ),
+        (
+            "opt = torch.optim.SGD(params,\n                      lr=1e-3)\n",
+            "opt = torch.optim.SGD(params,\n                      lr=1e-3,\n"
+            "                      fused=True)\n",
+        ),
         # keywords written with spaces around `=` get the new one the same way
         (
             "opt = torch.optim.AdamW(params, lr = 1e-3, betas = (0.9, 0.95))\n",

@@ -37,6 +37,7 @@ DRIVERS.update(star_models=["train.py"], imported_demo=["train.py"])
 DRIVERS.update(engine_loop=["main.py"], padded_elsewhere=["train.py"])
 DRIVERS.update(datasets_elsewhere=["train.py"], evaluate_elsewhere=["main.py"])
 DRIVERS["registry_models"] = ["train_dict.py", "train_namespace.py"]
+DRIVERS.update(ddp_grad_reset_elsewhere=["train.py"], seeded_helper=["train.py"])
 
 
 def copy(name: str, tmp_path: Path) -> Path:
@@ -64,6 +65,18 @@ def texts(folder: Path) -> Dict[str, str]:
     return {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*.py"))}
 
 
+def run_driver(folder: Path, driver: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs a project's driver on the CPU, as a user would from its folder."""
+    return subprocess.run(
+        [sys.executable, driver],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", **env},
+    )
+
+
 # The fixtures ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_apply_rewrites_the_project_as_expected(name: str, tmp_path: Path) -> None:
@@ -86,14 +99,7 @@ def test_the_rewritten_project_trains(name: str, tmp_path: Path) -> None:
     folder = tmp_path / name
     shutil.copytree(PROJECTS / f"{name}.expected", folder)
     for driver in DRIVERS[name]:
-        done = subprocess.run(
-            [sys.executable, driver],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
-        )
+        done = run_driver(folder, driver)
         assert done.returncode == 0, done.stderr
         loss = float(re.search(r"loss (\S+)", done.stdout).group(1))
         assert math.isfinite(loss)
@@ -611,15 +617,43 @@ def test_the_kept_engine_loop_says_why_at_each_site(tmp_path: Path) -> None:
         assert "`torch.backends.cudnn.deterministic = True`), even if only in some runs" in reason
     [report] = _by_code(outcomes["main.py"], Status.REPORTED)["OPT605"]
     assert "but scaler.py, which this script imports" in report
-    done = subprocess.run(
-        [sys.executable, "main.py"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "", "SEED": "0"},
-    )
+    done = run_driver(folder, "main.py", SEED="0")
     assert done.returncode == 0, done.stderr
+
+
+def test_ddp_gets_no_bucket_views_where_an_imported_module_touches_grad(tmp_path: Path) -> None:
+    """guided-diffusion's train_util.py wraps its model in DDP and runs the loop itself; its
+    fp16_util.py resets gradients with `param.grad.detach_()`, which raises on a bucket view."""
+    repro = PROJECTS / "ddp_grad_reset_elsewhere"
+    folder = tmp_path / "run"
+    shutil.copytree(repro, folder)
+    outcomes = apply(folder, write=False, why_not=True)
+    assert "OPT605" not in fixed(outcomes["trainer.py"])
+    [report] = _by_code(outcomes["trainer.py"], Status.REPORTED)["OPT605"]
+    assert "but mixed_precision.py, which this module imports, touches `.grad`" in report
+    # The hazard is real: with the option the driver raises at the second reset.
+    trainer = folder / "trainer.py"
+    plain = trainer.read_text()
+    trainer.write_text(plain.replace("=False)", "=False, gradient_as_bucket_view=True)"))
+    done = run_driver(folder, "train.py")
+    assert done.returncode != 0 and "Can't detach views in-place" in done.stderr
+    trainer.write_text(plain)
+    # Without the hand-written reset nothing else touches `.grad`: the option is added.
+    helper = folder / "mixed_precision.py"
+    helper.write_text(helper.read_text().replace("param.grad.detach_()", "pass"))
+    helper.write_text(helper.read_text().replace("param.grad.zero_()", "pass"))
+    helper.write_text(helper.read_text().replace("param.grad is not None", "True"))
+    assert "OPT605" in fixed(apply(folder, write=False)["trainer.py"])
+
+
+def test_a_seeding_helper_in_another_module_keeps_the_precision(tmp_path: Path) -> None:
+    """PyTorch-YOLOv3's train.py runs its own loop and calls utils.py's
+    `provide_determinism`, which sets `cudnn.deterministic = True`: TF32 and the autotuner
+    stay off there, as they do where the script sets the flag itself."""
+    outcomes = apply(copy("seeded_helper", tmp_path), why_not=True)
+    assert "OPT301" not in fixed(outcomes["train.py"])
+    [reason] = _by_code(outcomes["train.py"], Status.DECLINED)["OPT301"]
+    assert reason.startswith("seeding.py, which this script imports, already asks for reprod")
 
 
 def test_a_script_imports_packages_from_the_run_root(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from fixture_cases import fixtures
 
 from optimizer_codemod import rewrite
@@ -159,6 +159,12 @@ if __name__ == "__main__":
         (HANDED_ON_SCRIPT, "OPT103", 14, "`evaluate` inside a loop, which passes it on"),
         (HANDED_ON_SCRIPT, "OPT101", 14, "no loop over this loader is found"),
         (RETURNED_LOADER_MODULE, "OPT103", 5, "it is returned by `get_loader()`"),
+        (
+            (ROOT / "fixtures/OPT103/keep_loader_yielded_from_endless_generator.py").read_text(),
+            "OPT103",
+            17,
+            "`load_data()` iterates it with `yield from`",
+        ),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:

@@ -64,7 +64,12 @@ class DeviceValueSynchronizesEveryStep(Rule):
         of its own, and called from a loop or from a function called in one), and in
         the functions those call in turn (two levels), are reported where they are (`return
         loss.item(), acc.item()` in a `test()` run after every step). Calls under an `if`
-        whose test has a `%` (`if step % 100 == 0:`) do not run every step.
+        whose test has a `%` (`if step % 100 == 0:`) do not run every step, nor do those
+        under `if param == <literal>:` when every call of the helper in the file gives
+        `param` another literal (guided-diffusion's `compute_top_k(..., reduction="none")`
+        and its `if reduction == "mean": return ....item()`). A name unpacked beside the
+        loss from a helper of the file (`loss, parts = compute_loss(...)`) is not taken for
+        a device tensor where every `return` of the helper puts a host value (`.cpu()`).
 
     Why is it slow:
         Reading a device value on the host makes the host wait until the device has

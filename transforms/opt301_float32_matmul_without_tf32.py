@@ -14,6 +14,7 @@ from optimizer_codemod.analysis.precision import (
     float32_precision_configured,
     float64_model,
     imported_by_others,
+    imported_decider,
     loops_elsewhere,
     setting_placement,
     reduced_precision_use,
@@ -83,8 +84,9 @@ class Float32MatmulWithoutTF32(Rule):
         setting goes into the script that runs such a module's loop (`Trainer(...).run()`
         under its `__main__` guard, with `Trainer` from trainer.py), each script when several
         do, as for a loop of its own, and the module declines, naming them; the precision,
-        determinism and float64 checks then cover the modules the script imports too
-        (docs/projects.md). `--why-not` says, at the backward call (or the call that runs
+        determinism and float64 checks then cover the modules the script imports too, also
+        where it runs its loop itself (PyTorch-YOLOv3's train.py calls `provide_determinism`
+        of its utils.py, which sets `cudnn.deterministic = True`) (docs/projects.md). `--why-not` says, at the backward call (or the call that runs
         another module's loop), what already decides the precision: the statement
         (`cudnn.deterministic = True` in a seeded branch: "even if only in some runs"), or the
         imported module. A script that starts its training processes with
@@ -170,7 +172,7 @@ class Float32MatmulWithoutTF32(Rule):
         anchor = backward or entry_call(facts)
         if anchor is None or float32_precision_configured(facts):
             return  # its own choice, or this rule's fix in an earlier pass
-        reason = _why_precision_is_decided(facts, elsewhere)
+        reason = _why_precision_is_decided(facts)
         if reason is not None:
             self.decline(anchor.node, reason)
             return
@@ -225,10 +227,10 @@ class Float32MatmulWithoutTF32(Rule):
         )
 
 
-def _why_precision_is_decided(facts, elsewhere) -> "str | None":
+def _why_precision_is_decided(facts) -> "str | None":
     """Why the script's float32 matmul precision is not ours to change: it chose it, asks for
-    reproducible numerics, computes in another precision, or so do the modules whose loops it
-    runs (`elsewhere`, a project.LoopsElsewhere); else None."""
+    reproducible numerics, computes in another precision, or so does a module of the run it
+    imports (a seeded helper, the module whose loop it runs); else None."""
     requested = determinism_request(facts)
     if requested is not None:
         return (
@@ -244,8 +246,6 @@ def _why_precision_is_decided(facts, elsewhere) -> "str | None":
         )
     if float64_model(facts):
         return "the model computes in float64: TF32 concerns float32 matmuls only"
-    if elsewhere is None:
-        return None
     for setting, words in (
         ("precision_configured", "sets a float32 matmul precision or a TF32 flag"),
         ("determinism", "asks for reproducible numerics"),
@@ -256,10 +256,7 @@ def _why_precision_is_decided(facts, elsewhere) -> "str | None":
         ),
         ("float64", "computes in float64"),
     ):
-        if getattr(elsewhere.imported, setting):
-            return (
-                f"{elsewhere.decided_by(setting) or 'a module it imports'}, which this script "
-                f"imports (its loop runs in {', '.join(elsewhere.modules)}), already {words}: "
-                "it chose the precision"
-            )
+        decider = imported_decider(facts, setting)
+        if decider:
+            return f"{decider}, already {words}: it chose the precision"
     return None

@@ -13,6 +13,7 @@ from optimizer_codemod.analysis.precision import (
     entry_points_elsewhere,
     imported_by_others,
     imported_convolutions,
+    imported_decider,
     loops_elsewhere,
     setting_placement,
     setting_statement,
@@ -71,8 +72,9 @@ class CudnnBenchmarkDisabled(Rule):
         detected. Reported without a fix in an importable module and when torch is not
         imported in the top import block (see OPT301); with the files rewritten together,
         the setting goes into the script that runs the module's loop, and the convolutions,
-        determinism and shape checks cover the modules that script imports too
-        (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
+        determinism and shape checks cover the modules that script imports too (the
+        determinism check also where a script runs its loop itself and a seeding helper it
+        imports asks for it) (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
         `--why-not` names what decides the autotuner: a script that sets
         `cudnn.benchmark = False` or asks for determinism only in its seeded runs (pytorch/
         examples imagenet) keeps its choice in the others too (turning the autotuner on
@@ -120,7 +122,8 @@ class CudnnBenchmarkDisabled(Rule):
         # A script whose training loop is in another module of the run: the setting goes
         # here, with what the modules it imports build and decide (analysis/project.py).
         elsewhere = loops_elsewhere(facts)
-        imported = elsewhere.imported if elsewhere is not None else None
+        project = getattr(facts, "project", None)
+        imported = project.imported if elsewhere is not None else None
         convolutions = convolution_sites(facts)
         # A model class of another module of the run built with convolutions counts too.
         anchor = convolutions[0] if convolutions else imported_convolutions(facts)
@@ -132,11 +135,11 @@ class CudnnBenchmarkDisabled(Rule):
             # No convolution seen, yet the script turns the autotuner off itself: say why
             # that choice stays (the model may convolve: `models.__dict__[args.arch]()`).
             chosen = cudnn_benchmark_choice(facts)
-            reason = _why_benchmark_is_decided(facts, None) if chosen is not None else None
+            reason = _why_benchmark_is_decided(facts) if chosen is not None else None
             if reason:
                 self.decline(chosen, reason)
             return
-        reason = _why_benchmark_is_decided(facts, elsewhere)
+        reason = _why_benchmark_is_decided(facts)
         if reason is not None:
             if reason:
                 self.decline(anchor.node, reason)
@@ -194,9 +197,10 @@ class CudnnBenchmarkDisabled(Rule):
         )
 
 
-def _why_benchmark_is_decided(facts, elsewhere) -> "str | None":
-    """Why `cudnn.benchmark` is not ours to set: the script, or a module whose loop it runs
-    (`elsewhere`, project.LoopsElsewhere), decides it or asks for reproducible numerics.
+def _why_benchmark_is_decided(facts) -> "str | None":
+    """Why `cudnn.benchmark` is not ours to set: the script, or a module of the run it
+    imports (a seeded helper, the module whose loop it runs), decides it or asks for
+    reproducible numerics.
     "" when it already turns the autotuner on (its own choice, or this rule's fix in an
     earlier pass): nothing to say. None when nothing decides it."""
     chosen = cudnn_benchmark_choice(facts)
@@ -215,15 +219,11 @@ def _why_benchmark_is_decided(facts, elsewhere) -> "str | None":
             f"the script asks for reproducible numerics (`{excerpt(requested)}`), even if only "
             "in some runs: the autotuner may pick different algorithms from run to run"
         )
-    if elsewhere is None:
-        return None
     for setting, words in (
         ("cudnn_configured", "decides `cudnn.benchmark`"),
         ("determinism", "asks for reproducible numerics"),
     ):
-        if getattr(elsewhere.imported, setting):
-            return (
-                f"{elsewhere.decided_by(setting) or 'a module it imports'}, which this script "
-                f"imports (its loop runs in {', '.join(elsewhere.modules)}), already {words}"
-            )
+        decider = imported_decider(facts, setting)
+        if decider:
+            return f"{decider}, already {words}"
     return None

@@ -15,7 +15,6 @@ from optimizer_codemod.analysis.precision import (
     TORCHVISION_MODELS,
     convolution_sites,
     imported_convolutions,
-    loops_elsewhere,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -312,10 +311,10 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         for assignment, lookup in models_chosen_by_name(facts):
             self.decline(assignment.site.statement, _chosen_by_name(lookup))
             declined.add(assignment.target)
-        loops = loops_elsewhere(facts)
         convolutions = bool(convolution_sites(facts) or imported_convolutions(facts))
         for handed in models_trained_elsewhere(facts):
-            if handed.name in declined or not (convolutions or loops.imported.convolutions):
+            # A model handed to another module's loop: there is a project index.
+            if handed.name in declined or not (convolutions or facts.project.imported.convolutions):
                 continue
             self.decline(
                 handed.placed,

@@ -18,13 +18,10 @@ from optimizer_codemod.analysis.module_usage import (
     why_training_may_change_used_parameters,
     why_used_parameters_may_change,
 )
+from optimizer_codemod.analysis.training import DDP_CLASSES
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
-DDP_CLASSES = (
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-)
 _NOT_A_LITERAL = object()
 # The constructor keyword; `_set_static_graph()` came in 1.9 (pytorch/pytorch#71459).
 STATIC_GRAPH_SINCE = TorchVersion(1, 11)

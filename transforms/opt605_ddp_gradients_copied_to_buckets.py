@@ -14,15 +14,12 @@ from optimizer_codemod.analysis.calls import (
     with_keyword,
 )
 from optimizer_codemod.analysis.gradients import grad_touches
-from optimizer_codemod.analysis.precision import loops_elsewhere
+from optimizer_codemod.analysis.precision import imported_decider, loops_elsewhere
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import DDP_CLASSES
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
-DDP_CLASSES = (
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-)
 KEYWORD = "gradient_as_bucket_view"
 
 SCRIPT = """\
@@ -78,9 +75,13 @@ class DDPGradientsCopiedToBuckets(Rule):
         across iterations sees it change, and `p.grad.detach_()` raises ("When gradients are
         views, `detach_()` cannot be called on the gradients", same docstring; `zero_grad()`
         avoids it). Applied only where the script touches no `.grad` at all (code in modules
-        it imports is not seen; `torch.autograd.grad`, which returns gradients, touches
-        none: StyleGAN2's R1 penalty trains to the same parameters with and without the
-        option, two gloo processes on CPU), with `--unsafe-fixes`. A script that wraps the model and
+        it imports is not seen when it is rewritten alone; `torch.autograd.grad`, which
+        returns gradients, touches none: StyleGAN2's R1 penalty trains to the same parameters
+        with and without the option, two gloo processes on CPU), with `--unsafe-fixes`. When
+        a folder is rewritten, no module of the run it imports, directly or not, may touch
+        `.grad` either (guided-diffusion's train_util.py wraps its model in DDP and its
+        fp16_util.py calls `param.grad.detach_()`, which raises on a bucket view); else it
+        is reported, naming the module. A script that wraps the model and
         hands it to the training loop of another module of the run (`train_one_epoch(model,
         ...)` from engine.py; docs/projects.md) gets the option when neither it nor any
         module of the run it imports, directly or not, touches `.grad`; else it is reported,
@@ -145,13 +146,13 @@ class DDPGradientsCopiedToBuckets(Rule):
                 continue
             if touched is None:
                 touched = grad_touches(facts)
-            if not touched and elsewhere is not None and elsewhere.imported.touches_grad:
+            toucher = imported_decider(facts, "touches_grad")
+            if not touched and toucher:
                 self.report(
                     call,
                     message=f"{self.message}; `{KEYWORD}=True` would remove the copies, but "
-                    f"{elsewhere.decided_by('touches_grad')}, which this script imports (its "
-                    f"loop runs in {', '.join(elsewhere.modules)}), touches `.grad`, which "
-                    "would then be a view into a bucket DDP overwrites",
+                    f"{toucher}, touches `.grad`, which would then be a view into a bucket DDP "
+                    "overwrites",
                 )
                 continue
             if touched:

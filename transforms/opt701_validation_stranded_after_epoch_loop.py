@@ -48,7 +48,10 @@ class ValidationStrandedAfterEpochLoop(Rule):
         `for ... else`, in another notebook cell, or in another scope. So is a block whose
         every statement the loop body already runs (DALLE-pytorch's `save_model(path,
         epoch=epoch)`, at the end of each epoch and again after the loop: moved, it would
-        save twice per epoch). A block with
+        save twice per epoch), and a block whose validation or saving calls the loop body
+        already makes under a condition of its own (guided-diffusion's classifier_train.py
+        saves every `save_interval` steps and once more after the loop: moved, it would save
+        on every step). A block with
         `return`, `yield`, `break`, `continue`, `global`/`nonlocal` or a definition is not
         moved. Reported without a fix when the block calls `model.eval()` (directly or in a
         function of the file) and nothing in the loop calls `model.train()` again: the next
@@ -105,6 +108,14 @@ class ValidationStrandedAfterEpochLoop(Rule):
                     "the epoch loop's body already runs this code every epoch: "
                     "after the loop it is a final repeat (a last save or test), and moving it "
                     "would run it twice per epoch",
+                )
+                continue
+            if block.repeats_call is not None:
+                self.decline(
+                    first,
+                    f"the epoch loop's body already calls `{block.repeats_call}` itself "
+                    "(every iteration, or under a condition such as every N steps): after the "
+                    "loop it is the final call, and moving it would make it on every iteration",
                 )
                 continue
             message = (

@@ -137,6 +137,15 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
             whitespace_after_arg=cst.SimpleWhitespace(""),
         )
         new_arg = new_arg.with_changes(whitespace_after_arg=_strip_comment(closing))
+    elif len(args) > 1 and _indent_before(call, len(args) - 1) is not None:
+        # One argument per line, `)` hugging the last one (`    momentum=0.9)`,
+        # PyTorch-YOLOv3's train.py): the new one gets its own line and `)` follows it.
+        line_break = args[-2].comma.whitespace_after
+        args[-1] = last.with_changes(
+            comma=cst.Comma(whitespace_after=_strip_comment(line_break)),
+            whitespace_after_arg=cst.SimpleWhitespace(""),
+        )
+        new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
     else:
         # The space before `)` (a line break in black's hugging layout, `f(\n    a, b\n)`)
         # moves behind the new argument, so `)` stays where it was.

@@ -58,6 +58,9 @@ class StrandedBlock:
     # The loop body already runs each statement of the block every epoch: what follows the
     # loop repeats it once more (a final save or test), and moving it would run it twice.
     repeated: bool = False
+    # The loop body already makes the block's validation or saving call, under a condition
+    # of its own (every N steps): what follows the loop is the final one. The call's code.
+    repeats_call: Optional[str] = None
 
 
 def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
@@ -171,7 +174,8 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     if _breaks_out(node.body, cst.Continue):
         problem = "the loop's `continue` would skip it in some epochs"
     repeated = _runs_in_body(facts.module, node.body, block)
-    return StrandedBlock(loop, block, variable, problem, repeated)
+    repeats_call = _action_call_made_in_body(facts, node.body, block)
+    return StrandedBlock(loop, block, variable, problem, repeated, repeats_call)
 
 
 def _runs_in_body(
@@ -180,6 +184,21 @@ def _runs_in_body(
     """Each statement of `block` is also a statement of `body` (same code, comments aside)."""
     inside = {_bare_code(module, statement) for statement in body.body}
     return all(_bare_code(module, statement) in inside for statement in block)
+
+
+def _action_call_made_in_body(
+    facts: "ScriptFacts", body: cst.IndentedBlock, block: Sequence[cst.BaseStatement]
+) -> Optional[str]:
+    """The code of the block's last validation or saving call (its main work, after what it
+    logs) when the loop body makes every one of them too, at any depth (`if step % save_interval == 0: save_model(step)`).
+    """
+    inside = {_call_code(facts.module, call) for call in _action_calls(facts, body)}
+    made = [_call_code(facts.module, call) for s in block for call in _action_calls(facts, s)]
+    return made[-1] if made and all(code in inside for code in made) else None
+
+
+def _call_code(module: cst.Module, call: cst.Call) -> str:
+    return " ".join(module.code_for_node(call).split())
 
 
 def _bare_code(module: cst.Module, statement: cst.BaseStatement) -> str:
@@ -296,13 +315,19 @@ def _has_cell_marker(statement: cst.BaseStatement) -> bool:
 
 
 def _is_action(facts: "ScriptFacts", statement: cst.BaseStatement) -> bool:
-    for call in find_all(statement, cst.Call):
-        if facts.qualified_name(call.func) == "torch.save":
-            return True
+    return bool(_action_calls(facts, statement))
+
+
+def _action_calls(facts: "ScriptFacts", tree: cst.CSTNode) -> List[cst.Call]:
+    """Calls in `tree` that validate, evaluate, log or save (see ACTION_WORDS)."""
+    found = []
+    for call in find_all(tree, cst.Call):
         name = callee_name(call)
-        if name and set(name.lower().split("_")) & ACTION_WORDS:
-            return True
-    return False
+        if facts.qualified_name(call.func) == "torch.save" or (
+            name and set(name.lower().split("_")) & ACTION_WORDS
+        ):
+            found.append(call)
+    return found
 
 
 def _eval_mode_problem(

@@ -860,7 +860,27 @@ def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
                 f"it is returned by `{function}()`, and the loops of its callers are not "
                 "followed"
             )
+        elif _yielded_from(facts, site):
+            unknown = (
+                f"`{site.site.function.name.value}()` iterates it with `yield from`, and how "
+                "often (`while True:` around it) and who draws from the generator are not "
+                "followed"
+            )
     return unknown
+
+
+def _yielded_from(facts: "ScriptFacts", site: CallSite) -> bool:
+    """A generator function iterates this loader with `yield from loader` (guided-diffusion's
+    `load_data`: `while True: yield from loader`)."""
+    function = site.site.function
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    names = loader_names(facts, site)
+    return any(
+        isinstance(node.value, cst.From)
+        and (node.value.item is site.node or dotted_name(node.value.item) in names)
+        for node in find_all(function.body, cst.Yield)
+    )
 
 
 def returned_by(facts: "ScriptFacts", site: CallSite) -> Optional[str]:

@@ -145,6 +145,21 @@ def loops_elsewhere(facts: "ScriptFacts"):
     return project.loops if project is not None else None
 
 
+def imported_decider(facts: "ScriptFacts", setting: str) -> str:
+    """`seeding.py, which this script imports` (with `(its loop runs in trainer.py)` for a
+    script whose loops are elsewhere) when a module of the run that this file imports,
+    directly or not, decides `setting` (a project.Settings field); "" when none does, or
+    without a project index."""
+    project = getattr(facts, "project", None)
+    if project is None or not getattr(project.imported, setting):
+        return ""
+    label = project.decided_by(setting)
+    loops = project.loops
+    if loops is not None:
+        return f"{label}, which this script imports (its loop runs in {', '.join(loops.modules)})"
+    return f"{label}, which this {'script' if facts.runs_as_script else 'module'} imports"
+
+
 def entry_call(facts: "ScriptFacts") -> Optional["CallSite"]:
     """The first call of this script that runs a training loop of another module."""
     calls = entry_calls(facts)

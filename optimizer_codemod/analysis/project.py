@@ -139,7 +139,6 @@ class IncomingCall:
 class Settings:
     """What modules decide about process-wide numerics (precision.py's questions)."""
 
-    trains: bool = False
     precision_configured: bool = False
     reduced_precision: bool = False
     determinism: bool = False
@@ -164,13 +163,6 @@ class LoopsElsewhere:
     modules: Tuple[str, ...]  # the files whose loops it runs
     functions: Tuple[str, ...]  # local spellings of the imported functions that run them
     methods: Tuple[str, ...]  # method names of imported classes that run them (`run`)
-    imported: Settings  # what the modules it imports (transitively) decide
-    # (Settings field, the first imported file that decides it), for the reasons rules give.
-    decided_in: Tuple[Tuple[str, str], ...] = ()
-
-    def decided_by(self, setting: str) -> str:
-        """The imported file that decides `setting` (a Settings field), else ""."""
-        return next((label for name, label in self.decided_in if name == setting), "")
 
 
 @dataclass(frozen=True)
@@ -252,6 +244,15 @@ class ProjectFacts:
     # (name, file) for each class or function of it that a file of the run imports and uses
     # otherwise than by calling it (passes it around, stores it): its calls are not all seen.
     used_otherwise: Tuple[Tuple[str, str], ...] = ()
+    # What the modules of the run it imports, directly or not, decide: a seeded helper's
+    # `cudnn.deterministic = True` (PyTorch-YOLOv3's utils.py), fp16_util.py's `.grad` resets.
+    imported: Settings = Settings()
+    # (Settings field, the first imported file that decides it), for the reasons rules give.
+    decided_in: Tuple[Tuple[str, str], ...] = ()
+
+    def decided_by(self, setting: str) -> str:
+        """The imported file that decides `setting` (a Settings field), else ""."""
+        return next((label for name, label in self.decided_in if name == setting), "")
 
     def calls_to(self, target: str) -> List[IncomingCall]:
         return [call for call in self.calls if call.target == target]
@@ -301,8 +302,6 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             modules=tuple(record["modules"]),
             functions=tuple(record["functions"]),
             methods=tuple(record["methods"]),
-            imported=Settings(**record["imported"]),
-            decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
         )
 
     def looping_function(record) -> LoopingFunction:
@@ -336,6 +335,8 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
                 imported_class(r, ImportedRegistry) for r in record.get("imported_registries", ())
             ),
             used_otherwise=tuple(tuple(u) for u in record.get("used_otherwise", ())),
+            imported=Settings(**record.get("imported", {})),
+            decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
         )
         for path, record in data.items()
     }
@@ -371,6 +372,7 @@ class _Module:
     registries: Dict[str, Optional[Tuple[Set[str], Set[str], str]]] = field(default_factory=dict)
     dict_registries: Optional[Dict[str, Tuple[Set[str], Set[str], str]]] = None  # once asked
     top_level_places: Optional[bool] = None  # a call at its top level places on an accelerator
+    settings: Optional[Settings] = None  # what it decides (precision.py's questions), once asked
 
 
 def _search_roots(path: str, run_root: str = "") -> List[str]:
@@ -869,7 +871,6 @@ def _settings(facts) -> Settings:
     from optimizer_codemod.analysis.gradients import grad_touches
 
     return Settings(
-        trains=facts.trains,
         precision_configured=precision.float32_precision_configured(facts),
         reduced_precision=precision.uses_reduced_precision(facts),
         determinism=precision.determinism_requested(facts),
@@ -940,6 +941,7 @@ def _own_facts(
             if found is not None:
                 datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found))
     loops = _loops_elsewhere(module, files)
+    imported, decided_in = _imported_settings(module, files)
     registries = _imported_registries(module, files)
     # Only a file that builds a loader hands one on; the others' summaries stay in the index.
     builds = bool(module.facts.dataloader_constructions())
@@ -954,7 +956,28 @@ def _own_facts(
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
         imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
+        imported=imported,
+        decided_in=decided_in,
     )
+
+
+def _imported_settings(
+    module: _Module, files: Dict[str, _Module]
+) -> Tuple[Settings, Tuple[Tuple[str, str], ...]]:
+    """What the files of the run `module` imports, transitively, decide, and (setting, the
+    first of them by label that decides it)."""
+    imported = Settings()
+    decided_in: Dict[str, str] = {}
+    for path in sorted(_imported_files(module, files), key=lambda p: files[p].label):
+        other = files.get(path)
+        if other is not None and other.facts is not None:
+            if other.settings is None:
+                other.settings = _settings(other.facts)
+            imported = imported | other.settings
+            for name, value in zip(Settings.__dataclass_fields__, _values(other.settings)):
+                if value:
+                    decided_in.setdefault(name, other.label)
+    return imported, tuple(sorted(decided_in.items()))
 
 
 def _imported_registries(module: _Module, files: Dict[str, _Module]) -> List[ImportedRegistry]:
@@ -1354,22 +1377,10 @@ def _loops_elsewhere(module: _Module, files: Dict[str, _Module]) -> Optional[Loo
             methods.add(call.method)
         elif name is not None:
             functions.add(name)
-    imported = Settings()
-    decided_in: Dict[str, str] = {}
-    for path in sorted(_imported_files(module, files), key=lambda p: files[p].label):
-        other = files.get(path)
-        if other is not None and other.facts is not None:
-            own = _settings(other.facts)
-            imported = imported | own
-            for name, value in zip(Settings.__dataclass_fields__, _values(own)):
-                if value:
-                    decided_in.setdefault(name, other.label)
     return LoopsElsewhere(
         modules=tuple(sorted(files[p].label for p in runs)),
         functions=tuple(sorted(functions)),
         methods=tuple(sorted(methods)),
-        imported=imported,
-        decided_in=tuple(sorted(decided_in.items())),
     )
 
 

@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Deque, Dict, Iterable, List, Optional, Set, Tu
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, excerpt, method_name, positional
+from optimizer_codemod.analysis.calls import (
+    argument,
+    code_of,
+    excerpt,
+    has_double_star,
+    has_star_args,
+    literal,
+    method_name,
+    positional,
+)
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
 from optimizer_codemod.analysis.epochs import step_loop_of
 from optimizer_codemod.analysis.devices import (
@@ -359,8 +368,15 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
             value = assignment.value
             if assignment.unpacked:
                 statement = assignment.statement_node
+                host = _host_positions(facts, value)
                 for target in getattr(statement, "targets", ()):
-                    seeds.update(target_names(target.target))
+                    elements = getattr(target.target, "elements", None)
+                    if elements is None or not host:
+                        seeds.update(target_names(target.target))
+                        continue
+                    for position, element in enumerate(elements):
+                        if position not in host:
+                            seeds.update(target_names(element.value))
             elif isinstance(value, cst.Call):
                 seeds.update(
                     name
@@ -374,6 +390,35 @@ def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:
                 if isinstance(root, cst.Name):
                     seeds.add(root.value)
     return seeds
+
+
+def _host_positions(facts: "ScriptFacts", value: cst.BaseExpression) -> Set[int]:
+    """Positions of the tuple that `value`, a call of a function of this file, returns that
+    hold a host value on every `return`: PyTorch-YOLOv3's `compute_loss` returns `loss,
+    to_cpu(torch.cat(...))`, with `to_cpu` returning `tensor.detach().cpu()`."""
+    site = facts.call_site_of.get(value) if isinstance(value, cst.Call) else None
+    function = local_function(facts, site) if site is not None else None
+    returns = find_all(function.body, cst.Return) if function is not None else []
+    if not returns or any(not isinstance(r.value, cst.Tuple) for r in returns):
+        return set()
+    positions = set(range(max(len(r.value.elements) for r in returns)))
+    for returned in returns:
+        elements = returned.value.elements
+        positions &= {i for i, e in enumerate(elements) if _host_result(facts, e.value)}
+    return positions
+
+
+def _host_result(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """A host value for sure (`_off_device`), or a call of a function of this file whose
+    every `return` gives one (`to_cpu(x)`)."""
+    if _off_device(facts, node):
+        return True
+    site = facts.call_site_of.get(node) if isinstance(node, cst.Call) else None
+    function = local_function(facts, site) if site is not None else None
+    returns = find_all(function.body, cst.Return) if function is not None else []
+    return bool(returns) and all(
+        r.value is not None and _off_device(facts, r.value) for r in returns
+    )
 
 
 def _commented(line: cst.CSTNode) -> bool:
@@ -719,7 +764,8 @@ HELPER_DEPTH = 2
 def helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
     """Every HelperSync of the file, once per pass. Functions are matched by name (`f(...)`,
     `self.f(...)`) when the file defines that name once; calls under a periodic `if` (a test
-    with `%`: `if step % 100 == 0:`) do not run every step, and code inside a training loop
+    with `%`: `if step % 100 == 0:`) do not run every step, nor do calls under
+    `if param == <literal>:` that no call of the function takes, and code inside a training loop
     is left to that loop's own analysis (HostSyncs.sites)."""
     memo = facts.memo("helper_syncs")
     if "all" not in memo:
@@ -756,6 +802,8 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
             continue
         seen.add(id(function))
         periodic = _periodic_statements(facts, function)
+        callers = calls_of.get(id(function), [])
+        skipped = periodic | _branches_no_call_takes(facts, function, callers)
         losses = {
             name
             for call in facts.in_function("calls", function)
@@ -763,7 +811,7 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
             if name is not None and step
         }
         for call in facts.in_function("calls", function):
-            if id(call.site.statement) in periodic or any(
+            if id(call.site.statement) in skipped or any(
                 id(loop) in training for loop in call.site.loops
             ):
                 continue
@@ -834,6 +882,44 @@ def _periodic_statements(facts: "ScriptFacts", function: cst.FunctionDef) -> Set
             found.update(map(id, find_all(branch.body, cst.BaseStatement)))
         memo[key] = found
     return memo[key]
+
+
+_UNKNOWN = object()  # not a literal
+
+
+def _branches_no_call_takes(
+    facts: "ScriptFacts", function: cst.FunctionDef, calls: List[CallSite]
+) -> Set[int]:
+    """ids of the statements under `if param == <literal>:` when every call of `function` in
+    the file gives `param` another literal (guided-diffusion's `compute_top_k(...,
+    reduction="none")` never runs its `if reduction == "mean":` branch)."""
+    params = [p for p in (*function.params.posonly_params, *function.params.params)]
+    names = [p.name.value for p in params]
+    offset = 1 if names[:1] in (["self"], ["cls"]) else 0
+    found: Set[int] = set()
+    for branch in find_all(function.body, cst.If):
+        test = branch.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+            and isinstance(test.left, cst.Name)
+            and test.left.value in names
+        ):
+            continue
+        tested = literal(test.comparisons[0].comparator, _UNKNOWN)
+        index = names.index(test.left.value)
+        default = params[index].default
+        passed = []
+        for call in calls:
+            if has_star_args(call.node) or has_double_star(call.node):
+                break
+            arg = argument(call.node, test.left.value, index - offset)
+            passed.append(literal(arg.value if arg is not None else default, _UNKNOWN))
+        known = tested is not _UNKNOWN and all(value is not _UNKNOWN for value in passed)
+        if calls and len(passed) == len(calls) and known and tested not in passed:
+            found.update(map(id, find_all(branch.body, cst.BaseStatement)))
+    return found
 
 
 def _accumulated(statement: cst.CSTNode) -> Optional[tuple]:

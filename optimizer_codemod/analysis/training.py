@@ -67,6 +67,11 @@ DATA_PARALLEL_WRAPPERS = frozenset(
         "torch.distributed.fsdp.FullyShardedDataParallel",
     }
 )
+# DistributedDataParallel's constructor, as a qualified name resolves it.
+DDP_CLASSES = (
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+)
 WRAPPER_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in DATA_PARALLEL_WRAPPERS) | {
     "DDP",
     "FSDP",
