@@ -208,6 +208,13 @@ class ModelTrainedWithoutCompile(Rule):
             anchor,
             Fix((InsertStatements(anchor, **{side: (inserted,)}),)),
             message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
+            fix_title=(
+                f"Add `{model.name}.compile()` (on CUDA) before the statement that places it "
+                "and wraps it in DistributedDataParallel"
+                if side == "before"
+                else f"Add `{model.name}.compile()` (on CUDA) after the model is placed on its "
+                "device"
+            ),
         )
 
     def _why_compile_would_not_pay(self, model) -> "str | None":
