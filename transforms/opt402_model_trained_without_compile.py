@@ -10,6 +10,7 @@ from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
+    backward_runs_once,
     compiles,
     each_trained_model,
     imported_layer,
@@ -78,7 +79,9 @@ class ModelTrainedWithoutCompile(Rule):
         (a GAN's generator and discriminator, each with its optimizer) gets each compiled
         after the statement that places it. Nothing is done when the script already compiles
         anything (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a
-        loop or never placed on a device. Nor when the file differentiates a gradient again
+        loop or never placed on a device, or when the file takes one training step (its
+        `.backward()` runs in no loop, nor in a function called from one, as in a demo):
+        compiling costs seconds that one step never earns back. Nor when the file differentiates a gradient again
         (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
         `backward(create_graph=True)`, `torch.autograd.functional.hessian`): the backward of
         a compiled module cannot be differentiated, and the second backward raises
@@ -218,7 +221,15 @@ class ModelTrainedWithoutCompile(Rule):
         )
 
     def _why_compile_would_not_pay(self, model) -> "str | None":
-        """Dynamo graph-breaks around what it cannot trace, leaving most of the step eager."""
+        """Dynamo graph-breaks around what it cannot trace, leaving most of the step eager;
+        and compiling costs seconds that a single step never earns back."""
+        once = backward_runs_once(self.facts)
+        if once is not None:
+            return (
+                f"the file takes one training step (`{excerpt(once.node)}` runs in no loop, "
+                "nor in a function called from one): compiling costs seconds, far more than "
+                "one step could save"
+            )
         recurrent = model_recurrent_layers(self.facts, model)
         elsewhere = imported_layer(self.facts, model, RECURRENT_LAYERS.__contains__)
         if recurrent or elsewhere is not None:

@@ -26,11 +26,13 @@ from optimizer_codemod.analysis.parameter_loops import (
 from optimizer_codemod.analysis.values import (
     alias_in,
     attribute_assignments,
+    calls_named,
     declares_global,
     imported_module_class,
     imported_registry,
     locally_assigned,
     method_class,
+    name_mentions,
     outside_value,
     parameter_names,
     standalone_class,
@@ -746,6 +748,46 @@ def each_trained_model(facts: "ScriptFacts") -> List[TrainedModel]:
             seen.add((model.name, model.owner))
             found.append(model)
     return found
+
+
+# How many functions up from a `.backward()` call `backward_runs_once` follows its callers.
+_CALLER_DEPTH = 4
+
+
+def backward_runs_once(facts: "ScriptFacts") -> "CallSite | None":
+    """The file's first `.backward()` call when every one of them runs at most once per
+    process (a demo that takes one step): written as a whole statement in no loop, at module
+    level or in a function of this file that is named nowhere but in such calls, each of
+    which runs once in the same sense, up to module level. None when a step may repeat or
+    the analysis cannot tell (a method, a function handed to `mp.spawn` or a callback)."""
+    memo = facts.memo("backward_runs_once")
+    if "call" not in memo:
+        calls = facts.method_calls("backward")
+        once = bool(calls) and all(_runs_once(facts, call, 0) for call in calls)
+        memo["call"] = calls[0] if once else None
+    return memo["call"]
+
+
+def _runs_once(facts: "ScriptFacts", call: "CallSite", depth: int) -> bool:
+    statement = call.site.statement
+    if call.site.loops or not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    small = statement.body[0]
+    if not isinstance(small, (cst.Expr, cst.Assign)) or small.value is not call.node:
+        return False  # inside a lambda or a comprehension, which may run it again and again
+    function = call.site.function
+    if function is None:
+        return True
+    name = function.name.value
+    if depth >= _CALLER_DEPTH or call.site.class_name is not None:
+        return False
+    if facts.records.definition_counts.get(name, 0) != 1 or facts.assignments_to(name):
+        return False
+    callers = [c for c in calls_named(facts, name) if isinstance(c.node.func, cst.Name)]
+    # Its `def` names it once more; any other mention hands it on (`mp.spawn(main)`).
+    if not callers or name_mentions(facts).get(name, 0) != len(callers) + 1:
+        return False
+    return all(_runs_once(facts, caller, depth + 1) for caller in callers)
 
 
 def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, str]]:
