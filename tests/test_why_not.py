@@ -392,3 +392,13 @@ def test_workers_are_not_added_when_spawned_workers_could_not_unpickle_the_loade
     result = run_cli(["apply", "--check", "--why-not", "--select", "OPT102", str(path)])
     assert "OPT102 not applied: " + reason in result.stdout, result.stdout
     assert "cannot unpickle: move it to the module's top level first" in result.stdout
+
+
+def test_a_view_report_is_not_replaced_by_the_rules_own_conversion() -> None:
+    # The first pass converts `pooled` and reports the view of `flat`; the second pass reads
+    # `channels_last` in the first pass's edit, which is no choice of the script's author.
+    source = (ROOT / "fixtures/OPT407/fix_second_model_keeps_its_view_report.py").read_text()
+    result = rewrite(source, path="train.py", select=["OPT407"], why_not=True)
+    flat = [d for d in result.diagnostics if d.code == "OPT407" and d.status is not Status.FIXED]
+    assert [d.status for d in flat] == [Status.REPORTED], flat
+    assert "`out.view(out.size(0), -1)` would raise" in flat[0].message
