@@ -138,6 +138,25 @@ if __name__ == "__main__":
 """
 
 
+ZIPPED_LOADERS_SCRIPT = """import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+to_tensor = transforms.ToTensor()
+loader_A = DataLoader(datasets.MNIST("data", transform=to_tensor), batch_size=32)
+loader_B = DataLoader(datasets.USPS("data", transform=to_tensor), batch_size=32)
+model = torch.nn.Linear(784, 10).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for (images_A, labels_A), (images_B, _) in zip(loader_A, loader_B):
+    images_A, labels_A = images_A.to(device), labels_A.to(device)
+    loss = torch.nn.functional.cross_entropy(model(images_A.flatten(1)), labels_A)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 @pytest.mark.parametrize(
     "source, code, line, reason",
     [
@@ -158,6 +177,8 @@ if __name__ == "__main__":
         (FALLBACK_SCRIPT, "OPT801", 8, "the code runs when a feature is missing"),
         (HANDED_ON_SCRIPT, "OPT103", 14, "`evaluate` inside a loop, which passes it on"),
         (HANDED_ON_SCRIPT, "OPT101", 14, "no loop over this loader is found"),
+        (ZIPPED_LOADERS_SCRIPT, "OPT101", 7, "together with other iterables through `zip(...)`"),
+        (ZIPPED_LOADERS_SCRIPT, "OPT101", 8, "together with other iterables through `zip(...)`"),
         (RETURNED_LOADER_MODULE, "OPT103", 5, "it is returned by `get_loader()`"),
         (
             (ROOT / "fixtures/OPT103/keep_loader_yielded_from_endless_generator.py").read_text(),
@@ -392,3 +413,13 @@ def test_workers_are_not_added_when_spawned_workers_could_not_unpickle_the_loade
     result = run_cli(["apply", "--check", "--why-not", "--select", "OPT102", str(path)])
     assert "OPT102 not applied: " + reason in result.stdout, result.stdout
     assert "cannot unpickle: move it to the module's top level first" in result.stdout
+
+
+def test_a_view_report_is_not_replaced_by_the_rules_own_conversion() -> None:
+    # The first pass converts `pooled` and reports the view of `flat`; the second pass reads
+    # `channels_last` in the first pass's edit, which is no choice of the script's author.
+    source = (ROOT / "fixtures/OPT407/fix_second_model_keeps_its_view_report.py").read_text()
+    result = rewrite(source, path="train.py", select=["OPT407"], why_not=True)
+    flat = [d for d in result.diagnostics if d.code == "OPT407" and d.status is not Status.FIXED]
+    assert [d.status for d in flat] == [Status.REPORTED], flat
+    assert "`out.view(out.size(0), -1)` would raise" in flat[0].message

@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.loaders import (
     module_name,
     option_values,
     options_unknown,
+    zipped_with_other_iterables,
 )
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
@@ -152,6 +153,15 @@ class DataloaderWithoutPinnedMemory(Rule):
             call = site.node
             # Chosen on some path (`if use_cuda: options.update(pin_memory=True)` counts).
             if option_values(self.facts, call, "pin_memory") or keyword(call, "pin_memory_device"):
+                continue
+            if not batch_loops(self.facts, site) and zipped_with_other_iterables(self.facts, site):
+                self.decline(
+                    call,
+                    "its loop iterates it together with other iterables through `zip(...)`, "
+                    "and the analysis does not follow which batch comes from which loader: "
+                    "whether its batches are copied to an accelerator is unknown; add "
+                    "`pin_memory=torch.cuda.is_available()` by hand if they are",
+                )
                 continue
             if not batch_loops(self.facts, site):
                 self.decline(

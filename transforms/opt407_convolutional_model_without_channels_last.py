@@ -165,7 +165,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         `.view_as(...)`: a view that merges the channel dimension with the spatial ones
         (`x.view(x.size(0), -1)`) raises "view size is not compatible with input tensor's
         size and stride" on a channels_last tensor (checked with torch 2.13.0+cpu). Use
-        `torch.flatten(x, 1)` or `x.reshape(...)` there, then convert the model. Skipped
+        `torch.flatten(x, 1)` or `x.reshape(...)` there, then convert the model. Reported
+        too when the model's output is fed to another trained model that flattens its
+        feature maps (`critic(encoder(x))` where the critic calls `out.view(out.size(0), -1)`):
+        a convolution keeps the channels_last layout of its input, so the view there raises
+        as well. Skipped
         when the analysis cannot find the one statement after which the model is built and
         placed, before its optimizer.
 
@@ -235,34 +239,20 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                     "may not be a plain 2-D convnet: channels_last fits 4-D tensors only",
                 )
             return
+        if self._converted(model):
+            return
+        # A view is reported before the script's own memory format is looked at: the
+        # conversion this rule made in an earlier pass is such a mention, and must not
+        # replace the report that names the view with a decline that blames the script.
+        if self._report_view(model, anchor, imported):
+            return
         if _chooses_memory_format(original_node):
-            if anchor is not None and not self._converted(model):
+            if anchor is not None:
                 self.decline(
                     anchor,
                     "the script already names a memory format (`channels_last`, "
                     "`contiguous_format`...): its choice is left as it is",
                 )
-            return
-        views = self._views(model)
-        if views:
-            shown = cst.Module([]).code_for_node(views[0])
-            self.report(
-                views[0],
-                message=f"Convolutional model `{model.name}` could train in channels_last, but "
-                f"`{shown}` would raise on a channels_last tensor: use `torch.flatten` or "
-                "`.reshape`, then convert the model with "
-                "`.to(memory_format=torch.channels_last)`",
-            )
-            return
-        elsewhere = next((c for c in imported if c.view), None)
-        if elsewhere is not None and anchor is not None:
-            self.report(
-                anchor,
-                message=f"Convolutional model `{model.name}` could train in channels_last, but "
-                f"`{elsewhere.view}` in {elsewhere.module} would raise on a channels_last "
-                "tensor: use `torch.flatten` or `.reshape` there, then convert the model with "
-                "`.to(memory_format=torch.channels_last)`",
-            )
             return
         torch = facts.imports.name_for_module("torch")
         if anchor is None:
@@ -303,6 +293,91 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             safety=(Safety.BEHAVIOR if dropout or dropout_elsewhere is not None or draws else None),
         )
 
+    def _report_view(self, model, anchor, imported) -> bool:
+        """Report a `.view` that would raise once `model` is channels_last: in its own code,
+        in its classes from another module, or in a trained model its output is fed to (a
+        convolution keeps its input's channels_last layout, so the view there sees it)."""
+        views = self._views(model)
+        if views:
+            shown = cst.Module([]).code_for_node(views[0])
+            self.report(
+                views[0],
+                message=f"Convolutional model `{model.name}` could train in channels_last, but "
+                f"`{shown}` would raise on a channels_last tensor: use `torch.flatten` or "
+                "`.reshape`, then convert the model with "
+                "`.to(memory_format=torch.channels_last)`",
+            )
+            return True
+        elsewhere = next((c for c in imported if c.view), None)
+        if elsewhere is not None and anchor is not None:
+            self.report(
+                anchor,
+                message=f"Convolutional model `{model.name}` could train in channels_last, but "
+                f"`{elsewhere.view}` in {elsewhere.module} would raise on a channels_last "
+                "tensor: use `torch.flatten` or `.reshape` there, then convert the model with "
+                "`.to(memory_format=torch.channels_last)`",
+            )
+            return True
+        # In a model fed this one's output only a view that flattens the feature maps
+        # (`x.view(x.size(0), -1)`) is counted: its other views mostly reshape a score of
+        # one element per sample (DCGAN's `output.view(-1, 1)`), which any layout allows.
+        for consumer in self._consumers(model):
+            consumer_views = [
+                view for view in self._views(consumer, on_outputs=False) if _flattens(view)
+            ]
+            consumer_elsewhere = next(
+                (
+                    c
+                    for c in model_imported_classes(self.facts, consumer)
+                    if c.view and _flattens(cst.parse_expression(c.view))
+                ),
+                None,
+            )
+            if consumer_views:
+                shown = f"`{cst.Module([]).code_for_node(consumer_views[0])}`"
+            elif consumer_elsewhere is not None:
+                shown = f"`{consumer_elsewhere.view}` in {consumer_elsewhere.module}"
+            else:
+                continue
+            if anchor is not None:
+                self.report(
+                    anchor,
+                    message=f"Convolutional model `{model.name}` could train in channels_last, "
+                    f"but its output is fed to `{consumer.name}`, whose {shown} would raise on "
+                    "a channels_last tensor: use `torch.flatten` or `.reshape` there, then "
+                    "convert the models with `.to(memory_format=torch.channels_last)`",
+                )
+            return True
+        return False
+
+    def _consumers(self, model) -> list:
+        """Other trained models called with `model`'s output: `critic(fake)` after
+        `fake = generator(z)`, or `critic(generator(z).detach())`."""
+        facts = self.facts
+        names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+        outputs = model_output_names(facts, model)
+        found = []
+        for other in each_trained_model(facts):
+            other_names = {other.name} | ({other.wrapped_as} if other.wrapped_as else set())
+            if other_names & names:
+                continue
+            for call in facts.records.calls:
+                if dotted_name(call.node.func) not in other_names:
+                    continue
+                arguments = [argument.value for argument in call.node.args]
+                if any(
+                    name.value in outputs
+                    for argument in arguments
+                    for name in find_all(argument, cst.Name)
+                ) or any(
+                    dotted_name(inner.func) in names
+                    for argument in arguments
+                    for inner in find_all(argument, cst.Call)
+                ):
+                    found.append(other)
+                    break
+        return found
+
     def _decline_unknown_models(self) -> None:
         """Say why no model gets channels_last where the file may train a convnet: models
         chosen by name, models handed to the loop of another module, a model not followed."""
@@ -335,9 +410,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             for call in self.facts.method_calls("to")
         )
 
-    def _views(self, model) -> List[cst.Call]:
+    def _views(self, model, on_outputs: bool = True) -> List[cst.Call]:
         """`.view` calls in the model's classes, in the functions of this file they call, or
-        on the model's outputs, in source order."""
+        (unless `on_outputs` is false) on the model's outputs, in source order."""
         facts = self.facts
         classes = model_classes(facts, model)
         helpers = model_helper_functions(facts, model) | {
@@ -353,8 +428,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         for method in VIEW_METHODS:
             for call in facts.method_calls(method):
                 inner = call.node.func.value if isinstance(call.node.func, cst.Attribute) else None
-                on_output = call.receiver in outputs or (
-                    isinstance(inner, cst.Call) and dotted_name(inner.func) in names
+                on_output = on_outputs and (
+                    call.receiver in outputs
+                    or (isinstance(inner, cst.Call) and dotted_name(inner.func) in names)
                 )
                 function = call.site.function
                 in_helper = function is not None and function.name.value in helpers
@@ -381,6 +457,20 @@ def _other_convolution(qualname: str) -> bool:
     convnets."""
     return (qualname in CONVOLUTIONS and qualname.endswith("3d")) or qualname.startswith(
         OTHER_TORCHVISION + ANY_TORCHVISION
+    )
+
+
+def _flattens(view: cst.BaseExpression) -> bool:
+    """`x.view(n, -1)`: a view that merges every dimension after the first, the channels with
+    the spatial ones of a feature map, which raises on a channels_last tensor."""
+    if not isinstance(view, cst.Call) or len(view.args) < 2:
+        return False
+    last = view.args[-1].value
+    return (
+        isinstance(last, cst.UnaryOperation)
+        and isinstance(last.operator, cst.Minus)
+        and isinstance(last.expression, cst.Integer)
+        and last.expression.value == "1"
     )
 
 

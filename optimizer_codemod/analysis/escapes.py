@@ -69,7 +69,7 @@ PURE_METHODS = (
         "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
         "permute transpose contiguous expand gather index_select split chunk round "
         "t clamp clip norm square prod all any floor ceil sign repeat expand_as narrow "
-        "unbind type_as mm bmm dot log1p "
+        "unbind type type_as mm bmm dot log1p "
         "items keys values get format join eval parameters named_parameters".split()
     )
 )

@@ -581,6 +581,21 @@ def loops_over(facts: "ScriptFacts", site: CallSite) -> List[Loop]:
     return table.get(id(site), [])
 
 
+def zipped_with_other_iterables(facts: "ScriptFacts", site: CallSite) -> bool:
+    """`for (a, b) in enumerate(zip(loader_A, loader_B)):`: a loop that iterates this loader
+    together with other iterables, whose batches `loops_over` does not assign to a loader."""
+    names = loader_names(facts, site)
+    return bool(names) and any(
+        isinstance(loop.node, cst.For)
+        and any(
+            dotted_name(call.func) == "zip"
+            and any(dotted_name(argument.value) in names for argument in call.args)
+            for call in find_all(loop.iter, cst.Call)
+        )
+        for loop in facts.records.loops
+    )
+
+
 def _loaders_through_parameter(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
     """`def train(model, loader): for batch in loader:` called as `train(model, train_loader)`."""
     function = loop.function
