@@ -584,16 +584,22 @@ def loops_over(facts: "ScriptFacts", site: CallSite) -> List[Loop]:
 def zipped_with_other_iterables(facts: "ScriptFacts", site: CallSite) -> bool:
     """`for (a, b) in enumerate(zip(loader_A, loader_B)):`: a loop that iterates this loader
     together with other iterables, whose batches `loops_over` does not assign to a loader."""
-    names = loader_names(facts, site)
-    return bool(names) and any(
-        isinstance(loop.node, cst.For)
-        and any(
-            dotted_name(call.func) == "zip"
-            and any(dotted_name(argument.value) in names for argument in call.args)
+    return bool(loader_names(facts, site) & _zipped_names(facts))
+
+
+def _zipped_names(facts: "ScriptFacts") -> Set[str]:
+    """The names some `for` loop's iterable hands to `zip(...)`, found once per pass."""
+    memo = facts.memo("zipped_names")
+    if None not in memo:
+        memo[None] = {
+            dotted_name(argument.value)
+            for loop in facts.records.loops
+            if isinstance(loop.node, cst.For)
             for call in find_all(loop.iter, cst.Call)
-        )
-        for loop in facts.records.loops
-    )
+            if dotted_name(call.func) == "zip"
+            for argument in call.args
+        }
+    return memo[None]
 
 
 def _loaders_through_parameter(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
