@@ -29,6 +29,7 @@ from optimizer_codemod.analysis.training import (
     model_imported_classes,
     model_layer_calls,
     model_output_names,
+    models_fed_by,
     places_while_wrapping,
     why_no_trained_model,
 )
@@ -321,7 +322,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         # In a model fed this one's output only a view that flattens the feature maps
         # (`x.view(x.size(0), -1)`) is counted: its other views mostly reshape a score of
         # one element per sample (DCGAN's `output.view(-1, 1)`), which any layout allows.
-        for consumer in self._consumers(model):
+        for consumer in models_fed_by(self.facts, model):
             consumer_views = [
                 view for view in self._views(consumer, on_outputs=False) if _flattens(view)
             ]
@@ -349,34 +350,6 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 )
             return True
         return False
-
-    def _consumers(self, model) -> list:
-        """Other trained models called with `model`'s output: `critic(fake)` after
-        `fake = generator(z)`, or `critic(generator(z).detach())`."""
-        facts = self.facts
-        names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
-        outputs = model_output_names(facts, model)
-        found = []
-        for other in each_trained_model(facts):
-            other_names = {other.name} | ({other.wrapped_as} if other.wrapped_as else set())
-            if other_names & names:
-                continue
-            for call in facts.records.calls:
-                if dotted_name(call.node.func) not in other_names:
-                    continue
-                arguments = [argument.value for argument in call.node.args]
-                if any(
-                    name.value in outputs
-                    for argument in arguments
-                    for name in find_all(argument, cst.Name)
-                ) or any(
-                    dotted_name(inner.func) in names
-                    for argument in arguments
-                    for inner in find_all(argument, cst.Call)
-                ):
-                    found.append(other)
-                    break
-        return found
 
     def _decline_unknown_models(self) -> None:
         """Say why no model gets channels_last where the file may train a convnet: models
@@ -423,7 +396,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             and call.node.func.value in facts.records.functions
         }
         outputs = model_output_names(facts, model)
-        names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+        names = model.spellings
         found = []
         for method in VIEW_METHODS:
             for call in facts.method_calls(method):

@@ -151,6 +151,11 @@ class TrainedModel:
     updated_by: Optional["ParameterUpdateLoop"] = None
 
     @property
+    def spellings(self) -> Set[str]:
+        """The names the model is called by: its own, and its data-parallel wrapper's."""
+        return {self.name} | ({self.wrapped_as} if self.wrapped_as else set())
+
+    @property
     def scope(self) -> Optional[cst.FunctionDef]:
         """The function that reads the model by `name`, where it must be built."""
         site = self.handed_in.site if self.handed_in is not None else self.optimizer.site
@@ -1316,7 +1321,7 @@ def evaluation_forwards(facts: "ScriptFacts", model: TrainedModel) -> List[cst.S
     """Statements in loops under no_grad/inference_mode that call the model, outside any loop
     that runs backward."""
     training = {id(step.loop.node) for step in training_steps(facts, model)}
-    names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+    names = model.spellings
     found: List[cst.SimpleStatementLine] = []
     for region in no_grad_regions(facts):
         for loop in find_all(region, cst.For, cst.While):
@@ -1652,9 +1657,36 @@ def _builds_sparse(call: "CallSite") -> bool:
 
 def model_output_names(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
     """Names assigned (or unpacked) from a call of the model or its wrapper: `out = model(x)`."""
-    names = {model.name} | ({model.wrapped_as} if model.wrapped_as else set())
+    names = model.spellings
     return {
         assignment.target
         for assignment in facts.records.assignments
         if isinstance(assignment.value, cst.Call) and dotted_name(assignment.value.func) in names
     }
+
+
+def models_fed_by(facts: "ScriptFacts", model: TrainedModel) -> List[TrainedModel]:
+    """Other trained models called with `model`'s output: `critic(fake)` after
+    `fake = generator(z)`, or `critic(generator(z).detach())`."""
+    names = model.spellings
+    outputs = model_output_names(facts, model)
+    found = []
+    for other in each_trained_model(facts):
+        if other.spellings & names:
+            continue
+        for call in facts.records.calls:
+            if dotted_name(call.node.func) not in other.spellings:
+                continue
+            arguments = [argument.value for argument in call.node.args]
+            if any(
+                name.value in outputs
+                for argument in arguments
+                for name in find_all(argument, cst.Name)
+            ) or any(
+                dotted_name(inner.func) in names
+                for argument in arguments
+                for inner in find_all(argument, cst.Call)
+            ):
+                found.append(other)
+                break
+    return found
