@@ -62,19 +62,27 @@ class Cache:
         digest.update(src)
         return digest.hexdigest()
 
-    def project_index(self, paths: Sequence[str], build: Callable[[Sequence[str]], dict]) -> dict:
+    def project_index(
+        self,
+        paths: Sequence[str],
+        build: Callable[[Sequence[str]], dict],
+        context: Sequence[str] = (),
+    ) -> dict:
         """The project index (analysis/project.py) of `paths`, stored under a digest of every
-        file's path and bytes: a warm run of an unchanged folder parses nothing for it."""
+        file's path and bytes, the modules read as `context` too: a warm run of an unchanged
+        folder parses nothing for it."""
         from optimizer_codemod.analysis.project import from_json, to_json
 
         digest = hashlib.sha256(tool_fingerprint().encode())
-        for path in sorted(paths):
-            try:
-                data = Path(path).read_bytes()
-            except OSError:
-                data = b"\0unreadable"
-            digest.update(path.encode("utf-8", "surrogateescape") + b"\0")
-            digest.update(hashlib.sha256(data).digest())
+        for group in (paths, context):
+            digest.update(b"\0files")
+            for path in sorted(group):
+                try:
+                    data = Path(path).read_bytes()
+                except OSError:
+                    data = b"\0unreadable"
+                digest.update(path.encode("utf-8", "surrogateescape") + b"\0")
+                digest.update(hashlib.sha256(data).digest())
         key = digest.hexdigest()
         entry = Path(self.folder) / tool_fingerprint()[:16] / "project" / key
         try:

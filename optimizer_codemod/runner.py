@@ -27,6 +27,7 @@ from optimizer_codemod.api import (
     rewrite_source,
 )
 from optimizer_codemod.analysis.project import project_facts
+from optimizer_codemod.analysis.project_context import context_modules
 from optimizer_codemod.cache import Cache, write_atomically
 from optimizer_codemod.config import Settings
 from optimizer_codemod.diagnostics import FileOutcome
@@ -380,11 +381,14 @@ def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintW
 
 
 def _project_index(paths: Sequence[str], cache: Optional[Cache]) -> Dict[str, Any]:
-    """What each file learns from the other files of the run (analysis/project.py), from the
-    cache when no file changed; nothing for a single file."""
-    if sum(path.endswith(".py") for path in paths) < 2:
+    """What each file learns from the other files of the run and from the local modules they
+    import (analysis/project.py, project_context.py), from the cache when no file changed;
+    nothing for a single file that imports nothing local."""
+    context = context_modules(paths)
+    if sum(path.endswith(".py") for path in paths) + len(context) < 2:
         return {}
-    return cache.project_index(paths, project_facts) if cache else project_facts(paths)
+    build = functools.partial(project_facts, context=context)
+    return cache.project_index(paths, build, context) if cache else build(paths)
 
 
 def _run_in_workers(

@@ -8,12 +8,13 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 from click.testing import CliRunner, Result
 
 from optimizer_codemod.cli import main
+from optimizer_codemod.diagnostics import FileOutcome, Status
 
 # Runs of the command line cache their results (cache.py) beside the configuration, or in
 # the working directory: the checkout itself for most tests. One folder per test process
@@ -108,6 +109,15 @@ def run_cli(
         return runner.invoke(main, list(args), input=stdin, catch_exceptions=False)
     finally:
         os.chdir(old)
+
+
+def messages_by_code(outcome: FileOutcome, status: Status) -> Dict[str, List[str]]:
+    """{rule code: [message, ...]} of the outcome's diagnostics with `status`."""
+    found: Dict[str, List[str]] = {}
+    for diagnostic in outcome.diagnostics:
+        if diagnostic.status is status:
+            found.setdefault(diagnostic.code, []).append(diagnostic.message)
+    return found
 
 
 @pytest.fixture

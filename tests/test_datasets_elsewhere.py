@@ -102,8 +102,16 @@ def test_a_dataset_class_of_another_module_is_pinned_and_its_copies_overlap(
     assert any(m.startswith(Status.UNSAFE.value) for m in found["OPT102"]), found
 
 
-def test_without_the_module_in_the_run_the_dataset_stays_unknown(tmp_path: Path) -> None:
-    found = outcomes(project(tmp_path), ["train.py"])
+def test_given_alone_the_script_reads_the_module_it_imports(tmp_path: Path) -> None:
+    assert outcomes(project(tmp_path), ["train.py"]) == outcomes(
+        tmp_path, ["datasets.py", "train.py"]
+    )
+
+
+def test_without_the_module_to_read_the_dataset_stays_unknown(tmp_path: Path) -> None:
+    project(tmp_path)
+    (tmp_path / "datasets.py").rename(tmp_path / "elsewhere.py")
+    found = outcomes(tmp_path, ["train.py"])
     assert not pinned(found)
     assert any("its dataset is defined elsewhere" in m for m in found["OPT101"]), found
 

@@ -18,7 +18,7 @@ from typing import Dict, List
 
 import pytest
 
-from conftest import run_cli
+from conftest import messages_by_code, run_cli
 from optimizer_codemod import runner
 from optimizer_codemod.analysis import project as project_module
 from optimizer_codemod.analysis.project import project_facts
@@ -389,7 +389,7 @@ def test_a_warm_run_takes_the_index_from_the_cache(
     cold = apply(folder, write=False, cache=cache)
     built: List[int] = []
     real = project_module._project_facts
-    monkeypatch.setattr(project_module, "_project_facts", lambda p: (built.append(1), real(p))[1])
+    monkeypatch.setattr(project_module, "_project_facts", lambda *a: (built.append(1), real(*a))[1])
     warm = apply(folder, write=False, cache=cache)
     assert built == []
     assert {p: o.diff for p, o in warm.items()} == {p: o.diff for p, o in cold.items()}
@@ -549,28 +549,20 @@ def test_a_layer_built_under_a_condition_is_possible_not_sure(tmp_path: Path) ->
 
 
 # Entry points that build the model and hand it to another module's loop (issue 15) ----------------
-def _by_code(outcome: FileOutcome, status: Status) -> Dict[str, List[str]]:
-    found: Dict[str, List[str]] = {}
-    for d in outcome.diagnostics:
-        if d.status is status:
-            found.setdefault(d.code, []).append(d.message)
-    return found
-
-
 def test_the_entry_point_of_an_engine_loop_gets_settings_and_the_ddp_option(
     tmp_path: Path,
 ) -> None:
     outcomes = apply(copy("engine_loop", tmp_path), why_not=True)
     assert fixed(outcomes["main.py"]) == ["OPT301", "OPT401", "OPT501", "OPT605"]
     assert fixed(outcomes["engine.py"]) == fixed(outcomes["scaler.py"]) == []
-    declined = _by_code(outcomes["main.py"], Status.DECLINED)
+    declined = messages_by_code(outcomes["main.py"], Status.DECLINED)
     for code in ("OPT402", "OPT407"):
         [reason] = declined[code]
         assert reason.startswith("`model` is built here and trained by `train_one_epoch`")
     [line] = {d.line for d in outcomes["main.py"].diagnostics if d.code == "OPT402"}
     assert line == 22  # `model.to(device)`: where a compile would go
     # The loss scaler's module runs the backward: the setting goes into main.py, not there.
-    [reason] = _by_code(outcomes["scaler.py"], Status.DECLINED)["OPT301"]
+    [reason] = messages_by_code(outcomes["scaler.py"], Status.DECLINED)["OPT301"]
     assert "it goes into main.py" in reason
 
 
@@ -611,11 +603,11 @@ def test_the_kept_engine_loop_says_why_at_each_site(tmp_path: Path) -> None:
     before = (folder / "main.py").read_text()
     outcomes = apply(folder, why_not=True)
     assert (folder / "main.py").read_text() == before
-    declined = _by_code(outcomes["main.py"], Status.DECLINED)
+    declined = messages_by_code(outcomes["main.py"], Status.DECLINED)
     for code in ("OPT301", "OPT401"):
         [reason] = declined[code]
         assert "`torch.backends.cudnn.deterministic = True`), even if only in some runs" in reason
-    [report] = _by_code(outcomes["main.py"], Status.REPORTED)["OPT605"]
+    [report] = messages_by_code(outcomes["main.py"], Status.REPORTED)["OPT605"]
     assert "but scaler.py, which this script imports" in report
     done = run_driver(folder, "main.py", SEED="0")
     assert done.returncode == 0, done.stderr
@@ -629,7 +621,7 @@ def test_ddp_gets_no_bucket_views_where_an_imported_module_touches_grad(tmp_path
     shutil.copytree(repro, folder)
     outcomes = apply(folder, write=False, why_not=True)
     assert "OPT605" not in fixed(outcomes["trainer.py"])
-    [report] = _by_code(outcomes["trainer.py"], Status.REPORTED)["OPT605"]
+    [report] = messages_by_code(outcomes["trainer.py"], Status.REPORTED)["OPT605"]
     assert "but mixed_precision.py, which this module imports, touches `.grad`" in report
     # The hazard is real: with the option the driver raises at the second reset.
     trainer = folder / "trainer.py"
@@ -652,7 +644,7 @@ def test_a_seeding_helper_in_another_module_keeps_the_precision(tmp_path: Path) 
     stay off there, as they do where the script sets the flag itself."""
     outcomes = apply(copy("seeded_helper", tmp_path), why_not=True)
     assert "OPT301" not in fixed(outcomes["train.py"])
-    [reason] = _by_code(outcomes["train.py"], Status.DECLINED)["OPT301"]
+    [reason] = messages_by_code(outcomes["train.py"], Status.DECLINED)["OPT301"]
     assert reason.startswith("seeding.py, which this script imports, already asks for reprod")
 
 
@@ -855,8 +847,13 @@ def test_batches_padded_by_a_function_of_another_module_get_the_allocator_report
         return
     assert len(found) == 1 and "train.py:7:" in found[0], result.stdout
     assert f"`{call}` from data.py makes batches change shape (`pad(" in found[0]
+    # Given alone, train.py is still told what data.py, which it imports, does.
     alone = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path / "train.py")])
-    assert "OPT410" not in alone.stdout  # the padding is not in the file, nor in the run
+    assert [line for line in alone.stdout.splitlines() if "OPT410" in line] == found
+    (tmp_path / "data.py").rename(tmp_path / "elsewhere.py")
+    alone = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path / "train.py")])
+    assert "OPT410" not in alone.stdout  # the padding is nowhere to be read
+    (tmp_path / "elsewhere.py").rename(tmp_path / "data.py")
     facts = project_facts([str(tmp_path / "data.py"), str(tmp_path / "train.py")])
     assert project_module.from_json(project_module.to_json(facts)) == facts
 
@@ -873,6 +870,11 @@ def test_a_convnet_fed_batches_padded_in_another_module_gets_no_cudnn_benchmark(
     together = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path)])
     assert "input shapes vary between batches" in together.stdout
     assert "cudnn.benchmark = True" not in together.stdout
+    alone = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path / "train.py")])
+    assert alone.stdout.replace(str(tmp_path / "train.py"), "train.py") == together.stdout.replace(
+        str(tmp_path / "train.py"), "train.py"
+    )  # given alone, it reads data.py, which it imports
+    (tmp_path / "data.py").unlink()
     alone = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path / "train.py")])
     assert "cudnn.benchmark = True" in alone.stdout  # without data.py, nothing says otherwise
 
@@ -921,6 +923,9 @@ def test_cuda_graphs_are_declined_for_batches_padded_in_another_module(tmp_path:
     (tmp_path / "train.py").write_text(train)
     together = run_cli(["apply", "--check", "--select", "OPT409", str(tmp_path)])
     assert "batches change shape (`get_data`)" in together.stdout, together.stdout
+    alone = run_cli(["apply", "--check", "--select", "OPT409", str(tmp_path / "train.py")])
+    assert "batches change shape (`get_data`)" in alone.stdout  # data.py is read as context
+    (tmp_path / "data.py").unlink()
     alone = run_cli(["apply", "--check", "--select", "OPT409", str(tmp_path / "train.py")])
     assert "batches change shape" not in alone.stdout
 
@@ -1014,8 +1019,9 @@ def test_a_collate_fn_whose_helper_pads_by_hand_gets_the_allocator_report_in_the
     assert len(found) == 1 and "main.py:12:" in found[0], result.stdout
     assert f"`{collate}` from util/misc.py makes batches change shape (`pad_img[" in found[0]
     assert "(the training loop runs in engine.py)" in found[0]
+    # Given alone, main.py reads engine.py and util/misc.py, which it imports.
     alone = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path / "main.py")])
-    assert "OPT410" not in alone.stdout  # neither the padding nor the loop is in the file
+    assert [line for line in alone.stdout.splitlines() if "OPT410" in line] == found
     facts = project_facts(str(p) for p in sorted(tmp_path.rglob("*.py")))
     functions = facts[str(tmp_path / "main.py")].imported_functions
     assert (collate, "util/misc.py", "torch.zeros") in [

@@ -86,8 +86,9 @@ class Float32MatmulWithoutTF32(Rule):
         do, as for a loop of its own, and the module declines, naming them; the precision,
         determinism and float64 checks then cover the modules the script imports too, also
         where it runs its loop itself (PyTorch-YOLOv3's train.py calls `provide_determinism`
-        of its utils.py, which sets `cudnn.deterministic = True`) (docs/projects.md). `--why-not` says, at the backward call (or the call that runs
-        another module's loop), what already decides the precision: the statement
+        of its utils.py, which sets `cudnn.deterministic = True`) (docs/projects.md).
+        `--why-not` says, at the backward call (or the call that runs another module's loop),
+        what already decides the precision: the statement
         (`cudnn.deterministic = True` in a seeded branch: "even if only in some runs"), or the
         imported module. A script that starts its training processes with
         `mp.spawn(main_worker, ...)` gets the setting after its imports, outside its

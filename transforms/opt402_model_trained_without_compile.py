@@ -81,8 +81,8 @@ class ModelTrainedWithoutCompile(Rule):
         anything (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a
         loop or never placed on a device, or when the file takes one training step (its
         `.backward()` runs in no loop, nor in a function called from one, as in a demo):
-        compiling costs seconds that one step never earns back. Nor when the file differentiates a gradient again
-        (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
+        compiling costs seconds that one step never earns back. Nor when the file
+        differentiates a gradient again (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
         `backward(create_graph=True)`, `torch.autograd.functional.hessian`): the backward of
         a compiled module cannot be differentiated, and the second backward raises
         "torch.compile with aot_autograd does not currently support double backward" (torch

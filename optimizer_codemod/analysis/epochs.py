@@ -190,8 +190,8 @@ def _action_call_made_in_body(
     facts: "ScriptFacts", body: cst.IndentedBlock, block: Sequence[cst.BaseStatement]
 ) -> Optional[str]:
     """The code of the block's last validation or saving call (its main work, after what it
-    logs) when the loop body makes every one of them too, at any depth (`if step % save_interval == 0: save_model(step)`).
-    """
+    logs) when the loop body makes every one of them too, at any depth
+    (`if step % save_interval == 0: save_model(step)`)."""
     inside = {_call_code(facts.module, call) for call in _action_calls(facts, body)}
     made = [_call_code(facts.module, call) for s in block for call in _action_calls(facts, s)]
     return made[-1] if made and all(code in inside for code in made) else None

@@ -349,6 +349,7 @@ class _Module:
     label: str  # relative to the run's common folder, posix
     src: bytes
     run_root: str = ""  # the run's common folder, absolute
+    context: bool = False  # imported by the run's files, not in the run (project_context.py)
     facts: object = None  # ScriptFacts once parsed
     objects: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # name -> (path, object)
     modules: Dict[str, str] = field(default_factory=dict)  # dotted spelling -> path
@@ -567,32 +568,42 @@ def _defined(
 
 
 # The index ------------------------------------------------------------------------------------
-def project_facts(paths: Iterable[str]) -> Dict[str, ProjectFacts]:
+def project_facts(paths: Iterable[str], context: Sequence[str] = ()) -> Dict[str, ProjectFacts]:
     """The facts each file of the run gets from the others, by path as given; files with
-    nothing to learn are left out. Never raises: a file it cannot read is left out."""
+    nothing to learn are left out. `context`: modules the run's files import that are not
+    in the run (project_context.py), read for what they define and decide, never told
+    anything themselves. Never raises: a file it cannot read is left out."""
     given = [p for p in paths if p.endswith(".py")]
-    if len(given) < 2:
+    if len(given) + len(context) < 2 or not given:
         return {}
     try:
-        return _project_facts(given)
+        return _project_facts(
+            given, {os.path.abspath(p) for p in context} - set(map(os.path.abspath, given))
+        )
     except Exception:  # the index only adds knowledge: a bug of ours must cost nothing else
         return {}
 
 
-def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
+def _run_root(paths: Iterable[str]) -> str:
+    """The folder common to the run's files (absolute): for one file, its folder."""
+    paths = list(paths)
+    common = os.path.commonpath(paths) if paths else ""
+    return os.path.dirname(common) if common in paths else common
+
+
+def _project_facts(given: List[str], context: Set[str]) -> Dict[str, ProjectFacts]:
     by_path = {os.path.abspath(p): p for p in given}
-    common = os.path.commonpath(list(by_path)) if len(by_path) > 1 else ""
-    if common in by_path:
-        common = os.path.dirname(common)
+    run_root = _run_root(by_path)
+    common = _run_root([*by_path, *context])  # labels: every file read, context too
     files: Dict[str, _Module] = {}
-    for path in by_path:
+    for path in [*by_path, *sorted(context)]:
         try:
             with open(path, "rb") as stream:
                 src = stream.read()
         except OSError:
             continue
         label = os.path.relpath(path, common).replace(os.sep, "/") if common else path
-        files[path] = _Module(path, label, src, common)
+        files[path] = _Module(path, label, src, run_root, path in context)
     if not any(_trains_or_loads(m.src) for m in files.values() if _USES_ARGUMENTS.search(m.src)):
         return {}
     names = _module_names(files)
@@ -616,12 +627,15 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
         return {}
     _training_reach(parsed, files)
     _looping_reach(parsed, files)
+    # A context module is read for what it defines and decides; as a caller, importer or
+    # script of the run's files it stands beside others the run does not show.
+    runs = [m for m in parsed if not m.context]
     scripts: Dict[str, List[str]] = {}  # file -> the scripts that run its loops
-    for module in parsed:
+    for module in runs:
         for path in _runs(module, files):
             scripts.setdefault(path, []).append(module.label)
     importers_of: Dict[str, Set[str]] = {}
-    for module in parsed:
+    for module in runs:
         for path in _imports_of(module):
             if path != module.path:
                 importers_of.setdefault(path, set()).add(module.label)
@@ -630,15 +644,15 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
         for m in parsed
     }
     wanted = _wanting_calls(parsed, files)
-    for path, used in _used_otherwise(parsed, files, wanted).items():
+    for path, used in _used_otherwise(runs, files, wanted).items():
         if path in facts:
             facts[path] = replace(facts[path], used_otherwise=tuple(sorted(used)))
     # Callers' arguments, read with what their own callers tell them (a chain of calls): a
     # module's calls are read again only when what it is told changed.
     outgoing: Dict[str, List[Tuple[str, IncomingCall]]] = {}
-    dirty = {m.path for m in parsed if m.objects or m.modules}
+    dirty = {m.path for m in runs if m.objects or m.modules}
     for _ in range(MAX_ROUNDS):
-        for module in parsed:
+        for module in runs:
             if module.path in dirty:
                 _attach(module, facts[module.path])
                 outgoing[module.path] = list(_outgoing_calls(module, files, wanted))
@@ -655,7 +669,11 @@ def _project_facts(given: List[str]) -> Dict[str, ProjectFacts]:
                     dirty.add(path)
         if not dirty:
             break
-    return {by_path[path]: own for path, own in facts.items() if own != ProjectFacts()}
+    return {
+        by_path[path]: own
+        for path, own in facts.items()
+        if path in by_path and own != ProjectFacts()
+    }
 
 
 def _by_caller(call: IncomingCall) -> str:
