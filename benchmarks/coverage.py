@@ -439,7 +439,7 @@ def render_table(summary: dict) -> str:
             if s.get("mode") == "project"
             else []
         ),
-        *([_comparison(s)] if s.get("per_file_mode") else []),
+        *_comparisons(s),
         "",
         f"{'rule':8s} {'places':>6s} {'applied':>7s} {'reported':>8s} {'declined':>8s} "
         f"{'silent':>6s}",
@@ -461,13 +461,24 @@ def _mode_words(summary: dict) -> str:
     )
 
 
-def _comparison(summary: dict) -> str:
-    other = summary["per_file_mode"]
-    return (
-        f"each file on its own (--per-file) for comparison: applied {other['applied']} "
-        f"({_pct(other['applied_fraction'])}), explained {_pct(other['explained_fraction'])}, "
-        f"silent {other['silent']}"
-    )
+def _comparisons(summary: dict) -> List[str]:
+    lines = []
+    for key, words in (
+        ("per_file_mode", "each file on its own (--per-file, no other file beside it)"),
+        (
+            "alone_in_layout_mode",
+            "each file given alone in its repository's layout (as pre-commit passes a changed "
+            "file; it reads the modules it imports)",
+        ),
+    ):
+        other = summary.get(key)
+        if other:
+            lines.append(
+                f"{words} for comparison: applied {other['applied']} "
+                f"({_pct(other['applied_fraction'])}), explained "
+                f"{_pct(other['explained_fraction'])}, silent {other['silent']}"
+            )
+    return lines
 
 
 def _cell(text: str) -> str:
@@ -496,7 +507,7 @@ def render_markdown(
         + ".",
         f"- Command: `{header['command']}`; {_mode_words(s)}, with "
         "`apply --unsafe-fixes --output-format json -j 1 --why-not PATH`.",
-        *([f"- {_comparison(s)}."] if s.get("per_file_mode") else []),
+        *[f"- {line}." for line in _comparisons(s)],
         "- The list: `benchmarks/coverage_expected.toml`, written by reading the files pinned in "
         "`scripts/ecosystem.toml` (conventions in its header); a place matches a finding of its "
         f"rule on a listed line or within {TOLERANCE} line (OPT301, OPT401, OPT410: anywhere in "
@@ -761,6 +772,22 @@ def project_files(
     return context, False
 
 
+def materialise(root: Path, files: Dict[str, bytes]) -> Path:
+    """Write `files` (path inside the repository -> bytes) under `root`, in their layout."""
+    for path, source in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source)
+    return root
+
+
+def by_repo(expected: Sequence[FileExpectation]) -> Dict[str, List[FileExpectation]]:
+    repos: Dict[str, List[FileExpectation]] = defaultdict(list)
+    for item in expected:
+        repos[item.repo].append(item)
+    return repos
+
+
 def apply_project(
     key: str,
     pinned: Dict[str, bytes],
@@ -770,11 +797,7 @@ def apply_project(
 ) -> Tuple[Dict[str, List[Finding]], Optional[str]]:
     """Materialise the files in their layout and rewrite them in one run, as `apply repo/`:
     the findings by path inside the repository, or an error."""
-    root = workdir / key
-    for path, source in {**context, **pinned}.items():
-        target = root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(source)
+    root = materialise(workdir / key, {**context, **pinned})
     run = run_apply(command, root, "--why-not", cwd=workdir)
     if run.returncode not in (0, 1):
         return {}, (run.stderr or run.stdout)[-2000:]
@@ -789,11 +812,17 @@ def apply_project(
 # -- running ------------------------------------------------------------------------------------
 
 
+def isolated_path(workdir: Path, entry: Entry) -> Path:
+    """Where apply_findings writes `entry`: in a folder of its own, in its layout."""
+    return workdir / entry.key / ("alone-" + entry.path.replace("/", "__")) / entry.path
+
+
 def apply_findings(
     entry: Entry, source: bytes, workdir: Path, command: Sequence[str]
 ) -> Tuple[List[Finding], Optional[str]]:
-    """Rewrite one materialised file as the ecosystem check does; its findings, or an error."""
-    target = workdir / entry.key / entry.path
+    """Rewrite one materialised file as the ecosystem check does, in a folder of its own (no
+    other file of the repository beside it): its findings, or an error."""
+    target = isolated_path(workdir, entry)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(source)
     run = run_apply(command, target, "--why-not", cwd=workdir)
@@ -863,9 +892,7 @@ def run_projects(
     """One `apply` per repository over its pinned files and the local modules they import,
     in their layout: the pinned files' outcomes, the fixes made in the modules read for
     context, and per repository which modules were read."""
-    repos: Dict[str, List[FileExpectation]] = defaultdict(list)
-    for item in expected:
-        repos[item.repo].append(item)
+    repos = by_repo(expected)
 
     def run(repo: str):
         items = repos[repo]
@@ -893,6 +920,34 @@ def run_projects(
         for repo, (_findings, _error, context, truncated) in runs.items()
     }
     return outcomes, context_fixes, read
+
+
+def run_alone_in_layout(
+    expected: Sequence[FileExpectation],
+    by_key: Dict[Tuple[str, str], Entry],
+    sources: Dict[Tuple[str, str], bytes],
+    mirrors: Sequence[Path],
+    caches: Sequence[Path],
+    workdir: Path,
+    jobs: int,
+) -> List[Outcome]:
+    """Each pinned file given alone to `apply`, as pre-commit passes a changed file, with the
+    repository's pinned files and the local modules they import around it on disk."""
+    roots: Dict[str, Path] = {}
+    for repo, items in by_repo(expected).items():
+        entry = by_key[(repo, items[0].path)]
+        pinned = {i.path: sources[(repo, i.path)] for i in items}
+        context, _truncated = project_files(RepoFiles(entry, mirrors, caches), pinned)
+        roots[repo] = materialise(workdir / entry.key, {**context, **pinned})
+
+    def run(item: FileExpectation) -> Outcome:
+        report = run_apply(DEFAULT_COMMAND, roots[item.repo] / item.path, "--why-not", cwd=workdir)
+        if report.returncode not in (0, 1):
+            return [], (report.stderr or report.stdout)[-2000:]
+        return findings_from_report(report.report()), None
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(run, expected))
 
 
 def _matches(
@@ -943,6 +998,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     context_fixes: List[ContextFix] = []
     read: Dict[str, dict] = {}
     compared: Optional[dict] = None
+    compared_in_layout: Optional[dict] = None
     try:
         for item in expected:
             source, origin = read_entry(by_key[(item.repo, item.path)], mirrors, args.cache)
@@ -963,6 +1019,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not args.no_compare:
                 alone = run_per_file(expected, by_key, sources, workdir / "files", args.jobs)
                 compared = summarise(_matches(expected, alone)[0])
+                lone = run_alone_in_layout(
+                    expected, by_key, sources, mirrors, args.cache, workdir / "alone", args.jobs
+                )
+                compared_in_layout = summarise(_matches(expected, lone)[0])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     matches, errors = _matches(expected, outcomes)
@@ -972,6 +1032,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     summary["context_fixes"] = len(context_fixes)
     if compared is not None:
         summary["per_file_mode"] = {k: compared[k] for k in COMPARED}
+    if compared_in_layout is not None:
+        summary["alone_in_layout_mode"] = {k: compared_in_layout[k] for k in COMPARED}
     sys.stdout.write(render_table(summary))
     for error in errors:
         print(f"tool error: {error}", file=sys.stderr)

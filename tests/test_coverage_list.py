@@ -248,7 +248,7 @@ def test_the_benchmark_matches_the_tools_own_findings_on_a_synthetic_script(tmp_
     # every other fix the tool made is listed as an edit at no listed place
     others = [f for f in findings if f.status == "fixed" and f.code != "OPT501"]
     assert len(match.unlisted) == len(others)
-    rewritten = (tmp_path / entry.key / entry.path).read_text()
+    rewritten = coverage.isolated_path(tmp_path, entry).read_text()
     assert "fused=True" in rewritten
 
 
