@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -18,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from optimizer_codemod.api import (
     SourceRewrite,
@@ -47,6 +48,8 @@ from optimizer_codemod.sources import (
 # alone and 105 ms on two workers, 281 training scripts 11.3 s and 5.6 s; twelve fixtures of
 # 170 bytes (2 ms each) 15 ms alone and 25 ms on two workers.
 PARALLEL_THRESHOLD_BYTES = 4 * 1024
+# How often the run looks for a SIGINT while it waits for its workers.
+_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,8 @@ class _SigintWatch:
     """
 
     def __init__(self) -> None:
-        self.received = False
+        self.received = 0  # how many SIGINTs came
+        self._raises = True
         self._previous = None
 
     def __enter__(self) -> "_SigintWatch":
@@ -341,8 +345,24 @@ class _SigintWatch:
         return self
 
     def _handle(self, signum, frame) -> None:
-        self.received = True
-        raise KeyboardInterrupt
+        self.received += 1
+        if self._raises:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def counted_only(self) -> Iterator[None]:
+        """SIGINT is only counted; the code inside calls check() where stopping is safe.
+
+        For the worker pool: a KeyboardInterrupt raised inside concurrent.futures, between
+        its taking a future's lock and its `with` block, leaves the lock held; the pool's
+        manager thread then waits on it forever and so does the run (about one Ctrl-C in 20
+        on a loaded 2-core machine, 2026-11-24).
+        """
+        self._raises = False
+        try:
+            yield
+        finally:
+            self._raises = True
 
     def check(self) -> None:
         if self.received:
@@ -370,7 +390,10 @@ def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintW
     if jobs > 1 and len(candidates) > 1 and size >= PARALLEL_THRESHOLD_BYTES:
         # Large files first, so one big file does not finish last on its own.
         ordered = sorted(candidates, key=lambda p: -_size(p))
-        _run_in_workers(ordered, settings, mode, min(jobs, len(candidates)), record, index)
+        workers = min(jobs, len(candidates))
+        with sigint.counted_only():
+            _run_in_workers(ordered, settings, mode, workers, record, sigint, index)
+        sigint.check()  # a SIGINT while the last files were being collected
     else:
         for path in candidates:
             outcome = process_path(
@@ -397,6 +420,7 @@ def _run_in_workers(
     mode: Mode,
     workers: int,
     record: Callable[[FileOutcome], None],
+    sigint: _SigintWatch,
     index: Optional[Dict[str, Any]] = None,
 ) -> None:
     """Process `paths` in worker processes; a worker that dies costs only its own file."""
@@ -404,7 +428,7 @@ def _run_in_workers(
     before = {path: _stat_key(path) for path in paths}
     journal = tempfile.mkdtemp(prefix="optcodemod-outcomes-") if mode.write else ""
     try:
-        unfinished = _pool_pass(paths, settings, mode, workers, record, index, journal)
+        unfinished = _pool_pass(paths, settings, mode, workers, record, index, journal, sigint)
         # A worker died (a crash in native code) and took the pool down with it: the files it
         # left are run one at a time, so that a second crash names its own file.
         for path in unfinished:
@@ -422,14 +446,14 @@ def _run_in_workers(
                         "could report the fixes",
                     )
                 )
-            elif _pool_pass([path], settings, mode, 1, record, index, journal):
+            elif _pool_pass([path], settings, mode, 1, record, index, journal, sigint):
                 record(FileOutcome(path=path, error=f"{path}: {_crash_message()}; left untouched"))
     finally:
         if journal:
             shutil.rmtree(journal, ignore_errors=True)
 
 
-def _pool_pass(paths, settings, mode, workers, record, index, journal) -> List[str]:
+def _pool_pass(paths, settings, mode, workers, record, index, journal, sigint) -> List[str]:
     """Run `paths` in one pool; the paths left without an outcome when a worker died."""
     pool = ProcessPoolExecutor(
         max_workers=workers,
@@ -465,34 +489,42 @@ def _pool_pass(paths, settings, mode, workers, record, index, journal) -> List[s
 
     try:
         while unrecorded and not left:
-            done, _ = wait(list(unrecorded), return_when=FIRST_COMPLETED)
+            sigint.check()
+            done, _ = wait(list(unrecorded), timeout=_POLL_S, return_when=FIRST_COMPLETED)
             for future in done:
                 collect(future)
+        sigint.check()
         pool.shutdown(wait=True)
         for future in list(unrecorded):  # after a crash: what finished, and what did not
             collect(future)
     except KeyboardInterrupt:
-        _stop(pool, unrecorded, collect)
+        _stop(pool, unrecorded, collect, sigint)
         raise
     return left
 
 
-def _stop(pool, unrecorded, collect) -> None:
+def _stop(pool, unrecorded, collect, sigint: _SigintWatch) -> None:
     """After SIGINT: start nothing new, let each worker finish its file, report those."""
     for future in list(unrecorded):
         if future.cancel():
             del unrecorded[future]
+    first = sigint.received
     try:
-        for future in list(unrecorded):
-            collect(future)
-        pool.shutdown(wait=True)
+        while unrecorded and sigint.received == first:
+            done, _ = wait(list(unrecorded), timeout=_POLL_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                collect(future)
     except KeyboardInterrupt:
-        # A second SIGINT: stop the workers now. SIGTERM waits for a rename in progress, so
-        # each of their files is either untouched or completely rewritten.
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise Interrupted([], list(unrecorded.values())) from None
+        pass  # the caller kept its own SIGINT handler, which raised where the signal came
+    if not unrecorded:
+        pool.shutdown(wait=True)
+        return
+    # A second SIGINT: stop the workers now. SIGTERM waits for a rename in progress, so
+    # each of their files is either untouched or completely rewritten.
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    raise Interrupted([], list(unrecorded.values())) from None
 
 
 def _crash_message() -> str:

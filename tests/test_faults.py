@@ -191,6 +191,40 @@ def test_a_killed_run_leaves_every_file_whole(tmp_path: Path, signum, jobs, roun
         assert not untouched and not temporaries(tmp_path)
 
 
+def listed_in_flight(stderr: str, root: Path) -> List[Path]:
+    section = stderr.split("when the workers were stopped; each is either untouched or ", 1)
+    if len(section) == 1:
+        return []
+    return listed_as_written("already rewritten:\n" + section[1].split("\n", 1)[1], root)
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS), ids=lambda r: f"round{r}")
+def test_a_second_ctrl_c_stops_the_workers_and_every_file_stays_whole(
+    tmp_path: Path, round_
+) -> None:
+    originals = make_tree(tmp_path)
+    chooser = random.Random(f"twice{round_}")
+    run = start(tmp_path, "-j2")
+    wait_for_first_rewrite(originals, run)
+    time.sleep(chooser.uniform(0.0, 0.2))
+    os.killpg(run.pid, signal.SIGINT)
+    time.sleep(0.02)  # two signals pending at once are delivered as one
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    stderr = err.decode()
+    assert_no_survivor(run.pid)
+    assert run.returncode == 130 or run.returncode == 1, stderr
+    assert "Traceback" not in stderr and not temporaries(tmp_path)
+    rewritten, untouched = file_states(originals)
+    if run.returncode == 130:
+        written = set(listed_as_written(stderr, tmp_path))
+        # a worker stopped after its rename but before it reported leaves its file rewritten
+        assert written <= set(rewritten) <= written | set(listed_in_flight(stderr, tmp_path))
+        assert "Every other file is untouched." in stderr
+    else:
+        assert not untouched
+
+
 def test_an_edit_saved_during_a_run_is_kept(tmp_path: Path) -> None:
     originals = make_tree(tmp_path)
     chooser = random.Random(13)

@@ -421,6 +421,47 @@ def test_sigint_that_a_library_turns_into_another_error_still_stops_the_run(
     assert (tmp_path / "b.py").read_bytes() == (tmp_path / "c.py").read_bytes() == TRAINING_SCRIPT
 
 
+def test_sigint_while_the_run_waits_on_its_workers_is_not_raised_inside_the_pool(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Raised inside concurrent.futures, a KeyboardInterrupt can leave a future's lock held,
+    # and the pool's manager thread then waits on it forever: the run must only count the
+    # signal there and stop where it checks.
+    for index in range(4):
+        (tmp_path / f"t{index}.py").write_bytes(TRAINING_SCRIPT)
+    wait = runner.wait
+    raised_inside: List[str] = []
+
+    def wait_after_sigint(*args, **kwargs):
+        try:
+            if wait_after_sigint.calls == 0:
+                os.kill(os.getpid(), signal.SIGINT)  # lands before the library's first line
+            wait_after_sigint.calls += 1
+            return wait(*args, **kwargs)
+        except KeyboardInterrupt:
+            raised_inside.append("raised inside the pool's wait")
+            raise
+
+    wait_after_sigint.calls = 0
+    monkeypatch.setattr(runner, "wait", wait_after_sigint)
+    monkeypatch.setattr(runner, "PARALLEL_THRESHOLD_BYTES", 0)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = run_cli(["apply", "-j", "2", str(tmp_path), *ONLY_FUSED])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not raised_inside
+    assert result.exit_code == 130, result.output
+    assert "Every other file is untouched." in result.stderr
+    assert "Traceback" not in result.output
+    listed = re.findall(r"^  (\S+)$", result.stderr, re.M)
+    for index in range(4):
+        path = tmp_path / f"t{index}.py"
+        rewritten = FUSED_LINE in path.read_bytes()
+        assert rewritten == (str(path) in listed)
+        assert rewritten or path.read_bytes() == TRAINING_SCRIPT
+
+
 def test_no_temporary_file_in_the_folder_is_a_clean_error(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "train.py"
     path.write_bytes(TRAINING_SCRIPT)
