@@ -202,7 +202,7 @@ class Float32TrainingWithoutAutocast(Rule):
     fix_title = "Wrap forward and loss in `torch.autocast(..., dtype=torch.bfloat16)`"
     safety = Safety.NUMERICS
     min_torch = TorchVersion(1, 10)
-    triggers = (r"\.(?:named_)?parameters\s*\(",)
+    triggers = (r"\.(?:named_)?parameters\s*\(", r"\.\w*optimizer\w*\s*\(")
     requires = (BACKWARD_CALL,)
     examples = (
         Example(SCRIPT, WRAPPED.format(dtype="bfloat16")),

@@ -141,7 +141,7 @@ class ModelTrainedWithoutCompile(Rule):
     min_torch = TorchVersion(2, 2)
     # On CPU its guard leaves the line dead (compiling there made training slower).
     target_devices = ("cuda",)
-    triggers = (r"\.(?:named_)?parameters\s*\(",)
+    triggers = (r"\.(?:named_)?parameters\s*\(", r"\.\w*optimizer\w*\s*\(")
     requires = (BACKWARD_CALL,)
     examines_entry_points = True
     examples = (

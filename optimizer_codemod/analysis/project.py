@@ -358,6 +358,9 @@ class _Module:
     classes: Optional[List[Tuple[str, str]]] = None  # (file, class) it imports, once asked
     runs: Optional[Set[str]] = None  # files whose loops it runs as a script, once asked
     uses: Optional[Set[str]] = None  # imported names used otherwise than called, once asked
+    # Imported classes whose only other uses are method calls on the class itself
+    # (`Trainer.get_default_config()`): the methods called, once asked.
+    class_calls: Dict[str, Set[str]] = field(default_factory=dict)
     import_nodes: List[cst.CSTNode] = field(default_factory=list)  # its import statements
     stars: List[str] = field(default_factory=list)  # files it imports `*` from
     starred: bool = False  # its `*` imports are bound
@@ -1495,7 +1498,7 @@ def _outgoing_calls(module: _Module, files: Dict[str, _Module], wanted: Set[str]
             ),
             star=any(a.star for a in call.node.args),
             guarded=_guarded(facts, call),
-            passed_around=dotted_name(call.node.func) in uses,
+            passed_around=_passed_around(module, dotted_name(call.node.func), uses, owner, name),
             result=_result_use(facts, call, owner, name),
         )
 
@@ -1539,21 +1542,43 @@ def _other_uses(module: _Module) -> Set[str]:
     return module.uses
 
 
+def _passed_around(
+    module: _Module, spelled: Optional[str], uses: Set[str], owner: _Module, name: str
+) -> bool:
+    """The caller also uses the imported name otherwise than calling it; calling a static
+    method of the class (`Trainer.get_default_config()`) does not count: it cannot build an
+    instance with other arguments unseen (a classmethod's `cls(...)` could)."""
+    if spelled in uses:
+        return True
+    methods = module.class_calls.get(spelled or "", set())
+    from optimizer_codemod.analysis.values import static_methods
+
+    return bool(methods) and not methods <= static_methods(owner.facts, name)
+
+
 def _find_other_uses(module: _Module) -> Set[str]:
     facts = module.facts
     called: Dict[str, int] = {}
+    class_calls: Dict[str, Set[str]] = {}
     for call in facts.records.calls:
         name = dotted_name(call.node.func)
         if name is not None:
             called[name] = called.get(name, 0) + 1
+            owner, _, method = name.rpartition(".")
+            if owner in module.objects:
+                class_calls.setdefault(owner, set()).add(method)
     imported_names = _imported_name_counts(module)
     from optimizer_codemod.analysis.values import name_mentions
 
     mentions = name_mentions(facts)
     found = set()
     for name in module.objects:
-        if mentions.get(name, 0) > called.get(name, 0) + imported_names.get(name, 0):
+        methods = class_calls.get(name, set())
+        on_itself = sum(called[f"{name}.{method}"] for method in methods)
+        if mentions.get(name, 0) > called.get(name, 0) + imported_names.get(name, 0) + on_itself:
             found.add(name)
+        elif methods:
+            module.class_calls[name] = methods
     if module.modules:
         for node in find_all(facts.module, cst.Attribute):
             name = dotted_name(node)

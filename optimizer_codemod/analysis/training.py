@@ -25,6 +25,7 @@ from optimizer_codemod.analysis.parameter_loops import (
 )
 from optimizer_codemod.analysis.values import (
     alias_in,
+    attribute_aliases,
     attribute_assignments,
     calls_named,
     declares_global,
@@ -536,7 +537,8 @@ def holds_module(
     assignments = facts.assignments_to(name)
     built = [a for a in assignments if not _rebinds_itself(a, name)]
     return bool(built) and all(
-        not a.unpacked and not a.augmented and builds_module(facts, a.value, depth) for a in built
+        not a.unpacked and not a.augmented and builds_module(facts, a.value, depth, a.site.function)
+        for a in built
     )
 
 
@@ -661,9 +663,42 @@ def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
                 model = _trained_model(facts, owner, optimizer)
                 if model is not None:
                     found.append(model)
+        for optimizer in optimizers_built_by_models(facts):
+            model = _trained_model(facts, dotted_name(receiver(optimizer.node)), optimizer)
+            if model is not None:
+                found.append(model)
         found.extend(hand_updated_models(facts, {m.name for m in found}))
     memo["found"] = found
     return found
+
+
+def optimizers_built_by_models(facts: "ScriptFacts") -> List["CallSite"]:
+    """`self.optimizer = model.configure_optimizers(config)`: a method of the model, named for
+    optimizers, builds the optimizer (minGPT, nanoGPT, Lightning's habit). Taken only where
+    the result is the one value ever assigned to a name (a `None` placeholder aside) and that
+    name's `.step()` is called: evidence that the result is one optimizer, not a list or a
+    (optimizer, scheduler) pair."""
+    memo = facts.memo("optimizers_built_by_models")
+    if "found" not in memo:
+        stepped = {
+            dotted_name(call.node.func.value)
+            for call in facts.records.calls
+            if callee_name(call.node) == "step" and isinstance(call.node.func, cst.Attribute)
+        }
+        found = []
+        for call in facts.records.calls:
+            method = callee_name(call.node) if isinstance(call.node.func, cst.Attribute) else None
+            owner = receiver(call.node) if method else None
+            if method is None or "optimizer" not in method or dotted_name(owner) is None:
+                continue
+            assignment = facts.assignment_of(call.node)
+            if assignment is None or assignment.unpacked or assignment.target not in stepped:
+                continue
+            others = [a for a in facts.assignments_to(assignment.target) if a is not assignment]
+            if all(is_name(a.value, "None") and not a.augmented for a in others):
+                found.append(call)
+        memo["found"] = found
+    return memo["found"]
 
 
 def _trained_model(
@@ -676,7 +711,7 @@ def _trained_model(
     `.parameters()` call a hand-written update iterates) takes its parameters; None when
     `owner` is not followed to a module."""
     scope = parameters_to.site.function
-    model, wrapper = unwrapped(facts, owner)
+    model, wrapper = unwrapped(facts, attribute_aliases(facts, scope).get(owner, owner))
     if not holds_module(facts, model, 0, scope):
         return None
     handed = _handed_in(facts, model, scope) if wrapper is None else None
@@ -881,9 +916,10 @@ def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst
 def _built_in_init(
     facts: "ScriptFacts", model: TrainedModel, functions: Sequence[Optional[cst.FunctionDef]]
 ) -> bool:
-    """A hand-updated `self.X` built and placed in its class's `__init__` only, and updated
-    in another method: `__init__` runs before any method of the object can."""
-    if model.updated_by is None or model.owner is None or model.scope is None:
+    """A `self.X` built and placed in its class's `__init__` only, and trained (its optimizer
+    built, or its hand-written update) in another method: `__init__` runs before any method
+    of the object can."""
+    if model.owner is None or model.scope is None:
         return False
     if model.scope.name.value == "__init__":
         return False
@@ -1261,6 +1297,10 @@ def names_in(
         alias = alias_in(facts, name, home, function)
         if alias is not None:
             names.add(alias)
+    if model.owner is not None and method_class(facts, function) == model.owner:
+        # `model = self.model` in the method: the local name reads the same module
+        aliases = attribute_aliases(facts, function)
+        names.update(local for local, attribute in aliases.items() if attribute in names)
     return names
 
 
@@ -1272,8 +1312,9 @@ def optimizer_name(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
     assignment = facts.assignment_of(model.optimizer.node)
     if assignment is None or assignment.unpacked:
         return None
-    if len(facts.assignments_to(assignment.target)) != 1:
-        return None
+    others = [a for a in facts.assignments_to(assignment.target) if a is not assignment]
+    if not all(is_name(a.value, "None") for a in others):
+        return None  # a `None` placeholder before the optimizer is built is no other optimizer
     return assignment.target
 
 

@@ -27,11 +27,12 @@ Every table is built once per pass (`facts.memo`), so each question costs its an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import has_double_star, has_star_args, keyword, positional
+from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 
@@ -284,10 +285,42 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
     if not _defined_once(facts, called) or outside_calls(facts, called):
         return None
     calls = calls_named(facts, called)
-    # The definition's name and the call: any other mention passes it around.
-    if len(calls) != 1 or name_mentions(facts).get(called, 0) != 2:
+    # The definition's name and the call: any other mention passes it around, but for calls
+    # of the class's static methods (`Trainer.get_default_config()`), which build no instance.
+    mentions = name_mentions(facts).get(called, 0) - static_method_calls(facts, called)
+    if len(calls) != 1 or mentions != 2:
         return None
     return calls[0]
+
+
+def static_methods(facts: "ScriptFacts", class_name: str) -> Set[str]:
+    """The methods of a class of this file decorated `@staticmethod`."""
+    info = facts.classes.get(class_name)
+    if info is None:
+        return set()
+    return {
+        statement.name.value
+        for statement in info.node.body.body
+        if isinstance(statement, cst.FunctionDef)
+        and any(dotted_name(d.decorator) == "staticmethod" for d in statement.decorators)
+    }
+
+
+def static_method_calls(facts: "ScriptFacts", class_name: str) -> int:
+    """How many calls `Class.method(...)` of this file call a static method of the class."""
+    methods = static_methods(facts, class_name)
+    if not methods:
+        return 0
+    memo = facts.memo("calls_on_names")
+    if "found" not in memo:
+        found: Dict[Tuple[str, str], int] = {}
+        for call in facts.records.calls:
+            func = call.node.func
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+                key = (func.value.value, func.attr.value)
+                found[key] = found.get(key, 0) + 1
+        memo["found"] = found
+    return sum(memo["found"].get((class_name, method), 0) for method in methods)
 
 
 def parameter_binding(
@@ -364,6 +397,68 @@ def locally_assigned(facts: "ScriptFacts", name: str, function: cst.FunctionDef)
     if names is None:
         names = memo[id(function)] = {a.target for a in facts.in_function("assignments", function)}
     return name in names
+
+
+def attribute_aliases(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> Dict[str, str]:
+    """{local name: `self.X`} for the names `function` binds only to `self.X` (minGPT's
+    `model, config = self.model, self.config`)."""
+    if not isinstance(function, cst.FunctionDef):
+        return {}
+    memo = facts.memo("attribute_aliases")
+    if id(function) not in memo:
+        bound: Dict[str, Set[Optional[str]]] = {}
+        for assignment in facts.in_function("assignments", function):
+            value = None if assignment.augmented else dotted_name(assignment.value)
+            if value is None or not value.startswith(SELF + "."):
+                value = None
+            bound.setdefault(assignment.target, set()).add(value)
+        otherwise = set(parameter_names(function)) | _bound_otherwise(function)
+        memo[id(function)] = {
+            local: next(iter(values))
+            for local, values in bound.items()
+            if "." not in local
+            and len(values) == 1
+            and None not in values
+            and local not in otherwise
+        }
+    return memo[id(function)]
+
+
+def _bound_otherwise(function: cst.FunctionDef) -> Set[str]:
+    """Names `function` binds other than by assignment: loop and `with` targets, `:=`,
+    `except ... as`, imports, `del`, `global`/`nonlocal` (nested functions included)."""
+    names: Set[str] = set()
+    for node in find_all(
+        function.body,
+        cst.For,
+        cst.WithItem,
+        cst.NamedExpr,
+        cst.ExceptHandler,
+        cst.Del,
+        cst.Global,
+        cst.Nonlocal,
+        cst.Import,
+        cst.ImportFrom,
+    ):
+        if isinstance(node, cst.For):
+            names.update(target_names(node.target))
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            names.update(target_names(node.asname.name))
+        elif isinstance(node, cst.NamedExpr):
+            names.update(target_names(node.target))
+        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
+            names.update(target_names(node.name.name))
+        elif isinstance(node, cst.Del):
+            names.update(target_names(node.target))
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            names.update(item.name.value for item in node.names)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(
+            node.names, cst.ImportStar
+        ):
+            for alias in node.names:
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                names.add((dotted_name(bound) or "").split(".")[0])
+    return names
 
 
 # The value of a name in a scope ---------------------------------------------------------------
