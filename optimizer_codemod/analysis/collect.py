@@ -15,6 +15,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import method_name
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
+from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.walk import walk
 
 LoopNode = Union[cst.For, cst.While]
@@ -139,6 +140,28 @@ def target_names(node: cst.BaseExpression) -> Tuple[str, ...]:
         return target_names(node.value)
     name = dotted_name(node)
     return (name,) if name else ()
+
+
+def names_bound_otherwise(root: cst.CSTNode) -> Set[str]:
+    """Names bound under `root` other than by an assignment statement: loop and comprehension
+    targets, `:=`, `as` names (`with`, `except`, `import`), plain imports, `del` (of a name or
+    a part of it), nested `def`/`class` names, `global`/`nonlocal`."""
+    bound: Set[str] = set()
+    for node in find_all(root):
+        if isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
+            bound.update(target_names(node.target))
+        elif isinstance(node, cst.AsName):
+            bound.update(target_names(node.name))
+        elif isinstance(node, cst.ImportAlias) and node.asname is None:
+            bound.add((dotted_name(node.name) or "").split(".")[0])
+        elif isinstance(node, cst.Del):
+            bound.update(n.value for n in find_all(node.target, cst.Name))
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            bound.add(node.name.value)
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            bound.update(item.name.value for item in node.names)
+    bound.discard("")
+    return bound
 
 
 def is_main_guard(node: cst.If) -> bool:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Set
 
 import libcst as cst
 
-from optimizer_codemod.analysis.collect import Loop, target_names
+from optimizer_codemod.analysis.collect import Loop, names_bound_otherwise, target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.inplace import is_inplace_name
 from optimizer_codemod.analysis.nodes import find_all
@@ -25,20 +25,10 @@ INVARIANT_CALLS = frozenset({"torch.device"})
 
 def names_bound_in(loop: Loop) -> Set[str]:
     """Every dotted name the loop (its header target and body) binds or assigns."""
-    bound: Set[str] = set(loop.targets)
-    for node in find_all(loop.node.body):
-        if isinstance(node, cst.AssignTarget):
+    bound: Set[str] = set(loop.targets) | names_bound_otherwise(loop.node.body)
+    for node in find_all(loop.node.body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Call):
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
             bound.update(target_names(node.target))
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr)):
-            bound.update(target_names(node.target))
-        elif isinstance(node, cst.AsName):
-            bound.update(target_names(node.name))
-        elif isinstance(node, cst.Del):
-            bound.update(n.value for n in find_all(node.target, cst.Name))
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            bound.add(node.name.value)
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            bound.update(item.name.value for item in node.names)
         # Written in place: `x.add_(1)`, `x[0] = 1`, `x[0] += 1`.
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             if is_inplace_name(node.func.attr.value):

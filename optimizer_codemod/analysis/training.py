@@ -664,7 +664,7 @@ def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
                 if model is not None:
                     found.append(model)
         for optimizer in optimizers_built_by_models(facts):
-            model = _trained_model(facts, dotted_name(receiver(optimizer.node)), optimizer)
+            model = _trained_model(facts, optimizer.receiver, optimizer)
             if model is not None:
                 found.append(model)
         found.extend(hand_updated_models(facts, {m.name for m in found}))
@@ -680,16 +680,10 @@ def optimizers_built_by_models(facts: "ScriptFacts") -> List["CallSite"]:
     (optimizer, scheduler) pair."""
     memo = facts.memo("optimizers_built_by_models")
     if "found" not in memo:
-        stepped = {
-            dotted_name(call.node.func.value)
-            for call in facts.records.calls
-            if callee_name(call.node) == "step" and isinstance(call.node.func, cst.Attribute)
-        }
+        stepped = {call.receiver for call in facts.records.calls if call.method == "step"}
         found = []
         for call in facts.records.calls:
-            method = callee_name(call.node) if isinstance(call.node.func, cst.Attribute) else None
-            owner = receiver(call.node) if method else None
-            if method is None or "optimizer" not in method or dotted_name(owner) is None:
+            if call.receiver is None or "optimizer" not in (call.method or ""):
                 continue
             assignment = facts.assignment_of(call.node)
             if assignment is None or assignment.unpacked or assignment.target not in stepped:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import has_double_star, has_star_args, keyword, positional
-from optimizer_codemod.analysis.collect import target_names
+from optimizer_codemod.analysis.collect import names_bound_otherwise
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 
@@ -412,7 +412,7 @@ def attribute_aliases(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> 
             if value is None or not value.startswith(SELF + "."):
                 value = None
             bound.setdefault(assignment.target, set()).add(value)
-        otherwise = set(parameter_names(function)) | _bound_otherwise(function)
+        otherwise = set(parameter_names(function)) | names_bound_otherwise(function.body)
         memo[id(function)] = {
             local: next(iter(values))
             for local, values in bound.items()
@@ -422,43 +422,6 @@ def attribute_aliases(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> 
             and local not in otherwise
         }
     return memo[id(function)]
-
-
-def _bound_otherwise(function: cst.FunctionDef) -> Set[str]:
-    """Names `function` binds other than by assignment: loop and `with` targets, `:=`,
-    `except ... as`, imports, `del`, `global`/`nonlocal` (nested functions included)."""
-    names: Set[str] = set()
-    for node in find_all(
-        function.body,
-        cst.For,
-        cst.WithItem,
-        cst.NamedExpr,
-        cst.ExceptHandler,
-        cst.Del,
-        cst.Global,
-        cst.Nonlocal,
-        cst.Import,
-        cst.ImportFrom,
-    ):
-        if isinstance(node, cst.For):
-            names.update(target_names(node.target))
-        elif isinstance(node, cst.WithItem) and node.asname is not None:
-            names.update(target_names(node.asname.name))
-        elif isinstance(node, cst.NamedExpr):
-            names.update(target_names(node.target))
-        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
-            names.update(target_names(node.name.name))
-        elif isinstance(node, cst.Del):
-            names.update(target_names(node.target))
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            names.update(item.name.value for item in node.names)
-        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(
-            node.names, cst.ImportStar
-        ):
-            for alias in node.names:
-                bound = alias.asname.name if alias.asname is not None else alias.name
-                names.add((dotted_name(bound) or "").split(".")[0])
-    return names
 
 
 # The value of a name in a scope ---------------------------------------------------------------
