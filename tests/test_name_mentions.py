@@ -42,7 +42,8 @@ def test_keywords_and_attributes_are_not_mentions_of_a_variable() -> None:
     facts = _facts(MNIST_STYLE)
     # The definition and the one call; not `train=True`, not `model.train()`.
     assert name_mentions(facts)["train"] == 2
-    assert name_mentions(facts)["model"] == 4
+    # In `main` only: `train`'s parameter `model` and its uses there are `train`'s own.
+    assert name_mentions(facts)["model"] == 2
 
 
 def test_names_in_imports_still_count() -> None:
@@ -83,3 +84,28 @@ def test_a_function_also_passed_around_is_not_followed() -> None:
     facts = _facts(source)
     assert parameter_values(facts, _function(facts, "train"), "device") is None
     assert parameter_binding(facts, _function(facts, "train"), "device") is None
+
+
+SIAMESE_STYLE = MNIST_STYLE + """
+
+class Pairs(torch.utils.data.Dataset):
+    def __init__(self, root, train, download=False):
+        self.dataset = datasets.MNIST(root, train=train, download=download)
+        self.rebuild = lambda: datasets.MNIST(root, train=train)
+"""
+
+
+def test_a_parameter_of_another_function_is_not_a_mention_of_the_module_name() -> None:
+    # pytorch/examples' siamese_network: `Pairs.__init__(self, root, train, ...)` reads its
+    # own `train`, which is not the module's function `train`.
+    facts = _facts(SIAMESE_STYLE)
+    assert name_mentions(facts)["train"] == 2
+    (device,) = parameter_values(facts, _function(facts, "train"), "device")
+    assert cst.Module([]).code_for_node(device) == "device"
+
+
+def test_a_default_value_is_read_in_the_enclosing_scope_and_still_counts() -> None:
+    # `def f(train=train)` reads the module's `train` when `f` is defined.
+    facts = _facts(MNIST_STYLE + "def later(train=train):\n    return train\n")
+    assert name_mentions(facts)["train"] == 3
+    assert parameter_values(facts, _function(facts, "train"), "device") is None

@@ -192,6 +192,9 @@ class Collector(cst.CSTVisitor):
         self._suites: List[cst.CSTNode] = []
         self._imports = 0  # depth of import statements being visited
         self._not_variables: Set[int] = set()  # ids of Name nodes that name no variable
+        # How many enclosing function bodies have each name as a parameter: there the name is
+        # that local, not the module's name of the same spelling.
+        self._parameters: Dict[str, int] = {}
 
     # Context ---------------------------------------------------------------------------
     def _site(self) -> Site:
@@ -250,6 +253,17 @@ class Collector(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._functions.pop()
+
+    def visit_FunctionDef_body(self, node: cst.FunctionDef) -> None:
+        for name in _parameter_names(node.params):
+            self._parameters[name] = self._parameters.get(name, 0) + 1
+
+    def leave_FunctionDef_body(self, node: cst.FunctionDef) -> None:
+        for name in _parameter_names(node.params):
+            self._parameters[name] -= 1
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._not_variables.add(id(node.name))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._count_definition(node.name.value)
@@ -403,7 +417,7 @@ class Collector(cst.CSTVisitor):
             self._not_variables.add(id(node.keyword))
 
     def visit_Name(self, node: cst.Name) -> None:
-        if id(node) in self._not_variables:
+        if id(node) in self._not_variables or self._parameters.get(node.value):
             return
         counts = self.records.name_counts
         counts[node.value] = counts.get(node.value, 0) + 1
@@ -415,6 +429,13 @@ class Collector(cst.CSTVisitor):
             counts[node.attr.value] = counts.get(node.attr.value, 0) + 1
         if node.attr.value == "grad" and node not in self._stores:
             self.records.grad_reads.append(AttributeRead(node, self._site()))
+
+
+def _parameter_names(params: cst.Parameters) -> List[str]:
+    star = [params.star_arg] if isinstance(params.star_arg, cst.Param) else []
+    kwargs = [params.star_kwarg] if params.star_kwarg is not None else []
+    every = (*params.posonly_params, *params.params, *star, *params.kwonly_params, *kwargs)
+    return [param.name.value for param in every]
 
 
 def collect(module: cst.Module) -> Records:
