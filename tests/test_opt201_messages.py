@@ -23,7 +23,7 @@ def _opt201(source: str) -> dict:
 def test_a_device_naming_the_current_accelerator_is_quoted() -> None:
     found = _opt201((FIXTURES / "report_current_accelerator_may_be_mps.py").read_text())
     current = found[(12, Status.REPORTED)]
-    assert "the device is `torch.accelerator.current_accelerator()`, which may be MPS, " in current
+    assert "the device is `torch.accelerator.current_accelerator()`, which may be MPS" in current
     assert MPS_UNSAFE in current and "cannot see" not in current
     index = found[(13, Status.REPORTED)]
     assert "the device is the index `0`" in index and MPS_UNSAFE in index
@@ -33,11 +33,22 @@ def test_a_device_naming_the_current_accelerator_is_quoted() -> None:
     "device",
     ["torch.device(torch.accelerator.current_accelerator())", "torch.device(1)"],
 )
-def test_the_device_is_followed_through_torch_device(device: str) -> None:
+def test_a_torch_device_that_may_be_mps_is_copied_asynchronously_only_on_cuda(device: str) -> None:
     source = (FIXTURES / "report_current_accelerator_may_be_mps.py").read_text()
     source = source.replace("torch.accelerator.current_accelerator()\n", device + "\n", 1)
-    message = _opt201(source)[(12, Status.REPORTED)]
-    assert MPS_UNSAFE in message and "cannot see" not in message
+    result = rewrite(source, path="train.py", select=["OPT201"])
+    assert 'x = x.to(device, non_blocking=device.type == "cuda")' in result.source
+    assert "y = y.to(0)  #" in result.source  # an index has no `.type`: still reported
+    [fixed] = [d for d in result.diagnostics if d.status is Status.FIXED]
+    assert fixed.line == 12 and "may be MPS" in fixed.message
+
+
+def test_current_accelerator_unchecked_is_reported_as_maybe_none() -> None:
+    path = FIXTURES / "report_current_accelerator_not_checked_available.py"
+    message = _opt201(path.read_text())[(7, Status.REPORTED)]
+    assert "None in a build of torch without one" in message and MPS_UNSAFE in message
+    checked = path.read_text().replace("if args.accel:", "if torch.accelerator.is_available():")
+    assert "non_blocking=device.type" in rewrite(checked, path="train.py", select=["OPT201"]).source
 
 
 def test_a_device_out_of_sight_is_still_said_to_be_unknown() -> None:
@@ -72,3 +83,50 @@ def test_where_accelerate_may_not_move_the_batch_its_reason_is_not_given(change)
     assert change[0] in source
     found = _opt201(source.replace(*change))
     assert not [m for m in found.values() if ACCELERATE_REASON in m]
+
+
+RUNNABLE_ACCELERATOR_SHAPE = """
+import types
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(model, device, loader, optimizer, losses):
+    for data, target in loader:
+        data, target = data.to(device), target.to(device)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+
+
+def main(args, losses):
+    torch.manual_seed(0)
+    use_accel = not args.no_accel and torch.accelerator.is_available()
+    if use_accel:
+        device = torch.accelerator.current_accelerator()
+    else:
+        device = torch.device("cpu")
+    dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    loader = DataLoader(dataset, batch_size=16, pin_memory=True)
+    model = torch.nn.Linear(8, 3).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, device, loader, optimizer, losses)
+"""
+
+
+@pytest.mark.parametrize("no_accel", [True, False])
+def test_the_copy_tested_for_cuda_trains_the_same_and_runs_without_an_accelerator(
+    no_accel: bool,
+) -> None:
+    rewritten = rewrite(RUNNABLE_ACCELERATOR_SHAPE, path="train.py", select=["OPT201"]).source
+    assert rewritten.count('non_blocking=device.type == "cuda"') == 2
+    curves = []
+    for source in (RUNNABLE_ACCELERATOR_SHAPE, rewritten):
+        namespace: dict = {}
+        exec(compile(source, "train.py", "exec"), namespace)
+        losses: list = []
+        namespace["main"](namespace["types"].SimpleNamespace(no_accel=no_accel), losses)
+        curves.append(losses)
+    assert len(curves[0]) == 4 and curves[0] == curves[1]

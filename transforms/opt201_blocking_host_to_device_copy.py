@@ -33,7 +33,12 @@ class BlockingHostToDeviceCopy(Rule):
         followed through `self.train_data` set from a parameter, a parameter every call
         binds to a loader, `enumerate`/`iter`, a helper that returns the DataLoader, and a
         generator of the file that only yields the items of a loop over its argument
-        (`cycle(dl)`); batches drawn with `batch = next(it)` count as well.
+        (`cycle(dl)`); batches drawn with `batch = next(it)` count as well. Where the device
+        may also be MPS or another accelerator but always holds a `torch.device`
+        (`torch.device(...)`, or `torch.accelerator.current_accelerator()` in a branch taken
+        only when `torch.accelerator.is_available()`, as in pytorch/examples), the keyword
+        added is `non_blocking=device.type == "cuda"`: asynchronous on CUDA, blocking
+        elsewhere (the test ultralytics/ultralytics#22181 and huggingface/lerobot#702 use).
 
     Why is it slow:
         A blocking copy makes the Python thread wait until the batch has reached the GPU, and
@@ -70,7 +75,10 @@ class BlockingHostToDeviceCopy(Rule):
         changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
         a name that may already hold a device tensor, since the host could read it before it
         lands), targets that may be MPS or another non-CUDA device (asynchronous copies there
-        corrupt data, pytorch/pytorch#139550), dtype-only conversions, models and modules,
+        corrupt data, pytorch/pytorch#139550, #189690) unless the target always holds a
+        `torch.device`, whose `.type` the added keyword tests (a string, an index or
+        `current_accelerator()` without an `is_available()` check first, which is None in
+        a build of torch without an accelerator, may not), dtype-only conversions, models and modules,
         tensors not from the batch, copies outside a loop over the loader (`next(iter(loader))`), loaders not pinned,
         copies that already choose `non_blocking` or pass `*args`/`**kwargs`, sources written
         in place in the loop (the write would race with the copy), and, with a custom
@@ -154,6 +162,16 @@ class BlockingHostToDeviceCopy(Rule):
         ),
         Example(
             _LOADER.replace("'cuda' if", "'mps' if") + "for x, y in loader:\n"
+            "    x = x.to(device)\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n",
+            _LOADER.replace("'cuda' if", "'mps' if") + "for x, y in loader:\n"
+            "    x = x.to(device, non_blocking=device.type == \"cuda\")\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n",
+        ),
+        Example(
+            _LOADER.replace("torch.device('cuda' if", "('mps' if") + "for x, y in loader:\n"
             "    loss = model(x.to(device), y.to(device))\n"
             "    loss.backward()\n"
         ),
@@ -183,6 +201,18 @@ class BlockingHostToDeviceCopy(Rule):
                     message=f"`{source}` comes from a pinned DataLoader but is copied to the "
                     f"device with a blocking copy{why}",
                 )
+            elif copy.cuda_only is not None:
+                test = _is_cuda(copy.cuda_only)
+                fixed = with_keyword(call, "non_blocking", test)
+                self.report(
+                    call,
+                    Fix((Replace(call, fixed),)),
+                    fix_title=f"Add `non_blocking={code_of(test)}`",
+                    message=f"`{source}` comes from a pinned DataLoader but is copied to the "
+                    "device with a blocking copy; the device may be MPS, where asynchronous "
+                    f"copies corrupt data, so the copy is asynchronous only when "
+                    f"`{code_of(test)}`",
+                )
             else:
                 why = (
                     f"{copy.device_note}: add `non_blocking=True` only where it is CUDA"
@@ -195,3 +225,11 @@ class BlockingHostToDeviceCopy(Rule):
                     message=f"`{source}` comes from a pinned DataLoader but is copied with a "
                     f"blocking copy; {why}",
                 )
+
+
+def _is_cuda(device: cst.BaseExpression) -> cst.Comparison:
+    """`device.type == "cuda"` for a device that always holds a `torch.device`."""
+    return cst.Comparison(
+        cst.Attribute(device, cst.Name("type")),
+        [cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cuda"'))],
+    )

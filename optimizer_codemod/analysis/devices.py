@@ -12,7 +12,8 @@ from optimizer_codemod.analysis.nodes import STRING_NODES, find_all
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import holds_module
-from optimizer_codemod.analysis.values import imported_dataset
+from optimizer_codemod.analysis.values import imported_dataset, parameter_names, parameter_values
+from optimizer_codemod.analysis.walk import parents
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -642,3 +643,79 @@ def _host_value(node: cst.BaseExpression) -> bool:
             return node.func.value in HOST_BUILTINS
         return isinstance(node.func, cst.Attribute) and node.func.attr.value in HOST_METHODS
     return False
+
+
+# Device objects ---------------------------------------------------------------------------------
+CURRENT_ACCELERATOR = "torch.accelerator.current_accelerator"
+ACCELERATOR_AVAILABLE = "torch.accelerator.is_available"
+
+
+def is_device_object(
+    facts: "ScriptFacts",
+    node: Optional[cst.BaseExpression],
+    function: Optional[cst.FunctionDef] = None,
+    depth: int = 0,
+) -> bool:
+    """`node` always evaluates to a `torch.device`, never a string, an index or None, so
+    `node.type` can be read: `torch.device(...)`; `torch.accelerator.current_accelerator()`
+    where only a branch taken when `torch.accelerator.is_available()` runs it (it returns None
+    in a build of torch without an accelerator); either of them chosen by `a if c else b`; a
+    name every assignment of the file binds to one of those; a parameter of `function` that
+    every call of the file passes one of those."""
+    if node is None or depth > MAX_DEPTH:
+        return False
+    if isinstance(node, cst.Call):
+        qualname = facts.qualified_name(node.func)
+        if qualname == "torch.device":
+            return True
+        return qualname == CURRENT_ACCELERATOR and taken_only_when_available(facts, node)
+    if isinstance(node, cst.IfExp):
+        return is_device_object(facts, node.body, None, depth + 1) and is_device_object(
+            facts, node.orelse, None, depth + 1
+        )
+    name = dotted_name(node)
+    if name is None:
+        return False
+    if function is not None and name in parameter_names(function):
+        values = parameter_values(facts, function, name)
+        return bool(values) and all(
+            is_device_object(facts, value, None, depth + 1) for value in values
+        )
+    return _memoized(facts, "name_device_object", (name, depth), _name_device_object, name, depth)
+
+
+def _name_device_object(facts: "ScriptFacts", name: str, depth: int) -> bool:
+    assignments = facts.assignments_to(name)
+    return bool(assignments) and all(
+        not a.unpacked and not a.augmented and is_device_object(facts, a.value, None, depth + 1)
+        for a in assignments
+    )
+
+
+def taken_only_when_available(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`call` sits in the body of an `if` whose test holds only when an accelerator is
+    available (`if use_accel:` with `use_accel = ... and torch.accelerator.is_available()`)."""
+    table = facts.memo("parents").get(facts.module)
+    if table is None:
+        table = facts.memo("parents")[facts.module] = parents(facts.module)
+    child, node = call, table.get(call)
+    while node is not None:
+        if isinstance(node, cst.If) and child is node.body:
+            if _implies_available(facts, node.test, 0):
+                return True
+        child, node = node, table.get(node)
+    return False
+
+
+def _implies_available(facts: "ScriptFacts", test: cst.BaseExpression, depth: int) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(test, cst.Call):
+        return facts.qualified_name(test.func) == ACCELERATOR_AVAILABLE
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _implies_available(facts, test.left, depth + 1) or _implies_available(
+            facts, test.right, depth + 1
+        )
+    name = dotted_name(test)
+    assignments = facts.assignments_to(name) if name is not None else ()
+    return len(assignments) == 1 and _implies_available(facts, assignments[0].value, depth + 1)

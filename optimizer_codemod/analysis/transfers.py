@@ -42,7 +42,10 @@ from optimizer_codemod.analysis.devices import (
     device_types,
     is_dtype,
     places_on_accelerator,
+    CURRENT_ACCELERATOR,
     FLOATING_TENSOR_TYPES,
+    is_device_object,
+    taken_only_when_available,
     tensor_type_devices,
     tensor_types,
     type_conversion_target,
@@ -84,9 +87,14 @@ class BatchCopy:
     # Where target_types is None: what every run does before the loop that only CUDA allows
     # (cuda_runs.py), in words. With CUDA, torch has no MPS: the device is CUDA or the CPU.
     cuda_required: Optional[str] = None
+    # Where the device may be MPS: the copy's device, when it always holds a `torch.device`
+    # (devices.is_device_object); the copy can be asynchronous only when its `.type` is cuda.
+    cuda_only: Optional[cst.BaseExpression] = None
 
     @property
     def async_is_sound(self) -> bool:
+        if self.cuda_only is not None:
+            return False
         if self.target_types is None:
             return self.cuda_required is not None
         return self.target_types <= ASYNC_SOUND_TYPES
@@ -404,47 +412,71 @@ def _batch_copy(
         types = tensor_type_devices(facts, type_conversion_target(node))
     else:
         types = _target_types(facts, copy_target(facts, node), call)
-    if types is not None and not types <= ASYNC_SOUND_TYPES:
-        return (
-            "the copy may go to MPS or another accelerator that is not CUDA, where "
-            "asynchronous copies corrupt data (pytorch/pytorch#139550)"
-        )
+    if types is not None and types <= ASYNC_SOUND_TYPES:
+        return BatchCopy(call, loop, types)
     if types is None:
         required = cuda_required_before(facts, loop)
         if required is not None:
             return BatchCopy(call, loop, types, cuda_required=required)
-        return BatchCopy(call, loop, types, _device_note(facts, node, call.method))
-    return BatchCopy(call, loop, types)
+    device = copy_target(facts, node) if call.method == "to" else None
+    if dotted_name(device) is not None and is_device_object(facts, device, call.site.function):
+        return BatchCopy(call, loop, types, cuda_only=device)
+    if types is not None:
+        return (
+            "the copy may go to MPS or another accelerator that is not CUDA, where "
+            "asynchronous copies corrupt data (pytorch/pytorch#139550)"
+        )
+    return BatchCopy(call, loop, types, _device_note(facts, node, call.method))
 
 
 MPS_UNSAFE = "where asynchronous host-to-device copies are unsafe (pytorch/pytorch#139550)"
-CURRENT_ACCELERATOR = "torch.accelerator.current_accelerator"
 
 
 def _device_note(facts: "ScriptFacts", copy: cst.Call, method: Optional[str]) -> Optional[str]:
     """Why the device of `copy` may be MPS, where the script names the current accelerator
     (`torch.accelerator.current_accelerator()`, or an integer index, which torch takes as an
-    index of the current accelerator), directly or through names bound once."""
+    index of the current accelerator), directly or through the names it is bound to."""
     target = copy_target(facts, copy) if method == "to" else None
-    for _ in range(MAX_DEPTH + 1):
-        if target is None:
-            return None
-        if isinstance(target, cst.Integer):
-            return (
-                f"the device is the index `{target.value}`, which torch takes as an index of "
-                f"the current accelerator, and that may be MPS, {MPS_UNSAFE}"
-            )
-        names_accelerator = any(
-            isinstance(node, cst.Call) and facts.qualified_name(node.func) == CURRENT_ACCELERATOR
-            for node in (target, getattr(target, "value", None))
+    return _accelerator_note(facts, target, 0) if target is not None else None
+
+
+def _accelerator_note(
+    facts: "ScriptFacts", target: cst.BaseExpression, depth: int
+) -> Optional[str]:
+    if isinstance(target, cst.Integer):
+        return (
+            f"the device is the index `{target.value}`, which torch takes as an index of "
+            f"the current accelerator, and that may be MPS, {MPS_UNSAFE}"
         )
-        if names_accelerator:
-            return f"the device is `{code_of(target).strip()}`, which may be MPS, {MPS_UNSAFE}"
-        if isinstance(target, cst.Call) and facts.qualified_name(target.func) == "torch.device":
-            target = positional(target)[0].value if len(positional(target)) == 1 else None
-            continue
-        bound = facts.assignments_to(dotted_name(target) or "")
-        target = bound[0].value if len(bound) == 1 and not bound[0].unpacked else None
+    current = next(
+        (
+            node
+            for node in (target, getattr(target, "value", None))
+            if isinstance(node, cst.Call) and facts.qualified_name(node.func) == CURRENT_ACCELERATOR
+        ),
+        None,
+    )
+    if current is not None:
+        unchecked = (
+            ""
+            if taken_only_when_available(facts, current)
+            else " (and None in a build of torch without one: no `torch.accelerator."
+            "is_available()` check comes first, so its `.type` cannot be tested)"
+        )
+        return (
+            f"the device is `{code_of(target).strip()}`, which may be MPS{unchecked}, "
+            f"{MPS_UNSAFE}"
+        )
+    if depth >= MAX_DEPTH:
+        return None
+    if isinstance(target, cst.Call) and facts.qualified_name(target.func) == "torch.device":
+        args = positional(target)
+        return _accelerator_note(facts, args[0].value, depth + 1) if len(args) == 1 else None
+    for bound in facts.assignments_to(dotted_name(target) or ""):
+        if not bound.unpacked:
+            note = _accelerator_note(facts, bound.value, depth + 1)
+            if note is not None:
+                return note
     return None
 
 
