@@ -195,10 +195,15 @@ class Rule(cst.BatchableCSTVisitor):
         return self.context.facts
 
     def sync_removals_applied(self) -> FrozenSet[str]:
-        """The kinds of per-step sync that this run's fixes remove: this rule's own, and those
-        of every other selected rule whose fixes at that level are applied."""
+        """The kinds of per-step sync that this run's fixes remove: those of this rule and of
+        every other selected rule whose fixes at that level are applied (a `behavior` fix
+        only with --unsafe-fixes)."""
         options = self.context.options
-        kinds = set(self.removes_syncs)
+        kinds = {
+            kind
+            for kind, level in self.removes_syncs.items()
+            if options.may_apply(self.code, max(level, self.safety))
+        }
         for rule in options.rules:
             for kind, level in rule.removes_syncs.items():
                 if options.may_apply(rule.code, max(level, rule.safety)):

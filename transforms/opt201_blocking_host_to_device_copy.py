@@ -166,7 +166,7 @@ class BlockingHostToDeviceCopy(Rule):
             "    loss = model(x, y)\n"
             "    loss.backward()\n",
             _LOADER.replace("'cuda' if", "'mps' if") + "for x, y in loader:\n"
-            "    x = x.to(device, non_blocking=device.type == \"cuda\")\n"
+            '    x = x.to(device, non_blocking=device.type == "cuda")\n'
             "    loss = model(x, y)\n"
             "    loss.backward()\n",
         ),

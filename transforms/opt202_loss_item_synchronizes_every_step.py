@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Set
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.calls import code_of, excerpt
+from optimizer_codemod.analysis.periodic import LOG_EVERY, LOSS_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
     LOSS_ACCUMULATION,
@@ -27,6 +28,13 @@ _SETUP = (
     "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
 )
 
+_ON_DEVICE = (
+    "import torch\n"
+    "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+    "model = torch.nn.Linear(8, 1).to(device)\n"
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+)
+
 
 class LossItemSynchronizesEveryStep(Rule):
     """
@@ -37,7 +45,12 @@ class LossItemSynchronizesEveryStep(Rule):
         loop) into an accumulation on the device, `running += loss.detach().float()`, and
         turns every place that reads the total into `float(running)`. A `.item()` of the loss
         that runs on every step for another reason (`print(loss.item())`,
-        `losses.append(loss.item())`) is reported, not rewritten. So is `return loss.item()`
+        `losses.append(loss.item())`) is reported, not rewritten, with one exception: a
+        line that only prints or logs (`print(...)`, `sys.stdout.write(...)`, a `logging`
+        function or a `logging.getLogger` logger's method, whose arguments only read values)
+        runs every 10th step instead (`if step % 10 == 0:`, by the loop's counter: `step` in
+        `for step, batch in enumerate(loader)` or `for step in range(n)`, also inside
+        `tqdm(...)`), a `behavior` fix. So is `return loss.item()`
         in a function that is one training step (it calls `loss.backward()` outside any loop
         of its own, and a loop of the file calls it): the loop reads it every step.
         The loss is what `loss.backward()`, `scaler.scale(loss).backward()` or a trainer
@@ -91,6 +104,17 @@ class LossItemSynchronizesEveryStep(Rule):
         when a nested function, lambda or class uses it. Per-step `.item()` of the loss for
         other purposes is only reported: printing less often changes what the script shows.
 
+        A line that only prints or logs the loss every step is gated to every 10th step:
+        `behavior`, since nine lines in ten are no longer printed (the last step's line
+        too, unless its index is a multiple of 10); the training is unchanged. Gated only
+        when the line is one call that writes output and its arguments only read values
+        (`.item()`, `len`, `time.time()`, `str.format`...; a call that draws a batch or a
+        random number would run less often), when the loop has a counter that its body never
+        rebinds, when the loop is not the micro-step loop of gradient accumulation, and when
+        the fix pays: no other sync stays on the step (a line reading other device values is
+        gated with it by OPT204; a copy to the host under an `if` that is not every N steps,
+        such as `if accelerator.is_main_process:`, counts as staying).
+
         A fix must pay: not rewritten (reported, naming the call) when another host sync
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
         `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`,
@@ -123,7 +147,7 @@ class LossItemSynchronizesEveryStep(Rule):
     triggers = (r"\.\s*item\s*\(",)
     # Findings are in training loops: the loss's backward is called in them.
     requires = (BACKWARD_CALL,)
-    removes_syncs = {LOSS_ACCUMULATION: Safety.NUMERICS}
+    removes_syncs = {LOSS_ACCUMULATION: Safety.NUMERICS, LOSS_LOG: Safety.BEHAVIOR}
     examples = (
         Example(
             _SETUP + "for epoch in range(3):\n"
@@ -144,6 +168,28 @@ class LossItemSynchronizesEveryStep(Rule):
             "        optimizer.step()\n"
             "        running += loss.detach().float() * x.size(0)\n"
             "    print(epoch, float(running) / len(loader.dataset))\n",
+        ),
+        Example(
+            _ON_DEVICE + "for epoch in range(3):\n"
+            "    for i, (x, y) in enumerate(loader):\n"
+            "        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))\n"
+            "        loss.backward()\n"
+            "        optimizer.step()\n"
+            '        print("epoch %d batch %d loss %f" % (epoch, i, loss.item()))\n',
+            _ON_DEVICE + "for epoch in range(3):\n"
+            "    for i, (x, y) in enumerate(loader):\n"
+            "        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))\n"
+            "        loss.backward()\n"
+            "        optimizer.step()\n"
+            "        if i % 10 == 0:\n"
+            '            print("epoch %d batch %d loss %f" % (epoch, i, loss.item()))\n',
+        ),
+        Example(
+            _ON_DEVICE + "for x, y in loader:\n"
+            "    loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))\n"
+            "    loss.backward()\n"
+            "    optimizer.step()\n"
+            "    print(f'loss {loss.item():.4f}')\n"
         ),
         Example(
             _SETUP + "running = 0.0\n"
@@ -179,18 +225,32 @@ class LossItemSynchronizesEveryStep(Rule):
                 Fix(tuple(edits)),
                 message=f"`{_line(statement)}` synchronises with the device on every step",
             )
+        log_lines = self.facts.log_lines
         for loop in self.facts.training_loops:
+            handled.update(self._gate_log_lines(loop, enabled))
+            lines = {line.statement: line for line in log_lines.of(loop)}
             per_step = None
             for item in loss_items(self.facts, loop):
                 if item.node in handled:
                     continue
                 per_step = every_iteration(loop) if per_step is None else per_step
-                if item.site.statement in per_step:
-                    self.report(
-                        item.node,
-                        message=f"`{code_of(item.node)}` on every step waits for the device; "
-                        "read the loss less often (every N steps) or accumulate it detached",
-                    )
+                if item.site.statement not in per_step:
+                    continue
+                line = lines.get(item.site.statement)
+                why = (
+                    log_lines.why_not_gated(line, enabled | {LOSS_LOG})
+                    if line is not None
+                    else None
+                )
+                self.report(
+                    item.node,
+                    message=f"`{code_of(item.node)}` on every step waits for the device; "
+                    + (
+                        f"not printed every {LOG_EVERY}th step because {why}"
+                        if why is not None
+                        else "read the loss less often (every N steps) or accumulate it " "detached"
+                    ),
+                )
         for item in step_loss_items(self.facts):
             self.report(
                 item.node,
@@ -201,6 +261,23 @@ class LossItemSynchronizesEveryStep(Rule):
         for sync in helper_syncs(self.facts):
             if sync.loss:
                 self.report(sync.node, message=helper_sync_message(sync))
+
+    def _gate_log_lines(self, loop, enabled) -> Set[cst.CSTNode]:
+        """Fix each per-step print or log line of `loop` that reads the loss, where printing
+        it every Nth step pays; the syncs it takes off the step."""
+        lines = self.facts.log_lines.paying(loop, enabled | {LOSS_LOG})
+        for line in lines:
+            if line.loss:
+                self.report(
+                    line.statement,
+                    Fix((Replace(line.statement, line.gated()),)),
+                    message=f"`{excerpt(line.call)}` reads the loss on the host on every step "
+                    "to show it, so the host waits for the device each step; show it every "
+                    f"{LOG_EVERY}th step (`if {line.counter} % {LOG_EVERY} == 0:`)",
+                    safety=Safety.BEHAVIOR,
+                    fix_title=f"Print or log it every {LOG_EVERY}th step",
+                )
+        return {sync.node for line in lines if line.loss for sync in line.syncs}
 
 
 def _remaining_sync(plan) -> Optional[str]:

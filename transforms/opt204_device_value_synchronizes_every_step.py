@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Optional, Set
+
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.periodic import LOG_EVERY, LOSS_LOG, METRIC_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
     METRIC_ACCUMULATION,
@@ -55,7 +58,11 @@ class DeviceValueSynchronizesEveryStep(Rule):
         Rewrites the one pattern with a sound fix: a metric summed with `.item()` on every
         step and read only later (`correct += (pred == y).sum().item()`) is summed on the
         device (`correct += (pred == y).sum()`) and read back where the script reads it
-        (`int(correct)`). Device values are those computed from the loss, its criterion's
+        (`int(correct)`). A line that only prints or logs device values on every step
+        (`print(f"acc {acc.item():.3f}")`, `sys.stdout.write(...)`, a logger's method) runs
+        every 10th step by the loop's counter (`if step % 10 == 0:`), under the conditions of
+        OPT202's gated lines (OPT202 gates the lines that read the loss; the two are gated
+        together when one loop has both). Device values are those computed from the loss, its criterion's
         inputs, model outputs and tensors moved with `.to(device)`; statements under an `if`
         do not run every step and are left alone.
         The step's helpers count too: `.item()` and `.tolist()` in a function of the file
@@ -113,7 +120,9 @@ class DeviceValueSynchronizesEveryStep(Rule):
         message names it, unless another fix of the same run takes it off the step too
         (OPT202 moves `running += loss.item()` to the device in the same run). Every other
         sync is only reported: printing, branching or logging less often changes what the
-        script does.
+        script does, except a line that only prints or logs: it runs every 10th step
+        (`behavior`: nine lines in ten are no longer printed; training is unchanged), when the
+        fix pays, as in OPT202.
 
     Expected gain:
         The host-device round trip of every step, when nothing else waits on that step: a
@@ -141,7 +150,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
         r"\s*\(|\bmath\.|\b(?:if|while|assert)\b|%",
     )
     requires = (BACKWARD_CALL,)
-    removes_syncs = {METRIC_ACCUMULATION: Safety.NUMERICS}
+    removes_syncs = {METRIC_ACCUMULATION: Safety.NUMERICS, METRIC_LOG: Safety.BEHAVIOR}
     examples = (
         Example(
             _LOOP + "        correct += (out.argmax(1) == y).sum().item()\n"
@@ -152,6 +161,13 @@ class DeviceValueSynchronizesEveryStep(Rule):
         Example(
             _LOOP + "        correct += (out.argmax(1) == y).sum().item()\n"
             "        print(f'accuracy {correct / len(loader.dataset):.3f}')\n"
+        ),
+        Example(
+            _LOOP.replace("for x, y in loader", "for i, (x, y) in enumerate(loader)")
+            + '        print(f"accuracy {(out.argmax(1) == y).float().mean().item():.3f}")\n',
+            _LOOP.replace("for x, y in loader", "for i, (x, y) in enumerate(loader)")
+            + "        if i % 10 == 0:\n"
+            '            print(f"accuracy {(out.argmax(1) == y).float().mean().item():.3f}")\n',
         ),
         Example(
             _LOOP + "        if torch.isnan(loss):\n"
@@ -184,18 +200,54 @@ class DeviceValueSynchronizesEveryStep(Rule):
                 safety=None if exact else Safety.NUMERICS,
             )
         for loop in self.facts.training_loops:
+            handled.update(self._gate_log_lines(loop, enabled))
             handled.update(item.node for item in loss_items(self.facts, loop))
+            lines = {line.statement: line for line in self.facts.log_lines.of(loop)}
             for sync in syncs.sites(loop):
                 if sync.certain and sync.node not in handled and sync.kind in WAITS:
-                    self.report(sync.node, message=_message(sync))
+                    line = lines.get(sync.statement)
+                    why = (
+                        self.facts.log_lines.why_not_gated(line, enabled | {METRIC_LOG})
+                        if line is not None
+                        else None
+                    )
+                    self.report(sync.node, message=_message(sync, why))
         for sync in helper_syncs(self.facts):
             if not sync.loss:
                 self.report(sync.node, message=helper_sync_message(sync))
 
+    def _gate_log_lines(self, loop, enabled) -> Set[cst.CSTNode]:
+        """Fix each per-step print or log line of `loop` that reads device values other than
+        the loss, where printing it every Nth step pays; the syncs taken off the step by
+        these fixes and by OPT202's on lines that read the loss."""
+        lines = self.facts.log_lines.paying(loop, enabled | {METRIC_LOG})
+        for line in lines:
+            if not line.loss:
+                self.report(
+                    line.statement,
+                    Fix((Replace(line.statement, line.gated()),)),
+                    message=f"`{excerpt(line.call)}` copies device values to the host on every "
+                    "step to show them, so the host waits for the device each step; show them "
+                    f"every {LOG_EVERY}th step (`if {line.counter} % {LOG_EVERY} == 0:`)",
+                    safety=Safety.BEHAVIOR,
+                    fix_title=f"Print or log it every {LOG_EVERY}th step",
+                )
+        return {
+            sync.node
+            for line in lines
+            if not line.loss or LOSS_LOG in enabled
+            for sync in line.syncs
+        }
 
-def _message(sync: StepSync) -> str:
+
+def _message(sync: StepSync, not_gated: Optional[str] = None) -> str:
     value = f"`{excerpt(sync.value, 40)}`" if sync.value is not None else ""
     what = WAITS[sync.kind].format(node=f"`{excerpt(sync.node)}`", value=value)
+    if not_gated is not None:
+        return (
+            f"{what}: the host waits for the device to finish the step; not printed every "
+            f"{LOG_EVERY}th step because {not_gated}"
+        )
     return (
         f"{what}: the host waits for the device to finish the step; do it every N steps, "
         "or keep the value on the device"

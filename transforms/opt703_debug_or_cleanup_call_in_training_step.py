@@ -7,7 +7,8 @@ from typing import Optional, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
-from optimizer_codemod.analysis.debugging import DebugSite, step_counter
+from optimizer_codemod.analysis.debugging import DebugSite
+from optimizer_codemod.analysis.periodic import every_nth_step, step_counter
 from optimizer_codemod.analysis.epochs import containing_body
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import EMPTY_CACHE, SYNCHRONIZE
@@ -198,13 +199,8 @@ class DebugOrCleanupCallInTrainingStep(Rule):
     def _edits(self, site: DebugSite) -> Tuple[Tuple[Edit, ...], str]:
         if site.kind == "empty_cache":
             counter = step_counter(self.facts, site.loop)
-            line = site.statement
-            gated = cst.If(
-                test=cst.parse_expression(f"{counter} % {EMPTY_CACHE_EVERY} == 0"),
-                body=cst.IndentedBlock(body=[line.with_changes(leading_lines=())]),
-                leading_lines=line.leading_lines,
-            )
-            return (Replace(line, gated),), f"Run it every {EMPTY_CACHE_EVERY}th step"
+            gated = every_nth_step(site.statement, counter, EMPTY_CACHE_EVERY)
+            return (Replace(site.statement, gated),), f"Run it every {EMPTY_CACHE_EVERY}th step"
         if site.kind == "anomaly-context":
             return (_unwrapped(site),), "Take the step out of anomaly detection"
         title = self.fix_title if site.kind == "anomaly" else "Remove it"

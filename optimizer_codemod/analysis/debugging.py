@@ -24,8 +24,6 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.collect import Loop, is_main_guard
 from optimizer_codemod.analysis.devices import ACCELERATOR_PREFIXES
-from optimizer_codemod.analysis.epochs import is_throwaway
-from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, lone_call
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
@@ -33,7 +31,6 @@ from optimizer_codemod.analysis.syncs import (
     StepSync,
     alone_in_statement,
     every_iteration,
-    name_uses,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -288,22 +285,3 @@ def _unwrap_obstacle(statement: cst.CSTNode, item: cst.WithItem) -> Optional[str
     if any(line.comment for line in body.footer):
         return "comments close its block"
     return None
-
-
-def step_counter(facts: "ScriptFacts", loop: Loop) -> Optional[str]:
-    """The name that counts `loop`'s iterations (`step` in `for step, batch in
-    enumerate(loader)` or `for step in range(n)`), when the body never rebinds it."""
-    node = loop.node
-    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Call):
-        return None
-    callee = facts.qualified_name(node.iter.func) or dotted_name(node.iter.func)
-    target = node.target
-    if callee == "enumerate" and isinstance(target, cst.Tuple) and target.elements:
-        target = target.elements[0].value
-    elif callee != "range":
-        return None
-    if not isinstance(target, cst.Name) or is_throwaway(target.value):
-        return None
-    if any(use.store for use in name_uses(node.body, target.value)):
-        return None
-    return target.value

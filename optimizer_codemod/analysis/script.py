@@ -20,6 +20,7 @@ from optimizer_codemod.analysis.debugging import DebugSwitches
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
 from optimizer_codemod.analysis.nodes import is_docstring
+from optimizer_codemod.analysis.periodic import LogLines
 from optimizer_codemod.analysis.syncs import HostSyncs
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -439,6 +440,11 @@ class ScriptFacts:
     def host_syncs(self) -> HostSyncs:
         """Per-step host syncs of the training loops (syncs.py)."""
         return HostSyncs(self)
+
+    @cached_property
+    def log_lines(self) -> LogLines:
+        """Per-step print and log lines that read device values (periodic.py)."""
+        return LogLines(self)
 
     @cached_property
     def debug_switches(self) -> DebugSwitches:

@@ -336,6 +336,8 @@ class HostSyncs:
                 for accumulation in accumulations():
                     if accumulation.loop is loop and accumulation.obstacle is None:
                         removed.update((item, kind) for item in accumulation.items)
+        for line in self.facts.log_lines.gated(loop, enabled):
+            removed.update((sync.node, line.kind) for sync in line.syncs)
         for sync in self.sites(loop):
             if sync.kind == "synchronize" and SYNCHRONIZE in enabled:
                 if self.synchronize_obstacle(sync) is None:

@@ -1,0 +1,289 @@
+"""Work a training loop can do every Nth step instead of every step.
+
+A loop's step counter (`step` in `for step, batch in enumerate(loader)`), a statement gated by
+it (`if step % 10 == 0:`), and the per-step log lines that read device values: `print(...)`
+or a logger call whose arguments copy a loss or a metric to the host (`loss.item()`), so the
+host waits for the device on every step only to show a number. Printed every Nth step, the
+wait happens on one step in N (OPT202 for the loss, OPT204 for other values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import excerpt, method_name
+from optimizer_codemod.analysis.collect import Loop
+from optimizer_codemod.analysis.epochs import is_throwaway, step_loop_of
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.walk import children
+from optimizer_codemod.analysis.syncs import (
+    HOST_SYNC_METHODS,
+    StepSync,
+    loss_items,
+    name_uses,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+LOG_EVERY = 10
+# What a sync-removing fix takes off the step (syncs.SyncPlan), by who owns the line.
+LOSS_LOG = "loss-log"  # a per-step log line that reads the loss (OPT202)
+METRIC_LOG = "metric-log"  # a per-step log line that reads other device values (OPT204)
+
+# Calls whose only effect is output.
+OUTPUT_FUNCTIONS = frozenset(
+    {"print", "sys.stdout.write", "sys.stderr.write", "tqdm.tqdm.write", "tqdm.write"}
+    | {f"logging.{level}" for level in ("debug", "info", "warning", "error", "log")}
+)
+LOGGER_METHODS = frozenset({"debug", "info", "warning", "error", "log"})
+LOGGER_FACTORIES = frozenset({"logging.getLogger"})
+# Calls a log line may make in its arguments: they read values and change nothing (a call
+# that draws the next batch or a random number would run less often once gated).
+READING_METHODS = HOST_SYNC_METHODS | frozenset(
+    "numpy detach float double half long int mean sum max min std var norm abs size numel "
+    "dim argmax eq ne format get_last_lr total_seconds".split()
+)
+READING_FUNCTIONS = frozenset(
+    "len float int str repr round abs min max sum format bool".split()
+    + ["time.time", "time.perf_counter", "time.monotonic", "datetime.timedelta"]
+    + ["datetime.datetime.now", "math.exp", "math.sqrt", "math.log"]
+)
+_EFFECTS = (cst.NamedExpr, cst.Yield, cst.Await, cst.Lambda)
+
+
+def step_counter(facts: "ScriptFacts", loop: Loop) -> Optional[str]:
+    """The name that counts `loop`'s iterations (`step` in `for step, batch in
+    enumerate(loader)`, `for step in range(n)`, also wrapped in `tqdm(...)`), when the body
+    never rebinds it."""
+    node = loop.node
+    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Call):
+        return None
+    iterable = node.iter
+    if _callee(facts, iterable) in ("tqdm.tqdm", "tqdm.auto.tqdm", "tqdm") and iterable.args:
+        inner = iterable.args[0].value
+        iterable = inner if isinstance(inner, cst.Call) else iterable
+    callee = _callee(facts, iterable)
+    target = node.target
+    if callee == "enumerate" and isinstance(target, cst.Tuple) and target.elements:
+        target = target.elements[0].value
+    elif callee not in ("range", "tqdm.trange"):
+        return None
+    if not isinstance(target, cst.Name) or is_throwaway(target.value):
+        return None
+    if any(use.store for use in name_uses(node.body, target.value)):
+        return None
+    return target.value
+
+
+def _callee(facts: "ScriptFacts", call: cst.Call) -> Optional[str]:
+    return facts.qualified_name(call.func) or dotted_name(call.func)
+
+
+def every_nth_step(line: cst.BaseStatement, counter: str, every: int) -> cst.If:
+    """`line` run only when `counter % every == 0`, with the comments above it kept above."""
+    return cst.If(
+        test=cst.parse_expression(f"{counter} % {every} == 0"),
+        body=cst.IndentedBlock(body=[line.with_changes(leading_lines=())]),
+        leading_lines=line.leading_lines,
+    )
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A statement of a training loop's own body that only prints or logs, and reads values
+    known to be on the device (syncs.StepSync.certain) on the host to do it, on every
+    step."""
+
+    statement: cst.SimpleStatementLine
+    loop: Loop
+    syncs: Tuple[StepSync, ...]
+    loss: bool  # it reads the `.item()` of a loss the loop calls backward on
+    counter: Optional[str]
+    obstacle: Optional[str]  # why it cannot be gated; None when it can
+
+    @property
+    def kind(self) -> str:
+        return LOSS_LOG if self.loss else METRIC_LOG
+
+    @property
+    def call(self) -> cst.Call:
+        return self.statement.body[0].value
+
+    def gated(self) -> cst.If:
+        assert self.counter is not None
+        return every_nth_step(self.statement, self.counter, LOG_EVERY)
+
+
+class LogLines:
+    """The per-step log lines of the training loops, memoised per loop (one per ScriptFacts)."""
+
+    def __init__(self, facts: "ScriptFacts") -> None:
+        self.facts = facts
+        self._lines: Dict[int, Tuple[LogLine, ...]] = {}
+
+    def of(self, loop: Loop) -> Tuple[LogLine, ...]:
+        key = id(loop.node)
+        if key not in self._lines:
+            self._lines[key] = tuple(self._find(loop))
+        return self._lines[key]
+
+    def gated(self, loop: Loop, enabled: Iterable[str]) -> List[LogLine]:
+        """The lines of `loop` that the `enabled` kinds of fix gate (none has an obstacle)."""
+        enabled = frozenset(enabled)
+        return [line for line in self.of(loop) if line.obstacle is None and line.kind in enabled]
+
+    def paying(self, loop: Loop, enabled: Iterable[str]) -> List[LogLine]:
+        """The lines of `loop` the `enabled` kinds of fix gate, when gating them (and every
+        other fix of the run that takes a sync off the step) leaves no sync on the step: a
+        fix must pay. Empty otherwise."""
+        gated = self.gated(loop, enabled)
+        if not gated or self.facts.host_syncs.plan(loop, enabled).remaining:
+            return []
+        return gated
+
+    def _find(self, loop: Loop) -> List[LogLine]:
+        facts = self.facts
+        by_statement: Dict[cst.CSTNode, List[StepSync]] = {}
+        for sync in facts.host_syncs.sites(loop):
+            by_statement.setdefault(sync.statement, []).append(sync)
+        lines = [
+            (statement, syncs)
+            for statement, syncs in by_statement.items()
+            if any(sync.certain for sync in syncs) and _output_line(facts, statement)
+        ]
+        if not lines:
+            return []
+        losses = {id(call.node) for call in loss_items(facts, loop)}
+        counter = step_counter(facts, loop)
+        obstacle = self._obstacle(loop, counter)
+        return [
+            LogLine(
+                statement,
+                loop,
+                tuple(syncs),
+                any(id(sync.node) in losses for sync in syncs),
+                counter,
+                _changing_argument(facts, statement) or obstacle,
+            )
+            for statement, syncs in lines
+        ]
+
+    def _obstacle(self, loop: Loop, counter: Optional[str]) -> Optional[str]:
+        if step_loop_of(self.facts, loop) is not loop:
+            return (
+                "the loop is a micro-step loop of gradient accumulation, and the line would be "
+                "gated by the micro-step, not by the optimizer step"
+            )
+        if counter is None:
+            return (
+                "the loop has no step counter (`for step, batch in enumerate(loader)`) to "
+                f"print every {LOG_EVERY}th step by"
+            )
+        held = _held_syncs(self.facts, loop)
+        if held is not None:
+            return (
+                f"`{excerpt(held)}` also copies a value to the host on most steps (under an "
+                "`if` that is not every N steps), so the host would still wait for the device"
+            )
+        return None
+
+    def why_not_gated(self, line: LogLine, enabled: Iterable[str]) -> Optional[str]:
+        """Why `line` is not run every Nth step in a run whose fixes take the `enabled` kinds
+        of sync off the step; None when it is."""
+        if line.obstacle is not None:
+            return line.obstacle
+        enabled = frozenset(enabled)
+        if line.kind not in enabled:
+            return (
+                "it reads the loss too, and OPT202, which gates such lines, is not applied in "
+                "this run"
+                if line.loss
+                else "it reads other device values too, and OPT204, which gates such lines, "
+                "is not applied in this run"
+            )
+        for sync in self.facts.host_syncs.plan(line.loop, enabled).remaining:
+            return (
+                f"`{excerpt(sync.node)}` waits for the device on every step as well, so "
+                "the fix would gain nothing"
+            )
+        return None
+
+
+def _output_line(facts: "ScriptFacts", statement: cst.CSTNode) -> bool:
+    """`statement` is one call that writes output: `print`, `sys.stdout.write`, a `logging`
+    function or the method of a `logging.getLogger` logger."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    expression = statement.body[0]
+    return (
+        isinstance(expression, cst.Expr)
+        and isinstance(expression.value, cst.Call)
+        and _writes_output(facts, expression.value)
+    )
+
+
+def _changing_argument(facts: "ScriptFacts", statement: cst.SimpleStatementLine) -> Optional[str]:
+    """Why an argument of the output call may do more than read a value (a call that draws
+    a batch or a random number would run less often once the line is gated); None when
+    each only reads."""
+    for arg in statement.body[0].value.args:
+        if arg.star:
+            return f"its arguments are unpacked (`{excerpt(arg)}`), which may run code"
+        effect = next(iter(find_all(arg.value, *_EFFECTS)), None)
+        if effect is not None:
+            return f"`{excerpt(effect)}` in its arguments does more than read a value"
+        for inner in find_all(arg.value, cst.Call):
+            name = facts.qualified_name(inner.func) or dotted_name(inner.func)
+            if name not in READING_FUNCTIONS and method_name(inner) not in READING_METHODS:
+                return (
+                    f"`{excerpt(inner)}` in its arguments may do more than read a value, "
+                    "and would run less often"
+                )
+    return None
+
+
+def _writes_output(facts: "ScriptFacts", call: cst.Call) -> bool:
+    name = facts.qualified_name(call.func) or dotted_name(call.func)
+    if name in OUTPUT_FUNCTIONS:
+        return True
+    method = method_name(call)
+    if method not in LOGGER_METHODS or not isinstance(call.func, cst.Attribute):
+        return False
+    receiver = dotted_name(call.func.value)
+    values = [a.value for a in facts.assignments_to(receiver)] if receiver else []
+    return bool(values) and all(
+        isinstance(value, cst.Call) and facts.qualified_name(value.func) in LOGGER_FACTORIES
+        for value in values
+    )
+
+
+def _held_syncs(facts: "ScriptFacts", loop: Loop) -> Optional[cst.CSTNode]:
+    """A host copy (`.item()`, `.tolist()`, `.cpu()`) in `loop`'s body that HostSyncs does
+    not count, since it is under an `if` or an inner loop, but that runs on most steps: not
+    in the body of an `if` that tests a `%` (its `else` runs on most steps), nor in a nested
+    function."""
+    counted = {id(sync.node) for sync in facts.host_syncs.sites(loop)}
+    stack: List[cst.CSTNode] = [loop.node.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if isinstance(node, cst.If) and find_all(node.test, cst.Modulo):
+            stack.append(node.test)
+            if node.orelse is not None:
+                stack.append(node.orelse)
+            continue
+        if (
+            isinstance(node, cst.Call)
+            and method_name(node) in HOST_SYNC_METHODS
+            and not node.args
+            and id(node) not in counted
+        ):
+            return node
+        stack.extend(children(node))
+    return None

@@ -1,0 +1,144 @@
+"""A per-step print or log line that reads device values runs every 10th step (OPT202 for the
+loss, OPT204 for other values): the training is the same, one line in ten is printed, and
+the fix composes with the accumulations it lets pay."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from optimizer_codemod import rewrite
+from optimizer_codemod.diagnostics import Status
+from optimizer_codemod.rule import Safety
+
+GAN_STEP = """
+import sys
+import torch
+import torch.nn as nn
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+generator = nn.Linear(4, 8).to(device)
+discriminator = nn.Linear(8, 1).to(device)
+optimizer_G = torch.optim.Adam(generator.parameters(), lr=1e-3)
+optimizer_D = torch.optim.Adam(discriminator.parameters(), lr=1e-3)
+criterion = nn.BCEWithLogitsLoss()
+dataloader = [(torch.randn(16, 8), None) for _ in range(23)]
+losses = []
+
+for epoch in range(2):
+    for i, (imgs, _) in enumerate(dataloader):
+        real = imgs.to(device)
+        optimizer_G.zero_grad()
+        fake = generator(torch.randn(16, 4, device=device))
+        g_loss = criterion(discriminator(fake), torch.ones(16, 1, device=device))
+        g_loss.backward()
+        optimizer_G.step()
+        optimizer_D.zero_grad()
+        d_loss = criterion(discriminator(real), torch.ones(16, 1, device=device))
+        d_loss.backward()
+        optimizer_D.step()
+        losses.append((d_loss.detach().clone(), g_loss.detach().clone()))
+        sys.stdout.write(
+            "[Epoch %d] [Batch %d/%d] [D loss: %f] [G loss: %f]\\n"
+            % (epoch, i, len(dataloader), d_loss.item(), g_loss.item())
+        )
+"""
+
+
+def _run(source: str):
+    out = io.StringIO()
+    namespace: dict = {}
+    with contextlib.redirect_stdout(out):
+        exec(compile(source, "train.py", "exec"), namespace)
+    return namespace["losses"], out.getvalue().splitlines()
+
+
+def test_the_gated_progress_line_trains_the_same_and_prints_every_tenth_step() -> None:
+    result = rewrite(GAN_STEP, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
+    assert "        if i % 10 == 0:\n            sys.stdout.write(" in result.source
+    [fixed] = [d for d in result.diagnostics if d.status is Status.FIXED]
+    assert fixed.code == "OPT202" and fixed.safety is Safety.BEHAVIOR
+    before, printed_before = _run(GAN_STEP)
+    after, printed_after = _run(result.source)
+    assert len(before) == len(after) == 46
+    assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(before, after))
+    # Batches 0, 10 and 20 of each epoch: the same lines, the others gone.
+    kept = [
+        line
+        for line in printed_before
+        if line.split("[Batch ")[1].split("/")[0] in {"0", "10", "20"}
+    ]
+    assert len(printed_before) == 46 and printed_after == kept and len(kept) == 6
+
+
+def test_without_unsafe_fixes_the_line_is_offered_and_nothing_changes() -> None:
+    result = rewrite(GAN_STEP, path="train.py", select=["OPT202", "OPT204"])
+    assert result.source == GAN_STEP
+    [offered] = [d for d in result.diagnostics if d.code == "OPT202"]
+    assert offered.safety is Safety.BEHAVIOR and "every 10th step" in offered.message
+
+
+ACCUMULATION_AND_PRINT = """
+import torch
+import torch.nn as nn
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = nn.Linear(8, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    epoch_loss = 0
+    for iteration, (x, y) in enumerate(loader, 1):
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        epoch_loss += loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print("Epoch[{}]({}): Loss: {:.4f}".format(epoch, iteration, loss.item()))
+    print("Avg. Loss: {:.4f}".format(epoch_loss / len(loader)))
+"""
+
+
+def test_the_accumulation_pays_only_where_the_print_is_gated_too() -> None:
+    # pytorch/examples' super_resolution: the per-step print keeps the host waiting, so moving
+    # the running total to the device gains nothing unless the print goes every 10th step.
+    safe = rewrite(ACCUMULATION_AND_PRINT, path="train.py", select=["OPT202"])
+    assert safe.source == ACCUMULATION_AND_PRINT
+    declined = [d for d in safe.diagnostics if "epoch_loss +=" in d.message]
+    assert declined and "still waits for the device" in declined[0].message
+    unsafe = rewrite(ACCUMULATION_AND_PRINT, path="train.py", select=["OPT202"], unsafe_fixes=True)
+    assert "epoch_loss += loss.detach().float()" in unsafe.source
+    assert "if iteration % 10 == 0:" in unsafe.source
+    assert "float(epoch_loss) / len(loader)" in unsafe.source
+
+
+def test_a_line_reading_the_loss_and_a_metric_is_one_fix_of_opt202() -> None:
+    source = (
+        ACCUMULATION_AND_PRINT.replace("        epoch_loss += loss.item()\n", "")
+        .replace(
+            "loss = nn.functional.mse_loss(model(x), y)",
+            "out = model(x)\n        loss = nn.functional.mse_loss(out, y)",
+        )
+        .replace(
+            '"Epoch[{}]({}): Loss: {:.4f}".format(epoch, iteration, loss.item())',
+            '"Loss: {:.4f} mean output {:.4f}".format(loss.item(), out.mean().item())',
+        )
+    )
+    result = rewrite(source, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
+    assert "if iteration % 10 == 0:" in result.source
+    assert [d.code for d in result.diagnostics if d.status is Status.FIXED] == ["OPT202"]
+    assert not [d for d in result.diagnostics if d.code == "OPT204"]
+    # Without OPT202, the loss's `.item()` stays on the step: OPT204 cannot gate the line.
+    alone = rewrite(source, path="train.py", select=["OPT204"], unsafe_fixes=True)
+    assert alone.source == source
+    [reported] = [d for d in alone.diagnostics if d.code == "OPT204"]
+    assert "not printed every 10th step" in reported.message
+
+
+def test_a_script_that_never_uses_an_accelerator_is_left_alone() -> None:
+    # Nothing runs on a device: `.item()` waits for nothing (time_sequence_prediction).
+    source = GAN_STEP.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cpu"')
+    source = source.replace("torch.cuda.is_available()", "False")
+    result = rewrite(source, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
+    assert result.source == source
