@@ -59,3 +59,15 @@ def test_what_a_caller_may_do_with_returned_inference_tensors() -> None:
     torch.save({"best": best, "tokens": tokens}, buffer)
     buffer.seek(0)
     assert torch.load(buffer)["tokens"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_new_tensor_computed_from_an_inference_tensor_alone_is_an_ordinary_one() -> None:
+    # escapes.py accepts `outputs.argmax(-1)` after the block (FRESH_METHODS with host
+    # arguments) and follows views and attributes, which stay inference tensors.
+    made = _inference_tensor()
+    predictions = made.argmax(dim=-1)
+    assert not predictions.is_inference()
+    predictions += 1  # an ordinary tensor: updating it in place is allowed
+    assert made[:2].is_inference() and made.unsqueeze(0).is_inference()
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        made.matmul(torch.ones(3, requires_grad=True))

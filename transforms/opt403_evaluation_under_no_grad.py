@@ -79,12 +79,18 @@ class EvaluationUnderNoGrad(Rule):
         functions of them), unused after the block (or bound again before any later use), or
         only read after it for its value (`loss.item()`, `.tolist()`, `float(loss)`,
         `print(loss)`, an f-string: reading an inference tensor outside inference mode is
-        allowed; tests/test_inference_mode_claims.py runs each case); it stores into no attribute or subscript,
+        allowed; tests/test_inference_mode_claims.py runs each case), or followed after it
+        as a function's result is (below): through attributes that are not called
+        (`outputs.logits`), and into a new tensor computed from it alone with a tensor method
+        that returns one (`outputs.logits.argmax(dim=-1)`: outside inference mode that is an
+        ordinary tensor, which Accelerate's `gather_for_metrics` may then gather); it stores into no attribute or subscript,
         returns or yields no tensor, updates nothing in place (`x.add_(...)`, `p -= ...`,
         `optimizer.step()`), and wants no autograd (`backward`, `enable_grad`,
         `requires_grad`). Its calls must be known not to keep or replace tensors: a model or
         loss also called in the training loop (which is how the block is recognised as
-        evaluation), library functions (`torch`, `numpy`), builtins, tensor methods that
+        evaluation), library functions (`torch`, `numpy`), Accelerate's `gather`,
+        `gather_for_metrics`, `reduce` and `pad_across_processes` (on a name bound to
+        `Accelerator(...)`: they return new tensors), builtins, tensor methods that
         return new tensors, views or Python values, loggers, and `append`/`update` of plain
         values. Anything else stops the rewrite: a function of the script, `model.to(...)`
         or `load_state_dict` on the trained model, `m.reset_parameters()`,

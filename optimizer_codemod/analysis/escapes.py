@@ -28,6 +28,7 @@ from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.inplace import FRESH_METHODS
 from optimizer_codemod.analysis.nodes import STRING_NODES, find_all, is_docstring
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
@@ -93,6 +94,24 @@ GRAD_WORDS = ("backward", "enable_grad", "set_grad_enabled", "requires_grad", "a
 def _library_function(facts: "ScriptFacts", call: cst.Call) -> bool:
     qualified = facts.qualified_name(call.func)
     return qualified is not None and qualified.partition(".")[0] in LIBRARY_ROOTS
+
+
+# Methods of Hugging Face Accelerate's `Accelerator` that gather, reduce or pad tensors across
+# processes: they read their inputs and return new tensors (one process: the inputs).
+ACCELERATOR_READS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+ACCELERATOR = "accelerate.Accelerator"
+
+
+def _accelerator_read(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`accelerator.gather_for_metrics(...)` on a name bound only to `Accelerator(...)`."""
+    if method_name(call) not in ACCELERATOR_READS or not isinstance(call.func, cst.Attribute):
+        return False
+    name = dotted_name(call.func.value)
+    values = [a.value for a in facts.assignments_to(name)] if name else []
+    return bool(values) and all(
+        isinstance(value, cst.Call) and facts.qualified_name(value.func) == ACCELERATOR
+        for value in values
+    )
 
 
 def _is_inplace(name: Optional[str]) -> bool:
@@ -261,7 +280,7 @@ def block_escape(
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
             return f"`{_short(node)}` may change a module that the script trains"
-        if _library_function(facts, node):
+        if _library_function(facts, node) or _accelerator_read(facts, node):
             continue
         if method is None:
             if func_name in SAFE_BUILTINS:
@@ -311,8 +330,13 @@ def block_escape(
             table = parents(scope) if table is None else table
             if _rebound_before(table, use.node, name, block, scope):
                 continue
-            if not _reads_only_its_value(table, use.node):
-                return f"`{name}` is used after the block"
+            if _reads_only_its_value(table, use.node):
+                continue
+            # Followed as far as value_escape follows a function's result: a new tensor
+            # computed from it (`outputs.argmax(-1)`) is an ordinary tensor.
+            why = _value_escape(facts, use.node, scope, table)
+            if why is not None:
+                return f"`{name}` is used after the block ({why})"
     return None
 
 
@@ -562,6 +586,14 @@ def _value_escape(facts, node: cst.CSTNode, scope: Scope, table) -> Optional[str
             return f"`{_short(parent)}` reads an attribute the analysis does not follow"
         if parent.attr.value in KEEPING_METHODS and isinstance(table.get(call), cst.Expr):
             return None  # `log_stats.update(...)`: what goes in is followed where it goes in
+        if parent.attr.value in FRESH_METHODS:
+            # `outputs.argmax(-1)`: outside inference_mode, a new tensor computed from an
+            # inference tensor alone is an ordinary one (views stay inference tensors, and
+            # one computed with a tensor that requires grad would save it for backward).
+            host = _scope_host_names(facts, scope)
+            if all(is_host_value(arg.value, host, facts) for arg in call.args):
+                return None
+            return f"`{_short(call)}` computes with it and a value that may require grad"
         return f"`{_short(call)}` may change it"
     if isinstance(parent, cst.Assign) and parent.value is node:
         names: List[str] = []
@@ -592,13 +624,23 @@ def _comprehension_escape(facts, loop: cst.CompFor, scope: Scope, table) -> Opti
 
 
 def _passed_on(table, node: cst.CSTNode) -> cst.CSTNode:
-    """`node` taken through indexing (`x[i, 1:]`, `stats["acc1"]`) and `_PASSING_METHODS`."""
+    """`node` taken through indexing (`x[i, 1:]`, `stats["acc1"]`), attributes that are not
+    called (`outputs.logits` of a model's output, `x.T`: what they hold is followed in turn)
+    and `_PASSING_METHODS`."""
     while True:
         parent = table.get(node)
         if isinstance(parent, cst.Subscript) and parent.value is node:
             node = parent
             continue
         call = table.get(parent)
+        if (
+            isinstance(parent, cst.Attribute)
+            and parent.value is node
+            and parent.attr.value not in HOST_ATTRIBUTES
+            and not (isinstance(call, cst.Call) and call.func is parent)
+        ):
+            node = parent
+            continue
         if (
             isinstance(parent, cst.Attribute)
             and parent.value is node
