@@ -46,11 +46,12 @@ def test_a_lone_trainer_gets_no_bucket_views_where_its_helper_touches_grad(tmp_p
     outcome = alone(folder / "trainer.py")
     assert "OPT605" not in messages_by_code(outcome, Status.FIXED)
     [report] = messages_by_code(outcome, Status.REPORTED)["OPT605"]
-    assert "but mixed_precision.py, which this module imports, touches `.grad`" in report
+    assert (
+        "but mixed_precision.py, which this module imports, uses `.grad` in a way a view into "
+        "a bucket breaks" in report
+    )
     helper = folder / "mixed_precision.py"
-    for touch in ("param.grad.detach_()", "param.grad.zero_()"):
-        helper.write_text(helper.read_text().replace(touch, "pass"))
-    helper.write_text(helper.read_text().replace("param.grad is not None", "True"))
+    helper.write_text(helper.read_text().replace("param.grad.detach_()", "pass"))
     assert "OPT605" in messages_by_code(alone(folder / "trainer.py"), Status.FIXED)
 
 

@@ -13,7 +13,7 @@ from optimizer_codemod.analysis.calls import (
     literal,
     with_keyword,
 )
-from optimizer_codemod.analysis.gradients import grad_touches
+from optimizer_codemod.analysis.gradients import bucket_view_hazards
 from optimizer_codemod.analysis.precision import imported_decider, loops_elsewhere
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import DDP_CLASSES
@@ -33,10 +33,15 @@ for x, y in loader:
     loss_fn(model(x), y).backward()
     optimizer.step()
 """
-FIXED = SCRIPT.replace("device_ids=[rank])", "device_ids=[rank], gradient_as_bucket_view=True)")
+FIXED_OPTIONS = "device_ids=[rank], gradient_as_bucket_view=True)"
+FIXED = SCRIPT.replace("device_ids=[rank])", FIXED_OPTIONS)
 READS_GRAD = SCRIPT.replace(
     "    optimizer.step()\n",
     "    optimizer.step()\n    norms = [p.grad.norm() for p in model.parameters()]\n",
+)
+DETACHES_GRAD = SCRIPT.replace(
+    "    optimizer.step()\n",
+    "    optimizer.step()\n    for p in model.parameters():\n        p.grad.detach_()\n",
 )
 
 
@@ -44,9 +49,15 @@ class DDPGradientsCopiedToBuckets(Rule):
     """
     What it does:
         Adds `gradient_as_bucket_view=True` to a `DistributedDataParallel(...)` construction
-        that does not choose it, in a script that trains and neither reads nor assigns any
-        `.grad` (`p.grad.norm()`, `p.grad = None`, `p.grad += noise`, `getattr(p, "grad")`).
-        Where the script does, it reports, naming the first such line.
+        that does not choose it, in a script that trains and uses no `.grad` in a way a view
+        into a bucket breaks: `p.grad.detach_()` (raises on a view), a gradient kept past its
+        statement (bound to a name that outlives it, put in a container, returned), handed
+        to a function other than torch's, set to a tensor, or read with `getattr`. Reads that
+        compute from a gradient (`p.grad.norm()`, `torch.isfinite(p.grad)`, `p.grad is
+        None`, a local name only computed from, as in a hand-written optimizer's step),
+        updates in place (`p.grad.data.mul_(c)`, `p.grad += noise`, `p.grad.zero_()`) and
+        `p.grad = None` are sound. Where the script does one of the others, it reports,
+        naming the first such line.
 
     Why is it slow:
         By default DDP keeps each gradient and a copy of it in a flat all-reduce bucket:
@@ -74,17 +85,20 @@ class DDPGradientsCopiedToBuckets(Rule):
         view into a bucket DDP overwrites at the next backward: code that keeps a gradient
         across iterations sees it change, and `p.grad.detach_()` raises ("When gradients are
         views, `detach_()` cannot be called on the gradients", same docstring; `zero_grad()`
-        avoids it). Applied only where the script touches no `.grad` at all (code in modules
+        avoids it). Applied only where the script uses no `.grad` in one of those ways
+        (reads, updates in place and resets to None are sound: DDP reads and writes the same
+        memory, and points a gradient reset to None at its bucket again;
+        tests/test_bucket_view_claims.py runs each on DDP with gloo; code in modules
         it imports is not seen when it is rewritten alone; `torch.autograd.grad`, which
         returns gradients, touches none: StyleGAN2's R1 penalty trains to the same parameters
         with and without the option, two gloo processes on CPU), with `--unsafe-fixes`. When
-        a folder is rewritten, no module of the run it imports, directly or not, may touch
-        `.grad` either (guided-diffusion's train_util.py wraps its model in DDP and its
+        a folder is rewritten, no module of the run it imports, directly or not, may use
+        `.grad` so either (guided-diffusion's train_util.py wraps its model in DDP and its
         fp16_util.py calls `param.grad.detach_()`, which raises on a bucket view); else it
         is reported, naming the module. A script that wraps the model and
         hands it to the training loop of another module of the run (`train_one_epoch(model,
         ...)` from engine.py; docs/projects.md) gets the option when neither it nor any
-        module of the run it imports, directly or not, touches `.grad`; else it is reported,
+        module of the run it imports, directly or not, uses `.grad` so; else it is reported,
         naming the module. Not applied when the call already
         sets the option (to anything), or passes `**kwargs` that may; needs `target-torch`
         1.7, where the option appeared.
@@ -120,7 +134,8 @@ class DDPGradientsCopiedToBuckets(Rule):
     examines_entry_points = True
     examples = (
         Example(SCRIPT, FIXED),
-        Example(READS_GRAD),
+        Example(READS_GRAD, READS_GRAD.replace("device_ids=[rank])", FIXED_OPTIONS)),
+        Example(DETACHES_GRAD),
         Example(SCRIPT.replace("device_ids=[rank])", "device_ids=[rank], **options)")),
         Example(SCRIPT.replace("device_ids=[rank])", "gradient_as_bucket_view=False)")),
     )
@@ -145,22 +160,24 @@ class DDPGradientsCopiedToBuckets(Rule):
                 self.decline(call, "options arrive through `**` arguments, which may set it")
                 continue
             if touched is None:
-                touched = grad_touches(facts)
-            toucher = imported_decider(facts, "touches_grad")
+                touched = bucket_view_hazards(facts)
+            toucher = imported_decider(facts, "breaks_bucket_views")
             if not touched and toucher:
                 self.report(
                     call,
                     message=f"{self.message}; `{KEYWORD}=True` would remove the copies, but "
-                    f"{toucher}, touches `.grad`, which would then be a view into a bucket DDP "
-                    "overwrites",
+                    f"{toucher}, uses `.grad` in a way a view into a bucket breaks (calls "
+                    "`detach_()` on it, keeps it past its statement or hands it to a function "
+                    "of its own)",
                 )
                 continue
             if touched:
                 self.report(
                     call,
                     message=f"{self.message}; `{KEYWORD}=True` would remove the copies, but "
-                    f"the script touches `.grad` (`{excerpt(touched[0])}`), which would then "
-                    "be a view into a bucket DDP overwrites",
+                    f"`{excerpt(touched[0])}` uses `.grad` in a way a view into a bucket DDP "
+                    "overwrites breaks (`detach_()` raises on it; a gradient kept past its "
+                    "statement changes at the next backward)",
                 )
                 continue
             self.report(call, Fix((Replace(call, with_keyword(call, KEYWORD, cst.Name("True"))),)))

@@ -13,7 +13,6 @@ from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import holds_module
 from optimizer_codemod.analysis.values import imported_dataset, parameter_names, parameter_values
-from optimizer_codemod.analysis.walk import parents
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -695,9 +694,7 @@ def _name_device_object(facts: "ScriptFacts", name: str, depth: int) -> bool:
 def taken_only_when_available(facts: "ScriptFacts", call: cst.Call) -> bool:
     """`call` sits in the body of an `if` whose test holds only when an accelerator is
     available (`if use_accel:` with `use_accel = ... and torch.accelerator.is_available()`)."""
-    table = facts.memo("parents").get(facts.module)
-    if table is None:
-        table = facts.memo("parents")[facts.module] = parents(facts.module)
+    table = facts.parents
     child, node = call, table.get(call)
     while node is not None:
         if isinstance(node, cst.If) and child is node.body:

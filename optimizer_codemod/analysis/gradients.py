@@ -4,12 +4,16 @@ and where it differentiates a gradient again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, is_literal, literal, positional
+from optimizer_codemod.analysis.calls import argument, is_literal, literal, method_name, positional
 from optimizer_codemod.analysis.collect import CallSite, Site
+from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES
+from optimizer_codemod.analysis.inplace import FRESH_METHODS
+from optimizer_codemod.analysis.nodes import is_name
+from optimizer_codemod.analysis.syncs import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -52,17 +56,6 @@ def grad_reads(facts: "ScriptFacts") -> List[GradRead]:
     return sorted(found, key=lambda read: read.site.order)
 
 
-def grad_touches(facts: "ScriptFacts") -> List[cst.CSTNode]:
-    """Reads of `.grad` and assignments to it (their statements), in source order."""
-    found = [(read.site.order, read.site.statement or read.node) for read in grad_reads(facts)]
-    found += [
-        (a.site.order, a.site.statement or a.statement_node)
-        for a in facts.records.assignments
-        if a.target.rsplit(".", 1)[-1] == "grad" and "." in a.target
-    ]
-    return [node for _, node in sorted(found, key=lambda item: item[0])]
-
-
 # Second derivatives: Hessians are computed through a graph of the backward pass.
 _HESSIANS = frozenset(
     {
@@ -101,3 +94,119 @@ def double_backward_calls(facts: "ScriptFacts") -> List[CallSite]:
 
 def _builds_graph(create_graph) -> bool:
     return create_graph is not None and not is_literal(create_graph.value, False)
+
+
+# Bucket views (OPT605) --------------------------------------------------------------------------
+# In-place methods that fail on a view (`detach_`: "Can't detach views in-place") or make the
+# gradient stop being the bucket's memory.
+VIEW_BREAKING_METHODS = frozenset({"detach_", "requires_grad_", "set_", "resize_"})
+# Methods and torch functions that may return the gradient itself or a view of it: what is
+# done with their result decides, as for the gradient.
+SAME_TENSOR_METHODS = frozenset(
+    "detach view view_as reshape flatten squeeze unsqueeze float to cpu cuda contiguous".split()
+)
+TORCH_VIEW_FUNCTIONS = frozenset(
+    f"torch.{name}"
+    for name in "flatten reshape squeeze unsqueeze narrow select t transpose permute".split()
+)
+# Tensor methods of another tensor that read the gradient passed to them.
+ARGUMENT_READING_METHODS = frozenset(
+    "add add_ sub sub_ mul mul_ div div_ addcmul addcmul_ addcdiv addcdiv_ copy_ lerp lerp_ "
+    "dot matmul maximum minimum".split()
+)
+MAX_DEPTH = 3
+# Methods that return a new tensor or a Python value computed from the gradient.
+NEW_VALUE_METHODS = FRESH_METHODS | frozenset(
+    "norm item tolist numel size dim isfinite isnan isinf any all square".split()
+)
+
+
+def bucket_view_hazards(facts: "ScriptFacts") -> List[cst.CSTNode]:
+    """The statements whose use of a `.grad` would break once gradients are views into DDP's
+    buckets (`gradient_as_bucket_view=True`), in source order: `p.grad.detach_()` (raises on
+    a view), a gradient kept past its statement (bound to a name, put in a container,
+    returned: the next backward overwrites the bucket), handed to a function other than
+    torch's, a `.grad` set to a tensor, `getattr(p, "grad")`. Sound, and left out: reads
+    that compute from it (`p.grad.norm()`, `torch.norm(p.grad.detach())`, `p.grad is
+    None`), updates in place as statements (`p.grad.data.mul_(c)`, `p.grad += noise`) and
+    `p.grad = None` (DDP reads and writes the same memory, and points a gradient reset to
+    None at its bucket again; tests/test_bucket_view_claims.py runs each on DDP)."""
+    table = facts.parents
+    found = []
+    for read in grad_reads(facts):
+        node = read.node
+        if isinstance(node, cst.AugAssign):
+            continue  # `p.grad += noise`: an update in place
+        if isinstance(node, cst.Attribute) and _bucket_safe_use(facts, table, node):
+            continue
+        found.append((read.site.order, read.site.statement or node))
+    for a in facts.records.assignments:
+        if a.target.rsplit(".", 1)[-1] == "grad" and "." in a.target and not a.augmented:
+            if not is_name(a.value, "None"):
+                found.append((a.site.order, a.site.statement or a.statement_node))
+    return [node for _, node in sorted(found, key=lambda item: item[0])]
+
+
+def _bucket_safe_use(facts: "ScriptFacts", table, node: cst.CSTNode, depth: int = 0) -> bool:
+    """What `node` (a gradient, or the same tensor) flows into only reads it or updates it
+    in place: within its statement, or through a local name (`dp = p.grad` in an optimizer's
+    step) whose every use does."""
+    while True:
+        parent = table.get(node)
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            node = parent
+            continue
+        if isinstance(parent, (cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation)):
+            return True
+        if isinstance(parent, cst.UnaryOperation):
+            return True
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            call = table.get(parent)
+            name = parent.attr.value
+            if not (isinstance(call, cst.Call) and call.func is parent):
+                if name == "data":
+                    node = parent
+                    continue
+                return name in HOST_ATTRIBUTES
+            if name in VIEW_BREAKING_METHODS:
+                return False
+            if name in SAME_TENSOR_METHODS:
+                node = call
+                continue
+            if name in NEW_VALUE_METHODS:
+                return True
+            # `p.grad.data.mul_(c)` as a statement: DDP wrote there and will write again.
+            return name.endswith("_") and isinstance(table.get(call), cst.Expr)
+        if isinstance(parent, cst.Arg):
+            call = table.get(parent)
+            if not isinstance(call, cst.Call):
+                return False
+            qualified = facts.qualified_name(call.func) or ""
+            if qualified in TORCH_VIEW_FUNCTIONS:
+                node = call
+                continue
+            if qualified.startswith("torch.") and not qualified.endswith("_"):
+                return True
+            # `mu.mul_(momentum).add_(dp)`: a tensor method that reads its argument.
+            return method_name(call) in ARGUMENT_READING_METHODS
+        if isinstance(parent, cst.Assign) and parent.value is node and depth < MAX_DEPTH:
+            return _name_safe_uses(facts, table, parent, depth)
+        return False
+
+
+def _name_safe_uses(facts: "ScriptFacts", table, assign: cst.Assign, depth: int) -> bool:
+    """`dp = p.grad`: every later use of `dp` in its function only reads or updates it."""
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+        return False
+    name = assign.targets[0].target.value
+    scope: Optional[cst.CSTNode] = table.get(assign)
+    while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
+        scope = table.get(scope)
+    if scope is None:
+        return False
+    for use in name_uses(scope, name):
+        if use.nested:
+            return False
+        if not use.store and not _bucket_safe_use(facts, table, use.node, depth + 1):
+            return False
+    return True

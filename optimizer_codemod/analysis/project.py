@@ -146,7 +146,8 @@ class Settings:
     convolutions: bool = False
     cudnn_configured: bool = False
     variable_shapes: bool = False
-    touches_grad: bool = False  # reads or assigns a `.grad` (OPT605's bucket views)
+    # Uses a `.grad` in a way a bucket view breaks (OPT605; gradients.bucket_view_hazards).
+    breaks_bucket_views: bool = False
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -889,7 +890,7 @@ def _methods(facts, class_name: str) -> Set[str]:
 # One module's facts --------------------------------------------------------------------------
 def _settings(facts) -> Settings:
     from optimizer_codemod.analysis import precision
-    from optimizer_codemod.analysis.gradients import grad_touches
+    from optimizer_codemod.analysis.gradients import bucket_view_hazards
 
     return Settings(
         precision_configured=precision.float32_precision_configured(facts),
@@ -899,7 +900,7 @@ def _settings(facts) -> Settings:
         convolutions=bool(precision.convolution_sites(facts)),
         cudnn_configured=precision.cudnn_benchmark_configured(facts),
         variable_shapes=precision.variable_input_shapes(facts) is not None,
-        touches_grad=bool(grad_touches(facts)),
+        breaks_bucket_views=bool(bucket_view_hazards(facts)),
     )
 
 

@@ -20,6 +20,7 @@ from optimizer_codemod.analysis.debugging import DebugSwitches
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
 from optimizer_codemod.analysis.nodes import is_docstring
+from optimizer_codemod.analysis.walk import parents
 from optimizer_codemod.analysis.periodic import LogLines
 from optimizer_codemod.analysis.syncs import HostSyncs
 
@@ -51,6 +52,16 @@ class ScriptFacts:
     @classmethod
     def of(cls, module: cst.Module) -> "ScriptFacts":
         return cls(module, collect(module))
+
+    @property
+    def parents(self) -> Dict[cst.CSTNode, cst.CSTNode]:
+        """Each node of the module with its parent, built once per pass (the table escapes.py
+        keeps for the module scope)."""
+        memo = self.memo("parents")
+        table = memo.get(self.module)
+        if table is None:
+            table = memo[self.module] = parents(self.module)
+        return table
 
     def memo(self, table: str) -> dict:
         """A table for one name-following answer, kept as long as these facts (one pass).
