@@ -142,3 +142,53 @@ def test_a_script_that_never_uses_an_accelerator_is_left_alone() -> None:
     source = source.replace("torch.cuda.is_available()", "False")
     result = rewrite(source, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
     assert result.source == source
+
+
+DCGAN_STEP = """
+import torch
+import torch.nn as nn
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+netD = nn.Sequential(nn.Linear(8, 1), nn.Sigmoid()).to(device)
+netG = nn.Linear(4, 8).to(device)
+criterion = nn.BCELoss()
+optimizerD = torch.optim.Adam(netD.parameters(), lr=1e-3)
+optimizerG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+dataloader = [(torch.randn(16, 8),) for _ in range(12)]
+losses = []
+for epoch in range(2):
+    for i, data in enumerate(dataloader, 0):
+        netD.zero_grad()
+        real = data[0].to(device)
+        label = torch.ones(16, 1, device=device)
+        output = netD(real)
+        errD = criterion(output, label)
+        errD.backward()
+        D_x = output.mean().item()
+        optimizerD.step()
+        netG.zero_grad()
+        output = netD(netG(torch.randn(16, 4, device=device)))
+        errG = criterion(output, label)
+        errG.backward()
+        D_G_z = output.mean().item()
+        optimizerG.step()
+        losses.append((errD.detach().clone(), errG.detach().clone()))
+        print("[%d][%d] Loss_D: %.6f Loss_G: %.6f D(x): %.6f D(G(z)): %.6f"
+              % (epoch, i, errD.item(), errG.item(), D_x, D_G_z))
+"""
+
+
+def test_values_only_printed_stay_on_the_device_and_print_the_same_digits() -> None:
+    # pytorch/examples' dcgan: `D_x = output.mean().item()` feeds only the progress line.
+    result = rewrite(DCGAN_STEP, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
+    assert "D_x = output.mean().detach()" in result.source
+    assert "D_x.item(), D_G_z.item())" in result.source
+    fixed = sorted(d.code for d in result.diagnostics if d.status is Status.FIXED)
+    assert fixed == ["OPT202", "OPT204", "OPT204"]
+    before, printed_before = _run(DCGAN_STEP)
+    after, printed_after = _run(result.source)
+    assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(before, after))
+    assert len(before) == len(after) == 24
+    kept = [line for line in printed_before if line.split("][")[1].split("]")[0] in {"0", "10"}]
+    assert printed_after == kept and len(kept) == 4

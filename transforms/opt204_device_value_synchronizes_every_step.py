@@ -62,7 +62,11 @@ class DeviceValueSynchronizesEveryStep(Rule):
         (`print(f"acc {acc.item():.3f}")`, `sys.stdout.write(...)`, a logger's method) runs
         every 10th step by the loop's counter (`if step % 10 == 0:`), under the conditions of
         OPT202's gated lines (OPT202 gates the lines that read the loss; the two are gated
-        together when one loop has both). Device values are those computed from the loss, its criterion's
+        together when one loop has both). A value read with `.item()` earlier in the step
+        only for that line (`D_x = output.mean().item()`, its name bound once and read only
+        there, pytorch/examples' dcgan) stays on the device (`output.mean().detach()`) and the
+        line reads it (`D_x.item()`): the same number, printed every 10th step; this part
+        of the fix is reported at the `.item()` it moves. Device values are those computed from the loss, its criterion's
         inputs, model outputs and tensors moved with `.to(device)`; statements under an `if`
         do not run every step and are left alone.
         The step's helpers count too: `.item()` and `.tolist()` in a function of the file
@@ -225,19 +229,26 @@ class DeviceValueSynchronizesEveryStep(Rule):
             if not line.loss:
                 self.report(
                     line.statement,
-                    Fix((Replace(line.statement, line.gated()),)),
+                    _whole_fix(line),
                     message=f"`{excerpt(line.call)}` copies device values to the host on every "
                     "step to show them, so the host waits for the device each step; show them "
                     f"every {LOG_EVERY}th step (`if {line.counter} % {LOG_EVERY} == 0:`)",
                     safety=Safety.BEHAVIOR,
                     fix_title=f"Print or log it every {LOG_EVERY}th step",
                 )
-        return {
-            sync.node
-            for line in lines
-            if not line.loss or LOSS_LOG in enabled
-            for sync in line.syncs
-        }
+        gated = [line for line in lines if not line.loss or LOSS_LOG in enabled]
+        for line in gated:
+            for deferred in line.deferred:
+                self.report(
+                    deferred.item,
+                    _whole_fix(line),
+                    message=f"`{excerpt(deferred.item)}` copies a device value to the host on "
+                    "every step only for a log line of the step; it stays on the device "
+                    f"(`.detach()`) and the line, run every {LOG_EVERY}th step, reads it",
+                    safety=Safety.BEHAVIOR,
+                    fix_title="Keep it on the device; read it where it is printed",
+                )
+        return {sync.node for line in gated for sync in line.syncs}
 
 
 def _message(sync: StepSync, not_gated: Optional[str] = None) -> str:
@@ -252,3 +263,9 @@ def _message(sync: StepSync, not_gated: Optional[str] = None) -> str:
         f"{what}: the host waits for the device to finish the step; do it every N steps, "
         "or keep the value on the device"
     )
+
+
+def _whole_fix(line) -> Fix:
+    """The gated line and the values it reads kept on the device, as one fix (OPT202 and
+    OPT204 report parts of it with equal edits, which the engine makes once)."""
+    return Fix(tuple(Replace(node, new) for node, new in line.replacements()))

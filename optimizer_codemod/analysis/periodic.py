@@ -94,6 +94,32 @@ def every_nth_step(line: cst.BaseStatement, counter: str, every: int) -> cst.If:
 
 
 @dataclass(frozen=True)
+class DeferredRead:
+    """`D_x = output.mean().item()` on every step, whose name only a later log line of the
+    same step reads (pytorch/examples' dcgan): once the line is gated, the value stays on
+    the device (`output.mean().detach()`) and the line reads it (`D_x.item()`)."""
+
+    item: cst.Call  # the `.item()` call bound to the name
+    reads: Tuple[cst.Name, ...]  # the name's reads, all in the log line
+    sync: StepSync
+
+    @property
+    def kept(self) -> cst.Call:
+        return cst.Call(cst.Attribute(self.item.func.value, cst.Name("detach")))
+
+
+class _ReadWithItem(cst.CSTTransformer):
+    def __init__(self, reads: Iterable[cst.Name]) -> None:
+        super().__init__()
+        self.reads = {id(read) for read in reads}
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if id(original_node) in self.reads:
+            return cst.Call(cst.Attribute(updated_node, cst.Name("item")))
+        return updated_node
+
+
+@dataclass(frozen=True)
 class LogLine:
     """A statement of a training loop's own body that only prints or logs, and reads values
     known to be on the device (syncs.StepSync.certain) on the host to do it, on every
@@ -105,6 +131,7 @@ class LogLine:
     loss: bool  # it reads the `.item()` of a loss the loop calls backward on
     counter: Optional[str]
     obstacle: Optional[str]  # why it cannot be gated; None when it can
+    deferred: Tuple[DeferredRead, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -116,7 +143,17 @@ class LogLine:
 
     def gated(self) -> cst.If:
         assert self.counter is not None
-        return every_nth_step(self.statement, self.counter, LOG_EVERY)
+        statement = self.statement
+        if self.deferred:
+            reads = [read for deferred in self.deferred for read in deferred.reads]
+            statement = statement.visit(_ReadWithItem(reads))
+        return every_nth_step(statement, self.counter, LOG_EVERY)
+
+    def replacements(self) -> Tuple[Tuple[cst.CSTNode, cst.CSTNode], ...]:
+        """(node, what replaces it) for the whole fix: the gated line, and each value it
+        reads later kept on the device where it was read with `.item()`."""
+        kept = tuple((deferred.item, deferred.kept) for deferred in self.deferred)
+        return ((self.statement, self.gated()),) + kept
 
 
 class LogLines:
@@ -161,17 +198,55 @@ class LogLines:
         losses = {id(call.node) for call in loss_items(facts, loop)}
         counter = step_counter(facts, loop)
         obstacle = self._obstacle(loop, counter)
+        deferred = self._deferred_reads(loop, by_statement, [s for s, _ in lines])
         return [
             LogLine(
                 statement,
                 loop,
-                tuple(syncs),
+                tuple(syncs) + tuple(d.sync for d in deferred.get(statement, ())),
                 any(id(sync.node) in losses for sync in syncs),
                 counter,
                 _changing_argument(facts, statement) or obstacle,
+                tuple(deferred.get(statement, ())),
             )
             for statement, syncs in lines
         ]
+
+    def _deferred_reads(
+        self,
+        loop: Loop,
+        by_statement: Dict[cst.CSTNode, List[StepSync]],
+        lines: List[cst.CSTNode],
+    ) -> Dict[cst.CSTNode, List[DeferredRead]]:
+        """By log line: the per-step `name = x.item()` (one assignment of the name in its
+        scope) whose every read is in that line, after it in the step."""
+        facts = self.facts
+        scope = loop.function or facts.module
+        order = {id(s): i for i, s in enumerate(find_all(loop.node.body, cst.BaseStatement))}
+        line_of = {id(name): line for line in lines for name in find_all(line, cst.Name)}
+        found: Dict[cst.CSTNode, List[DeferredRead]] = {}
+        for statement, syncs in by_statement.items():
+            if statement in lines or not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            assign = statement.body[0] if len(statement.body) == 1 else None
+            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+                continue
+            target = assign.targets[0].target
+            sync = next((s for s in syncs if s.node is assign.value and s.kind == "item"), None)
+            if not isinstance(target, cst.Name) or sync is None or not sync.certain:
+                continue
+            uses = name_uses(scope, target.value, facts)
+            loads = [use for use in uses if not use.store]
+            stores = len(uses) - len(loads)
+            if stores != 1 or not loads or any(use.nested for use in uses):
+                continue
+            read_in = {line_of.get(id(use.node)) for use in loads}
+            line = read_in.pop() if len(read_in) == 1 else None
+            if line is None or order[id(line)] < order[id(statement)]:
+                continue
+            reads = tuple(use.node for use in loads)
+            found.setdefault(line, []).append(DeferredRead(assign.value, reads, sync))
+        return found
 
     def _obstacle(self, loop: Loop, counter: Optional[str]) -> Optional[str]:
         if step_loop_of(self.facts, loop) is not loop:
