@@ -192,3 +192,47 @@ def test_values_only_printed_stay_on_the_device_and_print_the_same_digits() -> N
     assert len(before) == len(after) == 24
     kept = [line for line in printed_before if line.split("][")[1].split("]")[0] in {"0", "10"}]
     assert printed_after == kept and len(kept) == 4
+
+
+LOSS_TERMS = """
+import torch
+import torch.nn as nn
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+model = nn.Linear(8, 8).to(device)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+loader = [(torch.randn(16, 8), None) for _ in range(20)]
+losses = []
+agg_content = 0.0
+agg_style = 0.0
+for batch_id, (x, _) in enumerate(loader):
+    x = x.to(device)
+    y = model(x)
+    content_loss = 2.0 * nn.functional.mse_loss(y, x)
+    style_loss = nn.functional.mse_loss(y.mean(0), x.mean(0))
+    total_loss = content_loss + style_loss
+    optimizer.zero_grad()
+    total_loss.backward()
+    optimizer.step()
+    losses.append(total_loss.detach().clone())
+    agg_content += content_loss.item()
+    agg_style += style_loss.item()
+    if (batch_id + 1) % 10 == 0:
+        print("{:.6f} {:.6f}".format(agg_content / (batch_id + 1), agg_style / (batch_id + 1)))
+"""
+
+
+def test_loss_terms_summed_on_the_device_print_the_same_totals() -> None:
+    # pytorch/examples' fast_neural_style: `agg_content_loss += content_loss.item()`.
+    result = rewrite(LOSS_TERMS, path="train.py", select=["OPT204"])
+    assert "agg_content += content_loss.detach().float()" in result.source
+    assert "agg_style += style_loss.detach().float()" in result.source
+    before, printed_before = _run(LOSS_TERMS)
+    after, printed_after = _run(result.source)
+    assert all(a.equal(b) for a, b in zip(before, after)) and len(after) == 20
+    # Summed in float32 instead of Python floats: equal to the printed six digits here.
+    assert len(printed_after) == 2
+    for old, new in zip(printed_before, printed_after):
+        for a, b in zip(old.split(), new.split()):
+            assert abs(float(a) - float(b)) <= 1e-5 * max(1.0, abs(float(a)))

@@ -1076,7 +1076,8 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
             accumulated = _accumulated(small) if small is not None else None
             if accumulated is None or accumulated[1] is not call.node:
                 continue
-            kind = metric_type(facts, call.node.func.value)
+            receiver = call.node.func.value
+            kind = metric_type(facts, receiver) or _loss_term_type(facts, loop, call, losses)
             if kind is None or call.site.statement not in per_step:
                 continue
             items.append(call)
@@ -1094,6 +1095,32 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
                 )
             )
     return found
+
+
+def _loss_term_type(
+    facts: "ScriptFacts", loop: Loop, item: CallSite, losses: Set[str]
+) -> Optional[str]:
+    """`float` for `name.item()` of a device value (a per-step sync known to be one) that is
+    a term of a loss the loop calls backward on (`total_loss = content_loss + style_loss`,
+    pytorch/examples' fast_neural_style): a floating scalar, like the loss; None
+    otherwise."""
+    value = item.node.func.value
+    if not isinstance(value, cst.Name):
+        return None
+    if not any(s.node is item.node and s.certain for s in facts.host_syncs.sites(loop)):
+        return None
+    for assignment in facts.assignments_in(loop):
+        if assignment.target in losses and not assignment.unpacked:
+            if value.value in _sum_terms(assignment.value):
+                return "float"
+    return None
+
+
+def _sum_terms(node: cst.BaseExpression) -> Set[str]:
+    """The names added or subtracted at the top of `node` (`a + b - c`)."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+        return _sum_terms(node.left) | _sum_terms(node.right)
+    return {node.value} if isinstance(node, cst.Name) else set()
 
 
 def _small_statement(item: CallSite) -> Optional[cst.CSTNode]:
