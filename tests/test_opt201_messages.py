@@ -116,6 +116,7 @@ def main(args, losses):
 """
 
 
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
 @pytest.mark.parametrize("no_accel", [True, False])
 def test_the_copy_tested_for_cuda_trains_the_same_and_runs_without_an_accelerator(
     no_accel: bool,

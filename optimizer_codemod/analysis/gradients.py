@@ -204,7 +204,7 @@ def _name_safe_uses(facts: "ScriptFacts", table, assign: cst.Assign, depth: int)
         scope = table.get(scope)
     if scope is None:
         return False
-    for use in name_uses(scope, name):
+    for use in name_uses(scope, name, facts):
         if use.nested:
             return False
         if not use.store and not _bucket_safe_use(facts, table, use.node, depth + 1):
