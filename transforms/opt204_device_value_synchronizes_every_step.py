@@ -66,7 +66,9 @@ class DeviceValueSynchronizesEveryStep(Rule):
         OPT202's gated lines (OPT202 gates the lines that read the loss; the two are gated
         together when one loop has both). A value read with `.item()` earlier in the step
         only for that line (`D_x = output.mean().item()`, its name bound once and read only
-        there, pytorch/examples' dcgan) stays on the device (`output.mean().detach()`) and the
+        there, pytorch/examples' dcgan; the value a tensor computed there by a method that
+        returns a new one, never a name or a view that a later update in place could
+        change before the line reads it) stays on the device (`output.mean().detach()`) and the
         line reads it (`D_x.item()`): the same number, printed every 10th step; this part
         of the fix is reported at the `.item()` it moves. Device values are those computed from the loss, its criterion's
         inputs, model outputs and tensors moved with `.to(device)`; statements under an `if`

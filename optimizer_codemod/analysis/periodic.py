@@ -18,6 +18,7 @@ from optimizer_codemod.analysis.calls import excerpt, method_name
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.epochs import is_throwaway, step_loop_of
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.inplace import FRESH_METHODS
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
@@ -235,6 +236,8 @@ class LogLines:
             sync = next((s for s in syncs if s.node is assign.value and s.kind == "item"), None)
             if not isinstance(target, cst.Name) or sync is None or not sync.certain:
                 continue
+            if not _fresh(assign.value.func.value):
+                continue
             uses = name_uses(scope, target.value, facts)
             loads = [use for use in uses if not use.store]
             stores = len(uses) - len(loads)
@@ -287,6 +290,13 @@ class LogLines:
                 "the fix would gain nothing"
             )
         return None
+
+
+def _fresh(value: cst.BaseExpression) -> bool:
+    """`value` is a tensor computed there (`output.mean()`), never a name, a view or the
+    receiver itself: kept on the device until the line reads it, it cannot be changed in
+    between by an update in place of what it came from (`correct += ...`)."""
+    return isinstance(value, cst.Call) and method_name(value) in FRESH_METHODS
 
 
 def _output_line(facts: "ScriptFacts", statement: cst.CSTNode) -> bool:
