@@ -88,8 +88,9 @@ class DDPGradientsCopiedToBuckets(Rule):
         avoids it). Applied only where the script uses no `.grad` in one of those ways
         (reads, updates in place and resets to None are sound: DDP reads and writes the same
         memory, and points a gradient reset to None at its bucket again;
-        tests/test_bucket_view_claims.py runs each on DDP with gloo; code in modules
-        it imports is not seen when it is rewritten alone; `torch.autograd.grad`, which
+        tests/test_bucket_view_claims.py runs each on DDP with gloo; a file rewritten
+        alone reads the local modules it imports for this, analysis/project_context.py;
+        `torch.autograd.grad`, which
         returns gradients, touches none: StyleGAN2's R1 penalty trains to the same parameters
         with and without the option, two gloo processes on CPU), with `--unsafe-fixes`. When
         a folder is rewritten, no module of the run it imports, directly or not, may use

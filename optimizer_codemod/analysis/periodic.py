@@ -265,8 +265,9 @@ class LogLines:
         held = _held_syncs(self.facts, loop)
         if held is not None:
             return (
-                f"`{excerpt(held)}` also copies a value to the host on most steps (under an "
-                "`if` that is not every N steps), so the host would still wait for the device"
+                f"`{excerpt(held)}` also reads a device value on the host on most steps "
+                "(under an `if` that is not every N steps), so the host would still wait for "
+                "the device"
             )
         return None
 
@@ -348,11 +349,13 @@ def _writes_output(facts: "ScriptFacts", call: cst.Call) -> bool:
 
 
 def _held_syncs(facts: "ScriptFacts", loop: Loop) -> Optional[cst.CSTNode]:
-    """A host copy (`.item()`, `.tolist()`, `.cpu()`) in `loop`'s body that HostSyncs does
-    not count, since it is under an `if` or an inner loop, but that runs on most steps: not
+    """A host copy (`.item()`, `.tolist()`, `.cpu()`) or a host read of a device value
+    (`print(loss)`, `f"{acc:.3f}"`, `float(x)`) in `loop`'s body that HostSyncs does not
+    count, since it is under an `if` or an inner loop, but that runs on most steps: not
     in the body of an `if` that tests a `%` (its `else` runs on most steps), nor in a nested
     function."""
-    counted = {id(sync.node) for sync in facts.host_syncs.sites(loop)}
+    syncs = facts.host_syncs
+    counted = {id(sync.node) for sync in syncs.sites(loop)}
     stack: List[cst.CSTNode] = [loop.node.body]
     while stack:
         node = stack.pop()
@@ -363,12 +366,13 @@ def _held_syncs(facts: "ScriptFacts", loop: Loop) -> Optional[cst.CSTNode]:
             if node.orelse is not None:
                 stack.append(node.orelse)
             continue
-        if (
-            isinstance(node, cst.Call)
-            and method_name(node) in HOST_SYNC_METHODS
-            and not node.args
-            and id(node) not in counted
-        ):
-            return node
+        if id(node) not in counted:
+            if isinstance(node, cst.Call) and method_name(node) in HOST_SYNC_METHODS:
+                if not node.args:
+                    return node
+            elif isinstance(node, (cst.Call, cst.FormattedString, cst.BinaryOperation)):
+                # `print(loss)`, `f"{acc:.3f}"`, `float(x)` of a device value.
+                if syncs.reads_device_value(loop, node, loop.node):
+                    return node
         stack.extend(children(node))
     return None

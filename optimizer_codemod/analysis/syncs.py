@@ -205,6 +205,15 @@ class HostSyncs:
                     self._classify(loop, node, statement, add, accelerated)
         return found
 
+    def reads_device_value(self, loop: Loop, node: cst.CSTNode, statement: cst.CSTNode) -> bool:
+        """`node` alone (not what it contains) makes the host wait for the device, by the
+        rules of `sites`: for code of `loop` that `sites` does not count (under an `if`)."""
+        found: List[cst.CSTNode] = []
+        self._classify(
+            loop, node, statement, lambda *sync, **_: found.append(sync[0]), self.accelerated
+        )
+        return bool(found)
+
     def _classify(self, loop, node, statement, add, accelerated: bool) -> None:
         facts = self.facts
         if isinstance(node, cst.Call):
