@@ -112,8 +112,9 @@ class LossItemSynchronizesEveryStep(Rule):
         random number would run less often), when the loop has a counter that its body never
         rebinds, when the loop is not the micro-step loop of gradient accumulation, and when
         the fix pays: no other sync stays on the step (a line reading other device values is
-        gated with it by OPT204; a copy to the host under an `if` that is not every N steps,
-        such as `if accelerator.is_main_process:`, counts as staying).
+        gated with it by OPT204; a copy, print or format of a device value under an `if`
+        that is not every N steps, such as `if accelerator.is_main_process:`, counts as
+        staying).
 
         A fix must pay: not rewritten (reported, naming the call) when another host sync
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
