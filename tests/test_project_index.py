@@ -29,6 +29,7 @@ from optimizer_codemod.diagnostics import FileOutcome, Status
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTS = ROOT / "fixtures" / "projects"
 BREAKS = "uses `.grad` in a way a view into a bucket breaks"
+GLOO_FINALIZATION_ABORT = "terminate called without an active exception"
 NAMES = sorted(
     p.name for p in PROJECTS.iterdir() if p.is_dir() and not p.name.endswith(".expected")
 )
@@ -641,7 +642,10 @@ def test_ddp_gets_no_bucket_views_where_an_imported_module_touches_grad(tmp_path
     assert "OPT605" in fixed(apply(folder)["trainer.py"])
     assert "gradient_as_bucket_view=True" in trainer.read_text()
     done = run_driver(folder, "train.py")
-    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("loss ") and "Can't detach views" not in done.stderr
+    # Gloo may abort in interpreter finalization after a clean run, rarely and under load
+    # (pytorch/pytorch#179291): that abort alone is not this project's failure.
+    assert done.returncode == 0 or done.stderr.strip() == GLOO_FINALIZATION_ABORT, done.stderr
 
 
 def test_a_seeding_helper_in_another_module_keeps_the_precision(tmp_path: Path) -> None:
