@@ -54,7 +54,8 @@ class DDPGradientsCopiedToBuckets(Rule):
         statement (bound to a name that outlives it, put in a container, returned), handed
         to a function other than torch's, set to a tensor, or read with `getattr`. Reads that
         compute from a gradient (`p.grad.norm()`, `torch.isfinite(p.grad)`, `p.grad is
-        None`, a local name only computed from, as in a hand-written optimizer's step),
+        None`, a local name only computed from later in its block, as in a hand-written
+        optimizer's step),
         updates in place (`p.grad.data.mul_(c)`, `p.grad += noise`, `p.grad.zero_()`) and
         `p.grad = None` are sound. Where the script does one of the others, it reports,
         naming the first such line.

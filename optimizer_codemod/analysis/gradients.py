@@ -4,7 +4,7 @@ and where it differentiates a gradient again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Set
 
 import libcst as cst
 
@@ -12,7 +12,7 @@ from optimizer_codemod.analysis.calls import argument, is_literal, literal, meth
 from optimizer_codemod.analysis.collect import CallSite, Site
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
-from optimizer_codemod.analysis.nodes import is_name
+from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.syncs import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -195,11 +195,23 @@ def _bucket_safe_use(facts: "ScriptFacts", table, node: cst.CSTNode, depth: int 
 
 
 def _name_safe_uses(facts: "ScriptFacts", table, assign: cst.Assign, depth: int) -> bool:
-    """`dp = p.grad`: every later use of `dp` in its function only reads or updates it."""
+    """`dp = p.grad` in an optimizer's step: every read of `dp` comes later in the block of
+    the assignment, with no backward in between, and only reads it or updates it in place.
+    A read before it (`prev = p.grad` at the end of a step, read at the top of the next)
+    would see the bucket that the next backward overwrote."""
     if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
         return False
     name = assign.targets[0].target.value
-    scope: Optional[cst.CSTNode] = table.get(assign)
+    statement = table.get(assign)
+    body = list(getattr(table.get(statement), "body", ()) or ())
+    index = next((i for i, s in enumerate(body) if s is statement), None)
+    if index is None:
+        return False
+    later = body[index + 1 :]
+    if any(method_name(call) == "backward" for s in later for call in find_all(s, cst.Call)):
+        return False
+    later_ids = {id(s) for s in later}
+    scope: Optional[cst.CSTNode] = statement
     while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
         scope = table.get(scope)
     if scope is None:
@@ -207,6 +219,19 @@ def _name_safe_uses(facts: "ScriptFacts", table, assign: cst.Assign, depth: int)
     for use in name_uses(scope, name, facts):
         if use.nested:
             return False
-        if not use.store and not _bucket_safe_use(facts, table, use.node, depth + 1):
+        if use.store:
+            continue
+        if not _inside(table, use.node, later_ids):
+            return False
+        if not _bucket_safe_use(facts, table, use.node, depth + 1):
             return False
     return True
+
+
+def _inside(table, node: Optional[cst.CSTNode], statements: Set[int]) -> bool:
+    """`node` lies in one of the `statements` (by id)."""
+    while node is not None:
+        if id(node) in statements:
+            return True
+        node = table.get(node)
+    return False
