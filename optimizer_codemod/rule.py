@@ -11,7 +11,17 @@ import enum
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    ClassVar,
+    FrozenSet,
+    Iterable,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import libcst as cst
 
@@ -105,6 +115,11 @@ Edit = Union[Replace, InsertStatements]
 class Fix:
     edits: Tuple[Edit, ...]
     imports: Tuple[ImportSpec, ...] = ()
+
+    @classmethod
+    def replacing(cls, pairs: Iterable[Tuple[cst.CSTNode, cst.CSTNode]]) -> "Fix":
+        """A fix of (node, what replaces it) pairs, as the analysis hands them out."""
+        return cls(tuple(Replace(node, new) for node, new in pairs))
 
 
 @dataclass

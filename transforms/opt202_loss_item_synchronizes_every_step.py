@@ -271,7 +271,7 @@ class LossItemSynchronizesEveryStep(Rule):
             if line.loss:
                 self.report(
                     line.statement,
-                    _whole_fix(line),
+                    Fix.replacing(line.replacements()),
                     message=f"`{excerpt(line.call)}` reads the loss on the host on every step "
                     "to show it, so the host waits for the device each step; show it every "
                     f"{LOG_EVERY}th step (`if {line.counter} % {LOG_EVERY} == 0:`)",
@@ -295,9 +295,3 @@ def _remaining_sync(plan) -> Optional[str]:
 def _line(node: cst.CSTNode) -> str:
     text = code_of(node).strip().splitlines()[0]
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _whole_fix(line) -> Fix:
-    """The gated line and the values it reads kept on the device, as one fix (OPT202 and
-    OPT204 report parts of it with equal edits, which the engine makes once)."""
-    return Fix(tuple(Replace(node, new) for node, new in line.replacements()))

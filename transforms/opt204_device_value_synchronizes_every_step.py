@@ -233,7 +233,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
             if not line.loss:
                 self.report(
                     line.statement,
-                    _whole_fix(line),
+                    Fix.replacing(line.replacements()),
                     message=f"`{excerpt(line.call)}` copies device values to the host on every "
                     "step to show them, so the host waits for the device each step; show them "
                     f"every {LOG_EVERY}th step (`if {line.counter} % {LOG_EVERY} == 0:`)",
@@ -243,9 +243,11 @@ class DeviceValueSynchronizesEveryStep(Rule):
         gated = [line for line in lines if not line.loss or LOSS_LOG in enabled]
         for line in gated:
             for deferred in line.deferred:
+                # The same edits as the line's own fix (OPT202's, for a line reading the
+                # loss): the engine makes equal edits once and marks both findings fixed.
                 self.report(
                     deferred.item,
-                    _whole_fix(line),
+                    Fix.replacing(line.replacements()),
                     message=f"`{excerpt(deferred.item)}` copies a device value to the host on "
                     "every step only for a log line of the step; it stays on the device "
                     f"(`.detach()`) and the line, run every {LOG_EVERY}th step, reads it",
@@ -267,9 +269,3 @@ def _message(sync: StepSync, not_gated: Optional[str] = None) -> str:
         f"{what}: the host waits for the device to finish the step; do it every N steps, "
         "or keep the value on the device"
     )
-
-
-def _whole_fix(line) -> Fix:
-    """The gated line and the values it reads kept on the device, as one fix (OPT202 and
-    OPT204 report parts of it with equal edits, which the engine makes once)."""
-    return Fix(tuple(Replace(node, new) for node, new in line.replacements()))

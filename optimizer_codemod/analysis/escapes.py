@@ -32,7 +32,9 @@ from optimizer_codemod.analysis.inplace import FRESH_METHODS
 from optimizer_codemod.analysis.nodes import STRING_NODES, find_all, is_docstring
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
+    ACCELERATOR,
     attribute_mentions,
+    built_by,
     calls_named,
     instance_of,
     method_class,
@@ -99,19 +101,13 @@ def _library_function(facts: "ScriptFacts", call: cst.Call) -> bool:
 # Methods of Hugging Face Accelerate's `Accelerator` that gather, reduce or pad tensors across
 # processes: they read their inputs and return new tensors (one process: the inputs).
 ACCELERATOR_READS = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes"})
-ACCELERATOR = "accelerate.Accelerator"
 
 
 def _accelerator_read(facts: "ScriptFacts", call: cst.Call) -> bool:
     """`accelerator.gather_for_metrics(...)` on a name bound only to `Accelerator(...)`."""
     if method_name(call) not in ACCELERATOR_READS or not isinstance(call.func, cst.Attribute):
         return False
-    name = dotted_name(call.func.value)
-    values = [a.value for a in facts.assignments_to(name)] if name else []
-    return bool(values) and all(
-        isinstance(value, cst.Call) and facts.qualified_name(value.func) == ACCELERATOR
-        for value in values
-    )
+    return built_by(facts, call.func.value, {ACCELERATOR})
 
 
 def _is_inplace(name: Optional[str]) -> bool:
@@ -581,9 +577,8 @@ def _value_escape(facts, node: cst.CSTNode, scope: Scope, table) -> Optional[str
     if isinstance(parent, cst.For) and parent.iter is node:
         return _names_escape(facts, target_names(parent.target), scope, table)
     if isinstance(parent, cst.Attribute) and parent.value is node:
+        # A method call: `_passed_on` took other attributes, and a host one is a read.
         call = table.get(parent)
-        if not (isinstance(call, cst.Call) and call.func is parent):
-            return f"`{_short(parent)}` reads an attribute the analysis does not follow"
         if parent.attr.value in KEEPING_METHODS and isinstance(table.get(call), cst.Expr):
             return None  # `log_stats.update(...)`: what goes in is followed where it goes in
         if parent.attr.value in FRESH_METHODS:

@@ -20,9 +20,12 @@ from optimizer_codemod.analysis.epochs import is_throwaway, step_loop_of
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.values import built_by
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
+    CLOCKS,
     HOST_SYNC_METHODS,
+    READING_BUILTINS,
     StepSync,
     loss_items,
     name_uses,
@@ -49,10 +52,10 @@ READING_METHODS = HOST_SYNC_METHODS | frozenset(
     "numpy detach float double half long int mean sum max min std var norm abs size numel "
     "dim argmax eq ne format get_last_lr total_seconds".split()
 )
-READING_FUNCTIONS = frozenset(
-    "len float int str repr round abs min max sum format bool".split()
-    + ["time.time", "time.perf_counter", "time.monotonic", "datetime.timedelta"]
-    + ["datetime.datetime.now", "math.exp", "math.sqrt", "math.log"]
+READING_FUNCTIONS = (
+    READING_BUILTINS
+    | CLOCKS
+    | frozenset("len abs min max sum datetime.timedelta math.exp math.sqrt math.log".split())
 )
 _EFFECTS = (cst.NamedExpr, cst.Yield, cst.Await, cst.Lambda)
 
@@ -277,13 +280,10 @@ class LogLines:
         if line.obstacle is not None:
             return line.obstacle
         enabled = frozenset(enabled)
-        if line.kind not in enabled:
+        if line.kind not in enabled:  # OPT204 asking about a line that reads the loss
             return (
                 "it reads the loss too, and OPT202, which gates such lines, is not applied in "
                 "this run"
-                if line.loss
-                else "it reads other device values too, and OPT204, which gates such lines, "
-                "is not applied in this run"
             )
         for sync in self.facts.host_syncs.plan(line.loop, enabled).remaining:
             return (
@@ -340,12 +340,7 @@ def _writes_output(facts: "ScriptFacts", call: cst.Call) -> bool:
     method = method_name(call)
     if method not in LOGGER_METHODS or not isinstance(call.func, cst.Attribute):
         return False
-    receiver = dotted_name(call.func.value)
-    values = [a.value for a in facts.assignments_to(receiver)] if receiver else []
-    return bool(values) and all(
-        isinstance(value, cst.Call) and facts.qualified_name(value.func) in LOGGER_FACTORIES
-        for value in values
-    )
+    return built_by(facts, call.func.value, LOGGER_FACTORIES)
 
 
 def _held_syncs(facts: "ScriptFacts", loop: Loop) -> Optional[cst.CSTNode]:

@@ -44,7 +44,12 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
-from optimizer_codemod.analysis.values import declares_global, local_function
+from optimizer_codemod.analysis.values import (
+    ACCELERATOR,
+    built_by,
+    declares_global,
+    local_function,
+)
 from optimizer_codemod.analysis.walk import children, walk
 from optimizer_codemod.analysis.walk import parents as walk_parents
 
@@ -721,19 +726,13 @@ def _backward_loss_name(facts: "ScriptFacts", call: CallSite) -> Optional[str]:
 
 
 # Objects whose `backward(loss)` runs the loss's backward (scaling it as configured).
-BACKWARD_RUNNERS = frozenset(
-    {"accelerate.Accelerator", "lightning.Fabric", "lightning.fabric.Fabric"}
-)
+BACKWARD_RUNNERS = frozenset({ACCELERATOR, "lightning.Fabric", "lightning.fabric.Fabric"})
 
 
 def _is_backward_runner(facts: "ScriptFacts", receiver: cst.BaseExpression) -> bool:
     """`accelerator` in `accelerator.backward(loss)`: every binding of the name (or of the
     `self.` attribute) builds an Accelerator or a Fabric."""
-    name = dotted_name(receiver)
-    values = [a.value for a in facts.assignments_to(name)] if name else []
-    return bool(values) and all(
-        isinstance(v, cst.Call) and facts.qualified_name(v.func) in BACKWARD_RUNNERS for v in values
-    )
+    return built_by(facts, receiver, BACKWARD_RUNNERS)
 
 
 def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:

@@ -58,7 +58,7 @@ from optimizer_codemod.analysis.loaders import (
     option_values,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
-from optimizer_codemod.analysis.values import parameter_names, parameter_values
+from optimizer_codemod.analysis.values import ACCELERATOR, parameter_names, parameter_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -188,7 +188,6 @@ PREPARED_BY_ACCELERATE = (
     "device copies nothing. For non-blocking copies there, build the `Accelerator` with "
     "`dataloader_config=DataLoaderConfiguration(non_blocking=True)` and pin the DataLoader"
 )
-ACCELERATOR = "accelerate.Accelerator"
 
 
 def _prepared_by_accelerate(facts: "ScriptFacts", iterable: cst.BaseExpression) -> bool:

@@ -27,7 +27,7 @@ Every table is built once per pass (`facts.memo`), so each question costs its an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -618,6 +618,23 @@ def alias_in(
         if bound is not None and dotted_name(bound.value) == outer:
             return param
     return None
+
+
+# Hugging Face Accelerate's entry object: it prepares loaders, runs backward, gathers tensors.
+ACCELERATOR = "accelerate.Accelerator"
+
+
+def built_by(
+    facts: "ScriptFacts", receiver: Optional[cst.BaseExpression], qualnames: Collection[str]
+) -> bool:
+    """Every binding in the file of `receiver` (a name or a `self.` attribute) is a call of
+    one of `qualnames`: `accelerator = Accelerator()`, `logger = logging.getLogger(...)`."""
+    name = dotted_name(receiver) if receiver is not None else None
+    values = [a.value for a in facts.assignments_to(name)] if name else []
+    return bool(values) and all(
+        isinstance(value, cst.Call) and facts.qualified_name(value.func) in qualnames
+        for value in values
+    )
 
 
 # Methods that return the module they are called on (or move it, as the same object).
