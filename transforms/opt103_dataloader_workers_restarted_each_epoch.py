@@ -48,6 +48,10 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         (`self._run_epoch(epoch, self.train_loader)` in a `Trainer`), or one of another module
         of the run (`train_one_epoch(model, data_loader_train, ...)` from engine.py), also
         through a generator that loops over it (`metric_logger.log_every(data_loader, 10)`).
+        Also when the epoch loop iterates the copy Accelerate makes of it (`model, loader =
+        accelerator.prepare(model, loader)`, prepared once): `prepare` builds a new
+        DataLoader with every argument of the original, `persistent_workers` among them
+        (`prepare_data_loader` in accelerate's data_loader.py, read at commit 16cb6eb).
 
     Why is it slow:
         Without `persistent_workers`, every `for batch in loader` starts `num_workers` new
@@ -81,7 +85,10 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         a function the loader is handed to: persistent workers would keep a stale copy; a
         change earlier in the function that builds the loader, outside any loop, is seen by
         every worker and does not count), or
-        when `persistent_workers` is already chosen. `loader.sampler.set_epoch(epoch)` is fine:
+        when `persistent_workers` is already chosen. A copy prepared by Accelerate counts
+        only when it is iterated and nothing else (`loader.set_epoch(epoch)` on it hands the
+        epoch to the dataset in the main process, which persistent workers would not see),
+        and only when it is prepared once, outside the epoch loop. `loader.sampler.set_epoch(epoch)` is fine:
         the sampler runs in the main process, which draws a fresh iterator from it at every
         epoch (torch/utils/data/dataloader.py, `_BaseDataLoaderIter._reset`). A loader handed
         inside the epoch loop to a function that is not in the files of the run (or through

@@ -24,7 +24,7 @@ from optimizer_codemod.analysis.calls import (
     positional,
     with_keyword,
 )
-from optimizer_codemod.analysis.collect import CallSite, Loop, Site, is_main_guard
+from optimizer_codemod.analysis.collect import Assignment, CallSite, Loop, Site, is_main_guard
 from optimizer_codemod.analysis.handoffs import (
     NOT_ITERATING,
     LoopingFunction,
@@ -43,6 +43,8 @@ from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
+    ACCELERATOR,
+    built_by,
     declares_global,
     imported_dataset,
     locally_assigned,
@@ -58,6 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 MAX_DEPTH = 3
+PREPARE = "prepare"
 # DataLoader's positional parameters, in order (torch.utils.data.DataLoader.__init__).
 PARAMETERS = (
     "dataset batch_size shuffle sampler batch_sampler num_workers collate_fn pin_memory "
@@ -498,7 +501,8 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
         followed = dotted_name(dataset_value(facts, arg.value, site.site.function))
         if followed is not None:
             names.add(followed)
-    for loader in loader_names(facts, site):
+    copies = prepared_copies(facts, site)
+    for loader in (*loader_names(facts, site), *(copies.names if copies else ())):
         names.add(f"{loader}.dataset")
     if handoffs_of(facts, site).dataset_changed:
         return True
@@ -554,6 +558,112 @@ def names_changed(
 def loader_names(facts: "ScriptFacts", site: CallSite) -> Set[str]:
     assignment = facts.assignment_of(site.node)
     return {assignment.target} if assignment is not None else set()
+
+
+# Copies Accelerate's `prepare` makes ------------------------------------------------------
+@dataclass(frozen=True)
+class PreparedCopies:
+    """The loaders `accelerator.prepare(...)` (Accelerate) builds from this one, bound to
+    `names`: new DataLoaders with the original's arguments (accelerate's data_loader.py passes
+    every DataLoader argument on, `persistent_workers` and `num_workers` among them), so an
+    option set on the original holds for them."""
+
+    names: Tuple[str, ...]
+    loops: Tuple[Loop, ...]  # the for loops over them
+    repeated: bool  # one of those loops runs again and again, the copy being made once
+    problem: Optional[str]  # a use of a copy other than iterating it, which may see more
+
+
+def prepared_copies(facts: "ScriptFacts", site: CallSite) -> Optional[PreparedCopies]:
+    """`model, loader = accelerator.prepare(model, loader)` (or `loader = accelerator.prepare(
+    loader)`) of this loader, with `accelerator` an `Accelerator`; None when there is none."""
+    memo = facts.memo("prepared_copies")
+    if None not in memo:
+        memo[None] = _prepared_copies_by_site(facts)
+    return memo[None].get(id(site))
+
+
+def _prepared_copies_by_site(facts: "ScriptFacts") -> Dict[int, PreparedCopies]:
+    bound: Dict[int, List[Tuple[str, Assignment]]] = {}
+    sites = {id(s.node): s for s in facts.dataloader_constructions()}
+    for assignment in facts.records.assignments:
+        argument_node = _prepared_argument(facts, assignment)
+        name = dotted_name(argument_node) if argument_node is not None else None
+        if name is None:
+            continue
+        origins = [
+            a.value for a in facts.assignments_to(name) if _prepared_argument(facts, a) is None
+        ]
+        if origins and all(id(value) == id(origins[0]) for value in origins):
+            site = sites.get(id(origins[0]))
+            if site is not None:
+                bound.setdefault(id(site), []).append((assignment.target, assignment))
+    return {key: _copies(facts, sites_bound) for key, sites_bound in bound.items()}
+
+
+def _copies(facts: "ScriptFacts", bound: List[Tuple[str, Assignment]]) -> PreparedCopies:
+    names = tuple(dict.fromkeys(name for name, _ in bound))
+    functions = {id(a.site.function) for _, a in bound}
+    made_in = {id(loop) for _, a in bound for loop in a.site.loops}
+    loops = tuple(
+        loop
+        for loop in facts.records.loops
+        if isinstance(loop.node, cst.For)
+        and id(loop.function) in functions
+        and facts.iterated_name(loop.iter) in names
+    )
+    repeated = any(any(id(outer) not in made_in for outer in loop.ancestors) for loop in loops)
+    # The prepare calls, and the tuples they are unpacked into: `a, b = accelerator.prepare(a, b)`
+    prepare_parts = {id(a.value) for _, a in bound} | {
+        id(target.target) for _, a in bound for target in getattr(a.statement_node, "targets", ())
+    }
+    problem = None
+    for name, assignment in bound:
+        scope = _visible_in(facts, name, assignment.site.function)
+        for node, parent, grandparent in _name_uses(facts, scope).get(name, ()):
+            if isinstance(parent, (cst.Arg, cst.Element)) and id(grandparent) in prepare_parts:
+                continue
+            problem = problem or _use_problem(facts, name, node, parent, grandparent, set())
+    return PreparedCopies(names, loops, repeated, problem)
+
+
+def _accelerate_prepare(facts: "ScriptFacts", call: cst.BaseExpression) -> Optional[cst.Call]:
+    """`call` when it is `accelerator.prepare(a, b, ...)` with `accelerator` an `Accelerator`
+    and only positional arguments."""
+    if (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == PREPARE
+        and all(arg.keyword is None and not arg.star for arg in call.args)
+        and built_by(facts, call.func.value, (ACCELERATOR,))
+    ):
+        return call
+    return None
+
+
+def _prepared_argument(
+    facts: "ScriptFacts", assignment: Assignment
+) -> Optional[cst.BaseExpression]:
+    """The argument of `accelerator.prepare(...)` whose prepared copy `assignment` binds: the
+    one at the target's place in `a, b = accelerator.prepare(a, b)`, the only one for
+    `a = accelerator.prepare(a)` (prepare returns a lone object itself, not a tuple)."""
+    call = _accelerate_prepare(facts, assignment.value)
+    if call is None:
+        return None
+    if not assignment.unpacked:
+        return call.args[0].value if len(call.args) == 1 else None
+    statement = assignment.statement_node
+    if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
+        return None
+    target = statement.targets[0].target
+    if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != len(call.args):
+        return None
+    for element, arg in zip(target.elements, call.args):
+        if isinstance(element, cst.StarredElement):
+            return None
+        if dotted_name(element.value) == assignment.target:
+            return arg.value
+    return None
 
 
 # Iteration -----------------------------------------------------------------------------
@@ -697,6 +807,9 @@ def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
     """
     if handoffs_of(facts, site).repeated:
         return True
+    copies = prepared_copies(facts, site)
+    if copies is not None and copies.repeated and copies.problem is None:
+        return True
     built_in = {id(loop) for loop in site.site.loops}
     for loop in loops_over(facts, site):
         if any(id(outer) not in built_in for outer in loop.ancestors):
@@ -792,6 +905,11 @@ def _handoffs_by_site(facts: "ScriptFacts") -> Dict[int, Handoffs]:
 
 def _unknown_callee(facts, call, summary, arg) -> Optional[str]:
     written = excerpt(call.node.func)
+    if _accelerate_prepare(facts, call.node) is not None:
+        return (
+            f"it is handed to `{written}` (Accelerate) inside a loop, which builds a new "
+            "loader, with workers of its own, each time"
+        )
     if written in NOT_ITERATING and not facts.imports.is_bound(written):
         return None
     if summary is not None:
@@ -874,6 +992,13 @@ def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
     inside a loop, to a function that cannot be read, or returned to callers whose loops are
     not followed (None when nothing is in doubt)."""
     unknown = handoffs_of(facts, site).unknown
+    copies = prepared_copies(facts, site)
+    if unknown is None and copies is not None and copies.repeated and copies.problem:
+        unknown = (
+            f"Accelerate's `prepare` builds the loader iterated every epoch from it, and "
+            f"{copies.problem}: what that does to the workers' copy of the dataset is not "
+            "followed"
+        )
     if unknown is None and not loops_over(facts, site):
         function = returned_by(facts, site)
         if function is not None:
