@@ -131,3 +131,60 @@ def test_the_copy_tested_for_cuda_trains_the_same_and_runs_without_an_accelerato
         namespace["main"](namespace["types"].SimpleNamespace(no_accel=no_accel), losses)
         curves.append(losses)
     assert len(curves[0]) == 4 and curves[0] == curves[1]
+
+
+RUNNABLE_CONFIGURED_DEVICE = """
+import types
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, config, model, dataset):
+        if config.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            self.device = config.device
+        self.model = model.to(self.device)
+        self.loader = DataLoader(dataset, batch_size=16, pin_memory=True)
+
+    def run(self, losses):
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        for batch in self.loader:
+            x, y = [t.to(self.device) for t in batch]
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+
+
+def main(device, losses):
+    torch.manual_seed(0)
+    dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    config = types.SimpleNamespace(device=device)
+    Trainer(config, torch.nn.Linear(8, 3), dataset).run(losses)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+@pytest.mark.parametrize("device", ["auto", "cpu", "cpu:0"])
+def test_a_device_string_from_the_configuration_is_tested_through_torch_device(
+    device: str,
+) -> None:
+    rewritten = rewrite(RUNNABLE_CONFIGURED_DEVICE, path="train.py", select=["OPT201"]).source
+    test = 'non_blocking=torch.device(self.device).type == "cuda"'
+    assert rewritten.count(test) == 1
+    curves = []
+    for source in (RUNNABLE_CONFIGURED_DEVICE, rewritten):
+        namespace: dict = {}
+        exec(compile(source, "train.py", "exec"), namespace)
+        losses: list = []
+        namespace["main"](device, losses)
+        curves.append(losses)
+    assert len(curves[0]) == 4 and curves[0] == curves[1]
+
+
+def test_a_device_bound_once_to_none_is_not_read_through_torch_device() -> None:
+    found = _opt201((FIXTURES / "report_device_that_may_be_none.py").read_text())
+    assert found and all("cannot see" in message for message in found.values())

@@ -8,7 +8,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, with_keyword
+from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.transfers import blocking_batch_copies
-from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
+from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
 _LOADER = (
@@ -39,6 +42,9 @@ class BlockingHostToDeviceCopy(Rule):
         only when `torch.accelerator.is_available()`, as in pytorch/examples), the keyword
         added is `non_blocking=device.type == "cuda"`: asynchronous on CUDA, blocking
         elsewhere (the test ultralytics/ultralytics#22181 and huggingface/lerobot#702 use).
+        Where it holds a device string or an index instead (`"cuda" if ... else "mps"`,
+        `int(os.environ["LOCAL_RANK"])`, `config.device`), the keyword is
+        `non_blocking=torch.device(device).type == "cuda"`, which reads it as `.to` does.
 
     Why is it slow:
         A blocking copy makes the Python thread wait until the batch has reached the GPU, and
@@ -76,15 +82,18 @@ class BlockingHostToDeviceCopy(Rule):
         a name that may already hold a device tensor, since the host could read it before it
         lands), targets that may be MPS or another non-CUDA device (asynchronous copies there
         corrupt data, pytorch/pytorch#139550, #189690) unless the target always holds a
-        `torch.device`, whose `.type` the added keyword tests (a string, an index or
-        `current_accelerator()` without an `is_available()` check first, which is None in
-        a build of torch without an accelerator, may not), dtype-only conversions, models and modules,
+        `torch.device`, a device string or an index, whose type the added keyword tests
+        (`current_accelerator()` without an `is_available()` check first, None in a build of
+        torch without an accelerator, and a name that may be None may not: `torch.device(None)`
+        raises). A value read from a configuration that names it a device (`config.device`,
+        `args.device`, bound nowhere in the file) is taken for one by that name, as the
+        script's own `.to(config.device)` takes it, dtype-only conversions, models and modules,
         tensors not from the batch, copies outside a loop over the loader (`next(iter(loader))`), loaders not pinned,
         copies that already choose `non_blocking` or pass `*args`/`**kwargs`, sources written
         in place in the loop (the write would race with the copy), and, with a custom
         `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
-        Reported, not fixed, when the device comes from where the analysis cannot see (an
-        argument, a config value), since it could be MPS; the report quotes a device that names
+        Reported, not fixed, when the device comes from where the analysis cannot see (a
+        call's result, an argument not named a device), since it could be MPS; the report quotes a device that names
         the current accelerator (`torch.accelerator.current_accelerator()`, or an integer index,
         which torch takes as one of the current accelerator's devices). Fixed all the same where
         every run reaching the loop has first done what raises without CUDA:
@@ -202,11 +211,20 @@ class BlockingHostToDeviceCopy(Rule):
                     f"device with a blocking copy{why}",
                 )
             elif copy.cuda_only is not None:
-                test = _is_cuda(copy.cuda_only)
+                torch_name = module_name(self.facts, "torch") if copy.spec_only else None
+                if copy.spec_only and torch_name is None:
+                    self.decline(call, "`torch` is not imported under a name the fix could use")
+                    continue
+                test = _is_cuda(copy.cuda_only, torch_name)
                 fixed = with_keyword(call, "non_blocking", test)
+                imports = (
+                    (ImportSpec("torch"),)
+                    if copy.spec_only and not self.facts.imports.name_for_module("torch")
+                    else ()
+                )
                 self.report(
                     call,
-                    Fix((Replace(call, fixed),)),
+                    Fix((Replace(call, fixed),), imports),
                     fix_title=f"Add `non_blocking={code_of(test)}`",
                     message=f"`{source}` comes from a pinned DataLoader but is copied to the "
                     "device with a blocking copy; the device may be MPS, where asynchronous "
@@ -227,8 +245,11 @@ class BlockingHostToDeviceCopy(Rule):
                 )
 
 
-def _is_cuda(device: cst.BaseExpression) -> cst.Comparison:
-    """`device.type == "cuda"` for a device that always holds a `torch.device`."""
+def _is_cuda(device: cst.BaseExpression, torch_name: Optional[str]) -> cst.Comparison:
+    """`device.type == "cuda"` for a device that always holds a `torch.device`, else
+    `torch.device(device).type == "cuda"` (a string or an index: torch_name given)."""
+    if torch_name is not None:
+        device = cst.Call(cst.parse_expression(f"{torch_name}.device"), [cst.Arg(device)])
     return cst.Comparison(
         cst.Attribute(device, cst.Name("type")),
         [cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cuda"'))],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import TYPE_CHECKING, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, FrozenSet, Iterable, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -661,34 +661,95 @@ def is_device_object(
     in a build of torch without an accelerator); either of them chosen by `a if c else b`; a
     name every assignment of the file binds to one of those; a parameter of `function` that
     every call of the file passes one of those."""
+    return _every_value(facts, node, function, depth, _device_object, "name_device_object")
+
+
+def _device_object(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    if not isinstance(node, cst.Call):
+        return False
+    qualname = facts.qualified_name(node.func)
+    if qualname == "torch.device":
+        return True
+    return qualname == CURRENT_ACCELERATOR and taken_only_when_available(facts, node)
+
+
+def holds_device_spec(
+    facts: "ScriptFacts",
+    node: Optional[cst.BaseExpression],
+    function: Optional[cst.FunctionDef] = None,
+) -> bool:
+    """`node` always holds what both `.to(node)` and `torch.device(node)` take as a device, so
+    `torch.device(node).type` can be read where the copy runs: a device string (`"cuda"`,
+    `f"cuda:{rank}"`), an index (an int literal, `int(...)`, which torch takes as one of the
+    current accelerator), a `torch.device` (as `is_device_object`); either of them chosen by
+    `a if c else b`; a name every assignment of the file binds to one of those, or a parameter
+    every call passes one; and a value read from a configuration that names it a device
+    (`config.device`, `args.device`, assigned nowhere in the file): taken for a device by its
+    name, as `.to(...)` takes it (a dtype there would be a script's own naming slip)."""
+    return _every_value(
+        facts, node, function, 0, _device_spec, "name_device_spec", _configured_device
+    )
+
+
+def _device_spec(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    value = literal(node, None)
+    if isinstance(value, str):
+        return bool(value)
+    if isinstance(node, cst.Integer) or _device_string_prefix(node) is not None:
+        return True
+    if isinstance(node, cst.Call) and dotted_name(node.func) == "int":
+        return not facts.assignments_to("int")
+    return _device_object(facts, node)
+
+
+def _every_value(
+    facts: "ScriptFacts",
+    node: Optional[cst.BaseExpression],
+    function: Optional[cst.FunctionDef],
+    depth: int,
+    leaf: Callable[["ScriptFacts", cst.BaseExpression], bool],
+    table: str,
+    unassigned: Callable[[str], bool] = lambda name: False,
+) -> bool:
+    """`leaf` holds for every value `node` may have: both branches of `a if c else b`, what
+    every call of the file passes to a parameter of `function`, what every assignment of the
+    file binds to a name (`unassigned` answers for a name the file never assigns)."""
     if node is None or depth > MAX_DEPTH:
         return False
-    if isinstance(node, cst.Call):
-        qualname = facts.qualified_name(node.func)
-        if qualname == "torch.device":
-            return True
-        return qualname == CURRENT_ACCELERATOR and taken_only_when_available(facts, node)
     if isinstance(node, cst.IfExp):
-        return is_device_object(facts, node.body, None, depth + 1) and is_device_object(
-            facts, node.orelse, None, depth + 1
+        return all(
+            _every_value(facts, branch, None, depth + 1, leaf, table, unassigned)
+            for branch in (node.body, node.orelse)
         )
     name = dotted_name(node)
     if name is None:
-        return False
+        return leaf(facts, node)
     if function is not None and name in parameter_names(function):
         values = parameter_values(facts, function, name)
         return bool(values) and all(
-            is_device_object(facts, value, None, depth + 1) for value in values
+            _every_value(facts, value, None, depth + 1, leaf, table, unassigned) for value in values
         )
-    return _memoized(facts, "name_device_object", (name, depth), _name_device_object, name, depth)
+    return _memoized(
+        facts, table, (name, depth), _every_assignment, name, depth, leaf, table, unassigned
+    )
 
 
-def _name_device_object(facts: "ScriptFacts", name: str, depth: int) -> bool:
+def _every_assignment(facts, name, depth, leaf, table, unassigned) -> bool:
     assignments = facts.assignments_to(name)
-    return bool(assignments) and all(
-        not a.unpacked and not a.augmented and is_device_object(facts, a.value, None, depth + 1)
+    if not assignments:
+        return unassigned(name)
+    return all(
+        not a.unpacked
+        and not a.augmented
+        and _every_value(facts, a.value, None, depth + 1, leaf, table, unassigned)
         for a in assignments
     )
+
+
+def _configured_device(name: str) -> bool:
+    """`config.device`, `args.train_device`: read from a configuration, named a device."""
+    last = name.rsplit(".", 1)[-1].lower()
+    return "." in name and (last == "device" or last.endswith("_device"))
 
 
 def taken_only_when_available(facts: "ScriptFacts", call: cst.Call) -> bool:

@@ -44,6 +44,7 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
     CURRENT_ACCELERATOR,
     FLOATING_TENSOR_TYPES,
+    holds_device_spec,
     is_device_object,
     taken_only_when_available,
     tensor_type_devices,
@@ -90,6 +91,9 @@ class BatchCopy:
     # Where the device may be MPS: the copy's device, when it always holds a `torch.device`
     # (devices.is_device_object); the copy can be asynchronous only when its `.type` is cuda.
     cuda_only: Optional[cst.BaseExpression] = None
+    # cuda_only holds a string or an index, not always a `torch.device`: its type is
+    # `torch.device(cuda_only).type`.
+    spec_only: bool = False
 
     @property
     def async_is_sound(self) -> bool:
@@ -420,6 +424,12 @@ def _batch_copy(
     device = copy_target(facts, node) if call.method == "to" else None
     if dotted_name(device) is not None and is_device_object(facts, device, call.site.function):
         return BatchCopy(call, loop, types, cuda_only=device)
+    if (
+        dotted_name(device) is not None
+        and (types is None or "cuda" in types)
+        and holds_device_spec(facts, device, call.site.function)
+    ):
+        return BatchCopy(call, loop, types, cuda_only=device, spec_only=True)
     if types is not None:
         return (
             "the copy may go to MPS or another accelerator that is not CUDA, where "
