@@ -236,3 +236,52 @@ def test_loss_terms_summed_on_the_device_print_the_same_totals() -> None:
     for old, new in zip(printed_before, printed_after):
         for a, b in zip(old.split(), new.split()):
             assert abs(float(a) - float(b)) <= 1e-5 * max(1.0, abs(float(a)))
+
+
+BENCH_STEP = """
+import torch
+import torch.nn as nn
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+model = nn.Linear(8, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+for stage, num_steps in enumerate([10, 20]):
+    x = torch.randn(16, 8, device=device)
+    for k in range(num_steps):
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach().clone())
+        lossf = loss.item()
+        print(f"{k}/{num_steps} loss: {lossf:.6f}")
+"""
+
+
+def test_a_loss_read_for_the_next_line_only_is_read_there_every_tenth_step() -> None:
+    # nanoGPT's bench.py: `lossf = loss.item()`, then the line that prints it.
+    result = rewrite(BENCH_STEP, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
+    assert "lossf = loss.detach()\n        if k % 10 == 0:\n" in result.source
+    assert "{lossf.item():.6f}" in result.source
+    fixed = sorted(d.code for d in result.diagnostics if d.status is Status.FIXED)
+    assert fixed == ["OPT202", "OPT202"]
+    before, printed_before = _run(BENCH_STEP)
+    after, printed_after = _run(result.source)
+    assert len(before) == len(after) == 30
+    assert all(a.equal(b) for a, b in zip(before, after))
+    kept = [line for line in printed_before if line.split("/")[0] in {"0", "10"}]
+    assert printed_after == kept and len(kept) == 3
+
+
+def test_a_loss_read_through_a_name_is_kept_where_anything_runs_before_the_line() -> None:
+    # Between the read and the line, `loss` could be changed in place through another name.
+    for change in (
+        ("        lossf = loss.item()\n", "        lossf = loss.item()\n        step_done()\n"),
+        ("        print(f", "        history.append(lossf)\n        print(f"),
+    ):
+        source = BENCH_STEP.replace(*change)
+        result = rewrite(source, path="train.py", select=["OPT202", "OPT204"], unsafe_fixes=True)
+        assert result.source == source
+        assert any(d.code == "OPT202" and d.status is Status.REPORTED for d in result.diagnostics)

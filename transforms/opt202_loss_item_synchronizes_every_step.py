@@ -114,7 +114,11 @@ class LossItemSynchronizesEveryStep(Rule):
         the fix pays: no other sync stays on the step (a line reading other device values is
         gated with it by OPT204; a copy, print or format of a device value under an `if`
         that is not every N steps, such as `if accelerator.is_main_process:`, counts as
-        staying).
+        staying). The loss read into a name by the statement right before the line, and read
+        nowhere but right after such a statement (nanoGPT's bench.py: `lossf = loss.item()`,
+        then `print(f"... {lossf:.4f}")`), stays on the device (`lossf = loss.detach()`) and
+        the gated line reads `lossf.item()`: the same digits, since nothing runs in between
+        that could change the loss; with any statement in between, it stays reported.
 
         A fix must pay: not rewritten (reported, naming the call) when another host sync
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
@@ -278,6 +282,18 @@ class LossItemSynchronizesEveryStep(Rule):
                     safety=Safety.BEHAVIOR,
                     fix_title=f"Print or log it every {LOG_EVERY}th step",
                 )
+            for deferred in line.deferred:
+                if deferred.loss:
+                    # The line's own edits: the engine makes equal edits once.
+                    self.report(
+                        deferred.item,
+                        Fix.replacing(line.replacements()),
+                        message=f"`{excerpt(deferred.item)}` waits for the device on every "
+                        "step only for a log line of the step; the loss stays on the device "
+                        f"(`.detach()`) and the line, run every {LOG_EVERY}th step, reads it",
+                        safety=Safety.BEHAVIOR,
+                        fix_title="Keep the loss on the device; read it where it is printed",
+                    )
         return {sync.node for line in lines if line.loss for sync in line.syncs}
 
 

@@ -243,6 +243,8 @@ class DeviceValueSynchronizesEveryStep(Rule):
         gated = [line for line in lines if not line.loss or LOSS_LOG in enabled]
         for line in gated:
             for deferred in line.deferred:
+                if deferred.loss:
+                    continue  # OPT202's, as every read of the loss
                 # The same edits as the line's own fix (OPT202's, for a line reading the
                 # loss): the engine makes equal edits once and marks both findings fixed.
                 self.report(

@@ -9,7 +9,7 @@ wait happens on one step in N (OPT202 for the loss, OPT204 for other values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 import libcst as cst
@@ -104,8 +104,9 @@ class DeferredRead:
     the device (`output.mean().detach()`) and the line reads it (`D_x.item()`)."""
 
     item: cst.Call  # the `.item()` call bound to the name
-    reads: Tuple[cst.Name, ...]  # the name's reads, all in the log line
+    reads: Tuple[cst.Name, ...]  # the name's reads in the log line
     sync: StepSync
+    loss: bool = False  # the value is the loss the loop calls backward on (`lossf = loss.item()`)
 
     @property
     def kept(self) -> cst.Call:
@@ -192,29 +193,40 @@ class LogLines:
         by_statement: Dict[cst.CSTNode, List[StepSync]] = {}
         for sync in facts.host_syncs.sites(loop):
             by_statement.setdefault(sync.statement, []).append(sync)
+        outputs = [s for s in _step_statements(loop) if _output_line(facts, s)]
+        deferred = self._deferred_reads(loop, by_statement, outputs)
+        # A line waits for the device itself, or through a value read for it earlier in the
+        # step (`lossf = loss.item()` then `print(f"{lossf:.4f}")`).
         lines = [
-            (statement, syncs)
-            for statement, syncs in by_statement.items()
-            if any(sync.certain for sync in syncs) and _output_line(facts, statement)
+            (statement, by_statement.get(statement, []))
+            for statement in outputs
+            if statement in deferred
+            or any(sync.certain for sync in by_statement.get(statement, ()))
         ]
         if not lines:
             return []
         losses = {id(call.node) for call in loss_items(facts, loop)}
         counter = step_counter(facts, loop)
         obstacle = self._obstacle(loop, counter)
-        deferred = self._deferred_reads(loop, by_statement, [s for s, _ in lines])
-        return [
-            LogLine(
-                statement,
-                loop,
-                tuple(syncs) + tuple(d.sync for d in deferred.get(statement, ())),
-                any(id(sync.node) in losses for sync in syncs),
-                counter,
-                _changing_argument(facts, statement) or obstacle,
-                tuple(deferred.get(statement, ())),
+        found = []
+        for statement, syncs in lines:
+            reads = tuple(
+                replace(read, loss=id(read.sync.node) in losses)
+                for read in deferred.get(statement, ())
             )
-            for statement, syncs in lines
-        ]
+            waits = tuple(syncs) + tuple(read.sync for read in reads)
+            found.append(
+                LogLine(
+                    statement,
+                    loop,
+                    waits,
+                    any(id(sync.node) in losses for sync in waits),
+                    counter,
+                    _changing_argument(facts, statement) or obstacle,
+                    reads,
+                )
+            )
+        return found
 
     def _deferred_reads(
         self,
@@ -222,8 +234,11 @@ class LogLines:
         by_statement: Dict[cst.CSTNode, List[StepSync]],
         lines: List[cst.CSTNode],
     ) -> Dict[cst.CSTNode, List[DeferredRead]]:
-        """By log line: the per-step `name = x.item()` (one assignment of the name in its
-        scope) whose every read is in that line, after it in the step."""
+        """By log line: the per-step `name = x.item()` read only by that line: the statement
+        right after it, when every read of the name is right after an assignment of it
+        (nanoGPT's bench.py: `lossf = loss.item()`, then the print); or later in the step,
+        when the name has that one assignment and the value is a tensor computed there
+        (`_fresh`)."""
         facts = self.facts
         scope = loop.function or facts.module
         order = {id(s): i for i, s in enumerate(find_all(loop.node.body, cst.BaseStatement))}
@@ -239,19 +254,27 @@ class LogLines:
             sync = next((s for s in syncs if s.node is assign.value and s.kind == "item"), None)
             if not isinstance(target, cst.Name) or sync is None or not sync.certain:
                 continue
-            if not _fresh(assign.value.func.value):
-                continue
             uses = name_uses(scope, target.value, facts)
             loads = [use for use in uses if not use.store]
-            stores = len(uses) - len(loads)
-            if stores != 1 or not loads or any(use.nested for use in uses):
+            if not loads or any(use.nested for use in uses):
                 continue
-            read_in = {line_of.get(id(use.node)) for use in loads}
-            line = read_in.pop() if len(read_in) == 1 else None
-            if line is None or order[id(line)] < order[id(statement)]:
+            line = _next_statement(facts, statement)
+            if line is not None and all(
+                _stored_just_before(facts, use.node, target.value) for use in loads
+            ):
+                # Each read is in the statement right after an assignment of the name: this
+                # line reads what `statement` stored, whatever runs elsewhere.
+                reads = tuple(use.node for use in loads if line_of.get(id(use.node)) is line)
+            elif _fresh(assign.value.func.value) and len(uses) - len(loads) == 1:
+                read_in = {line_of.get(id(use.node)) for use in loads}
+                line = read_in.pop() if len(read_in) == 1 else None
+                if line is None or order[id(line)] < order[id(statement)]:
+                    continue
+                reads = tuple(use.node for use in loads)
+            else:
                 continue
-            reads = tuple(use.node for use in loads)
-            found.setdefault(line, []).append(DeferredRead(assign.value, reads, sync))
+            if reads and line in lines:
+                found.setdefault(line, []).append(DeferredRead(assign.value, reads, sync))
         return found
 
     def _obstacle(self, loop: Loop, counter: Optional[str]) -> Optional[str]:
@@ -298,6 +321,54 @@ def _fresh(value: cst.BaseExpression) -> bool:
     receiver itself: kept on the device until the line reads it, it cannot be changed in
     between by an update in place of what it came from (`correct += ...`)."""
     return isinstance(value, cst.Call) and method_name(value) in FRESH_METHODS
+
+
+def _step_statements(loop: Loop) -> List[cst.SimpleStatementLine]:
+    """The simple statements of `loop`'s body, under its `if`s, `with`s and `try`s but not in
+    loops nested in it, nor in functions or classes defined there."""
+    found: List[cst.SimpleStatementLine] = []
+    stack: List[cst.CSTNode] = [loop.node.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.SimpleStatementLine):
+            found.append(node)
+        elif not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef)):
+            stack.extend(reversed(children(node)))
+    return found
+
+
+def _next_statement(facts: "ScriptFacts", statement: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The statement right after `statement` in its block (`print(... lossf ...)` after
+    `lossf = loss.item()`): nothing runs in between that could change a tensor read through
+    a name, whatever else names the tensor."""
+    return _sibling(facts, statement, 1)
+
+
+def _stored_just_before(facts: "ScriptFacts", node: cst.CSTNode, name: str) -> bool:
+    """The statement holding `node` comes right after a plain assignment of `name`."""
+    statement = facts.parents.get(node)
+    while statement is not None and not isinstance(statement, cst.SimpleStatementLine):
+        statement = facts.parents.get(statement)
+    before = _sibling(facts, statement, -1) if statement is not None else None
+    if not isinstance(before, cst.SimpleStatementLine) or len(before.body) != 1:
+        return False
+    assign = before.body[0]
+    return (
+        isinstance(assign, cst.Assign)
+        and len(assign.targets) == 1
+        and isinstance(assign.targets[0].target, cst.Name)
+        and assign.targets[0].target.value == name
+    )
+
+
+def _sibling(facts: "ScriptFacts", statement: cst.CSTNode, step: int) -> Optional[cst.CSTNode]:
+    body = getattr(facts.parents.get(statement), "body", ())
+    if not isinstance(body, (list, tuple)):
+        return None
+    index = next((i for i, s in enumerate(body) if s is statement), None)
+    if index is None or not 0 <= index + step < len(body):
+        return None
+    return body[index + step]
 
 
 def _output_line(facts: "ScriptFacts", statement: cst.CSTNode) -> bool:
