@@ -80,7 +80,9 @@ class BlockingHostToDeviceCopy(Rule):
         `[t.to(device) for t in batch]` and `tuple(t.to(device) for t in batch)`) are
         changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
         a name that may already hold a device tensor, since the host could read it before it
-        lands), targets that may be MPS or another non-CUDA device (asynchronous copies there
+        lands; a batch name rebound only in the other branch of an `if`, as imagenet's
+        `images = images.cuda(...)` / `else: images = images.to(device)`, still holds the
+        batch), targets that may be MPS or another non-CUDA device (asynchronous copies there
         corrupt data, pytorch/pytorch#139550, #189690) unless the target always holds a
         `torch.device`, a device string or an index, whose type the added keyword tests
         (`current_accelerator()` without an `is_available()` check first, None in a build of

@@ -776,4 +776,8 @@ def _implies_available(facts: "ScriptFacts", test: cst.BaseExpression, depth: in
         )
     name = dotted_name(test)
     assignments = facts.assignments_to(name) if name is not None else ()
-    return len(assignments) == 1 and _implies_available(facts, assignments[0].value, depth + 1)
+    # Every binding implies it (imagenet binds `use_accel` alike in two functions).
+    return bool(assignments) and all(
+        not a.unpacked and not a.augmented and _implies_available(facts, a.value, depth + 1)
+        for a in assignments
+    )

@@ -554,6 +554,8 @@ def _host_chain(
                 continue  # an in-place update: see _written
             if id(assignment.value) in drawn or _rebound_after(loop, name, assignment, copy_site):
                 continue
+            if _other_branch(facts, loop, name, assignment.site.statement, statement):
+                continue
             root = derived_root(assignment.value, names)
             if root is None:
                 return None
@@ -578,6 +580,46 @@ def _rebound_after(loop: Loop, name: str, assignment, copy_site: Optional[Site])
         return False
     inner = assignment.site.loops[assignment.site.loops.index(loop) + 1 :]
     return not any(inner_loop in copy_site.loops for inner_loop in inner)
+
+
+def _other_branch(
+    facts: "ScriptFacts",
+    loop: Loop,
+    name: str,
+    bound: Optional[cst.CSTNode],
+    copied: Optional[cst.CSTNode],
+) -> bool:
+    """`name`, a target of `loop`, is bound by `bound` in one branch of an `if` of the
+    loop's body and copied by `copied` in the other (imagenet's `images =
+    images.cuda(args.gpu, ...)` / `else: images = images.to(device)`): the loop binds it anew
+    before each iteration, so the binding never reaches the copy. Only where no loop inside
+    `loop` holds that `if` (its next round would)."""
+    if bound is None or copied is None or name not in loop.targets:
+        return False
+    branches = _branches(facts, bound, loop.node)
+    if branches is None:
+        return False
+    for if_node, branch in (_branches(facts, copied, loop.node) or {}).items():
+        other = branches.get(if_node)
+        if other is not None and other is not branch:
+            return True
+    return False
+
+
+def _branches(
+    facts: "ScriptFacts", statement: cst.CSTNode, loop_node: cst.CSTNode
+) -> Optional[Dict[cst.If, cst.CSTNode]]:
+    """The `if`s between `statement` and `loop_node`, each with the branch (body or orelse)
+    that holds `statement`; None when a loop or a function lies in between."""
+    found: Dict[cst.If, cst.CSTNode] = {}
+    child, node = statement, facts.parents.get(statement)
+    while node is not None and node is not loop_node:
+        if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Lambda)):
+            return None
+        if isinstance(node, cst.If) and child in (node.body, node.orelse):
+            found[node] = child
+        child, node = node, facts.parents.get(node)
+    return found if node is loop_node else None
 
 
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
