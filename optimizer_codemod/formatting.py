@@ -499,6 +499,19 @@ class _Operands:
 
 
 @dataclass(frozen=True)
+class _Comprehension:
+    """A list, set or dict comprehension between its brackets' lines: its contents on one
+    line, or (`split`) the element and each `for` and `if` clause on a line of its own, as
+    black splits at its comprehension delimiters."""
+
+    indent: str  # the indentation of the statement whose value the comprehension is
+    split: bool
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp)
+
+
+@dataclass(frozen=True)
 class _BreakBeforeOperator:
     indent: str  # the operator of this operation starts a line of its own, at this indentation
 
@@ -528,7 +541,10 @@ class _Planner:
         links: Dict[int, cst.Call] = {}  # `.name(...)` beginning a line of a split chain
         conditionals: Dict[int, List[cst.IfExp]] = {}
         operations: Dict[int, List[cst.BinaryOperation]] = {}
+        comprehensions: Dict[int, List[cst.CSTNode]] = {}
         for node, where in self.positions.items():
+            if isinstance(node, _COMPREHENSIONS) and where.start.line in too_long:
+                comprehensions.setdefault(where.start.line, []).append(node)
             if isinstance(node, cst.BinaryOperation) and node.lpar and where.start.line in too_long:
                 operations.setdefault(where.start.line, []).append(node)
             if isinstance(node, cst.IfExp) and where.start.line in too_long:
@@ -553,6 +569,7 @@ class _Planner:
             found = found or self._chain_link(line, links.get(line))
             found = found or self._ending_bracket(line, by_start.get(line, ()))
             found = found or self._parenthesised_operation(line, operations.get(line, ()), plan)
+            found = found or self._comprehension(line, comprehensions.get(line, ()))
             if found is not None:
                 plan[found[0]] = found[1]
         return plan
@@ -825,6 +842,21 @@ class _Planner:
             return node, _Layout(explode, indent)
         return None
 
+    def _comprehension(self, line: int, candidates) -> Optional[Tuple[cst.CSTNode, object]]:
+        """A comprehension that is the whole value of `line`'s statement (`batch = {k:
+        v.to(device) for k, v in batch.items()}`), laid out as black's right-hand split."""
+        indent = self._indent(line)
+        for node in candidates:
+            where = self.positions[node]
+            if where.end.line != line or _has_comment(node) or self._holder(node) is None:
+                continue
+            rest = _code_part(self.lines[line - 1][where.end.column :]).strip()
+            if rest not in ("", ","):
+                continue
+            body = cst.Module([]).code_for_node(node).strip()[1:-1].strip()
+            return node, _Comprehension(indent, len(indent) + 4 + len(body) > self.limit)
+        return None
+
     def _holder(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The statement or element that `node` is the whole value of, when it begins its
         line: `x = node`, `return node`, `node` alone, or `name=node,` in a bracket."""
@@ -987,6 +1019,33 @@ def _walk(node: cst.CSTNode):
         stack.extend(children(current))
 
 
+def _comprehension_laid_out(node: cst.CSTNode, layout: _Comprehension) -> cst.CSTNode:
+    inner = layout.indent + "    "
+    if layout.split:
+        node = node.with_changes(for_in=_clauses_on_lines(node.for_in, inner))
+    opening, closing = (
+        ("lbracket", "rbracket") if isinstance(node, cst.ListComp) else ("lbrace", "rbrace")
+    )
+    return node.with_changes(
+        **{
+            opening: getattr(node, opening).with_changes(whitespace_after=_line_break(inner)),
+            closing: getattr(node, closing).with_changes(
+                whitespace_before=_line_break(layout.indent)
+            ),
+        }
+    )
+
+
+def _clauses_on_lines(clause: cst.CompFor, indent: str) -> cst.CompFor:
+    """Each `for` and `if` of a comprehension on a line of its own."""
+    inner = clause.inner_for_in
+    return clause.with_changes(
+        whitespace_before=_line_break(indent),
+        ifs=[i.with_changes(whitespace_before=_line_break(indent)) for i in clause.ifs],
+        inner_for_in=_clauses_on_lines(inner, indent) if inner is not None else None,
+    )
+
+
 def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
     return cst.ParenthesizedWhitespace(
         first_line=cst.TrailingWhitespace(),
@@ -1038,6 +1097,8 @@ class _Relayout(cst.CSTTransformer):
                 lpar=[cst.LeftParen(whitespace_after=_line_break(inner))],
                 rpar=[cst.RightParen(whitespace_before=_line_break(layout.indent))],
             )
+        if isinstance(layout, _Comprehension):
+            return _comprehension_laid_out(updated_node, layout)
         if isinstance(layout, _Chain):
             return updated_node.with_changes(
                 lpar=[cst.LeftParen(whitespace_after=_line_break(layout.indent + "    "))],

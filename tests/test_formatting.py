@@ -555,3 +555,29 @@ def test_a_rewrite_kept_unformatted_lays_out_as_one_formatted_at_once(source: st
     assert kept.new != at_once.new  # the layout is the only difference...
     assert kept.diagnostics == at_once.diagnostics  # ...findings, lines, statuses the same
     assert format_rewrite(kept, src, path) == at_once
+
+
+COMPREHENSION_OLD = (
+    "def run(self, loader):\n"
+    "    for batch in loader:\n"
+    "        batch = {k: v.to(self.device) for k, v in batch.items()}\n"
+    "        pairs = [t.to(self.device) for t in batch if t is not None]\n"
+    "        few = {t.to(self.device) for t in batch}\n"
+)
+
+
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_a_comprehension_a_fix_made_too_long_is_split_as_black_splits_it(quote: str) -> None:
+    keyword = f"non_blocking=self.device.type == {quote}cuda{quote}"
+    new = COMPREHENSION_OLD.replace("(self.device)", f"(self.device, {keyword})")
+    wrapped = wrap_long_calls(COMPREHENSION_OLD, new)
+    assert max(len(line) for line in wrapped.splitlines()) <= 88
+    black = pytest.importorskip("black")
+    assert black.format_str(wrapped, mode=black.Mode()) == wrapped.replace("'", '"')
+    # Contents too long for one line: the element and each clause on its own line; short
+    # enough: hugged between the brackets.
+    assert "\n            for t in batch\n            if t is not None\n        ]\n" in wrapped
+    assert (
+        f"few = {{\n            t.to(self.device, {keyword}) for t in batch\n        }}\n"
+        in wrapped
+    )
