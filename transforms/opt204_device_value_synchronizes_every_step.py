@@ -8,7 +8,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
-from optimizer_codemod.analysis.periodic import LOG_EVERY, LOSS_LOG, METRIC_LOG
+from optimizer_codemod.analysis.periodic import LOG_EVERY, METRIC_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
     METRIC_ACCUMULATION,
@@ -240,8 +240,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
                     safety=Safety.BEHAVIOR,
                     fix_title=f"Print or log it every {LOG_EVERY}th step",
                 )
-        gated = [line for line in lines if not line.loss or LOSS_LOG in enabled]
-        for line in gated:
+        for line in lines:
             for deferred in line.deferred:
                 if deferred.loss:
                     continue  # OPT202's, as every read of the loss
@@ -256,7 +255,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
                     safety=Safety.BEHAVIOR,
                     fix_title="Keep it on the device; read it where it is printed",
                 )
-        return {sync.node for line in gated for sync in line.syncs}
+        return {sync.node for line in lines for sync in line.syncs}
 
 
 def _message(sync: StepSync, not_gated: Optional[str] = None) -> str:

@@ -144,7 +144,7 @@ def _follow(
     local = isinstance(function, cst.FunctionDef) and locally_assigned(facts, name, function)
     scope = function if local else None
     bound = [a for a in facts.assignments_to(name) if a.site.function is scope]
-    if any(a.unpacked and not _is_prepare(a.value) for a in bound):
+    if any(a.unpacked and not is_prepare(a.value) for a in bound):
         return None
     return _all_ends(facts, [(a.value, a.site.function) for a in bound], steps)
 
@@ -184,7 +184,7 @@ def _call_ends(
     site = facts.call_site_of.get(call)
     if site is None:
         return None
-    if site.qualname == DATALOADER or _is_prepare(call):
+    if site.qualname == DATALOADER or is_prepare(call):
         return [call]
     wrapper = facts.qualified_name(call.func) or dotted_name(call.func)
     if wrapper in ITERATION_WRAPPERS:
@@ -250,7 +250,7 @@ def _argument(
     return args[index].value if index < len(args) else None
 
 
-def _is_prepare(node: cst.BaseExpression) -> bool:
+def is_prepare(node: cst.BaseExpression) -> bool:
     """`accelerator.prepare(...)`: whether it is Accelerate's is the caller's question."""
     return (
         isinstance(node, cst.Call)

@@ -698,7 +698,7 @@ def _device_spec(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.Integer) or _device_string_prefix(node) is not None:
         return True
     if isinstance(node, cst.Call) and dotted_name(node.func) == "int":
-        return not facts.assignments_to("int")
+        return not facts.imports.is_bound("int")  # the builtin, not a name of the file
     return _device_object(facts, node)
 
 

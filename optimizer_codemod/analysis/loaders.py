@@ -38,7 +38,7 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from, is_prepare
 from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
@@ -60,7 +60,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 MAX_DEPTH = 3
-PREPARE = "prepare"
 # DataLoader's positional parameters, in order (torch.utils.data.DataLoader.__init__).
 PARAMETERS = (
     "dataset batch_size shuffle sampler batch_sampler num_workers collate_fn pin_memory "
@@ -631,9 +630,7 @@ def _accelerate_prepare(facts: "ScriptFacts", call: cst.BaseExpression) -> Optio
     """`call` when it is `accelerator.prepare(a, b, ...)` with `accelerator` an `Accelerator`
     and only positional arguments."""
     if (
-        isinstance(call, cst.Call)
-        and isinstance(call.func, cst.Attribute)
-        and call.func.attr.value == PREPARE
+        is_prepare(call)
         and all(arg.keyword is None and not arg.star for arg in call.args)
         and built_by(facts, call.func.value, (ACCELERATOR,))
     ):

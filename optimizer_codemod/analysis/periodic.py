@@ -19,7 +19,7 @@ from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.epochs import is_throwaway, step_loop_of
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.values import built_by
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
@@ -29,6 +29,7 @@ from optimizer_codemod.analysis.syncs import (
     StepSync,
     loss_items,
     name_uses,
+    statement_of,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -345,30 +346,27 @@ def _next_statement(facts: "ScriptFacts", statement: cst.CSTNode) -> Optional[cs
 
 
 def _stored_just_before(facts: "ScriptFacts", node: cst.CSTNode, name: str) -> bool:
-    """The statement holding `node` comes right after a plain assignment of `name`."""
-    statement = facts.parents.get(node)
-    while statement is not None and not isinstance(statement, cst.SimpleStatementLine):
-        statement = facts.parents.get(statement)
+    """The statement holding `node` comes right after `name = ...` alone on its line."""
+    statement = statement_of(facts.parents, node)
     before = _sibling(facts, statement, -1) if statement is not None else None
-    if not isinstance(before, cst.SimpleStatementLine) or len(before.body) != 1:
-        return False
-    assign = before.body[0]
-    return (
-        isinstance(assign, cst.Assign)
-        and len(assign.targets) == 1
-        and isinstance(assign.targets[0].target, cst.Name)
-        and assign.targets[0].target.value == name
-    )
+    return before is not None and single_assignment(before, name) is not None
 
 
 def _sibling(facts: "ScriptFacts", statement: cst.CSTNode, step: int) -> Optional[cst.CSTNode]:
-    body = getattr(facts.parents.get(statement), "body", ())
+    """The statement `step` places after `statement` in its block (before, when negative)."""
+    block = facts.parents.get(statement)
+    body = getattr(block, "body", ())
     if not isinstance(body, (list, tuple)):
         return None
-    index = next((i for i, s in enumerate(body) if s is statement), None)
-    if index is None or not 0 <= index + step < len(body):
+    # Each block's positions are indexed once per pass: a block's every statement may ask.
+    positions = facts.memo("statement_positions")
+    index = positions.get(id(block))
+    if index is None:
+        index = positions[id(block)] = {id(s): i for i, s in enumerate(body)}
+    at = index.get(id(statement))
+    if at is None or not 0 <= at + step < len(body):
         return None
-    return body[index + step]
+    return body[at + step]
 
 
 def _output_line(facts: "ScriptFacts", statement: cst.CSTNode) -> bool:

@@ -1185,7 +1185,7 @@ def _accumulation(
         result.converter = "int"
     parents = walk_parents(scope) if result.reads else {}
     for read in result.reads:
-        statement = _statement_of(parents, read)
+        statement = statement_of(parents, read)
         if statement in per_step:
             result.obstacle = result.obstacle or f"`{name}` is read on every step"
         holder = parents.get(read)
@@ -1230,7 +1230,7 @@ def _value_bound_to(target, value, name: cst.Name) -> Optional[cst.BaseExpressio
     return None
 
 
-def _statement_of(parents: dict, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+def statement_of(parents: dict, node: cst.CSTNode) -> Optional[cst.CSTNode]:
     """The innermost statement (or one-line suite) that holds `node`."""
     current = parents.get(node)
     while current is not None and not isinstance(
