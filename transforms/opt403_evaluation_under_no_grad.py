@@ -88,7 +88,10 @@ class EvaluationUnderNoGrad(Rule):
         `optimizer.step()`), and wants no autograd (`backward`, `enable_grad`,
         `requires_grad`). Its calls must be known not to keep or replace tensors: a model or
         loss also called in the training loop (which is how the block is recognised as
-        evaluation), library functions (`torch`, `numpy`), Accelerate's `gather`,
+        evaluation), a parameter that every call of its function in this file binds to one
+        of those, to a model the script trains or to a module of `torch.nn` (`test(model,
+        criterion, ...)` called from the training step with its own parameters and from the
+        script with `gcn` and `nn.NLLLoss()`, as pytorch/examples' gcn does), library functions (`torch`, `numpy`), Accelerate's `gather`,
         `gather_for_metrics`, `reduce` and `pad_across_processes` (on a name bound to
         `Accelerator(...)`: they return new tensors), builtins, tensor methods that
         return new tensors, views or Python values, loggers, and `append`/`update` of plain
@@ -99,7 +102,11 @@ class EvaluationUnderNoGrad(Rule):
         (`eval()`, `parameters()`, or a getter such as `model.get_block_size()`: every
         model the file trains is built from classes of the file deriving from `nn.Module`
         or from each other, and each of them that defines the method defines it as one
-        `return` of an expression without calls that reads no property or method of them).
+        `return` of an expression without calls that reads no property or method of them),
+        or when each definition of it only computes, as `forward` does (`model.decode(z)`:
+        it calls submodules its class assigns, other such methods, library functions and
+        tensor methods that return new values, and stores, updates in place and yields
+        nothing); the block then runs the model.
         Never inside a training loop, where `no_grad` blocks compute metrics or targets next
         to the graph, nor in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,

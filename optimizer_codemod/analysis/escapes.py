@@ -29,7 +29,18 @@ from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
-from optimizer_codemod.analysis.nodes import STRING_NODES, find_all, is_docstring
+from optimizer_codemod.analysis.model_calls import (
+    LOGGING_METHODS,
+    PURE_METHODS,
+    SAFE_BUILTINS,
+    computing_method_of_trained_classes,
+    getter_of_trained_classes,
+    is_library_call,
+    method_of_trained_class,
+    runs_trained_module,
+    training_callees,
+)
+from optimizer_codemod.analysis.nodes import STRING_NODES, find_all
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
@@ -40,6 +51,7 @@ from optimizer_codemod.analysis.values import (
     method_class,
     name_mentions,
     outside_calls,
+    parameter_names,
 )
 from optimizer_codemod.analysis.walk import children, parents
 
@@ -50,52 +62,12 @@ if TYPE_CHECKING:  # pragma: no cover
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-# Methods of long-lived objects that take values without keeping tensors: loggers and
-# progress bars format or convert what they get.
-LOGGING_METHODS = frozenset(
-    {"add_scalar", "add_scalars", "set_postfix", "set_description", "write", "info", "debug"}
-)
-# Builtins that neither keep nor change tensors.
-SAFE_BUILTINS = frozenset(
-    "print len range zip enumerate float int bool str round abs min max sum sorted list tuple "
-    "dict set isinstance iter next repr format".split()
-)
-# Methods that change nothing the block did not create, and keep no tensor: tensor methods
-# returning new tensors, views or Python values, loggers, dictionary reads, mode switches.
-PURE_METHODS = (
-    HOST_METHODS
-    | LOGGING_METHODS
-    | frozenset(
-        "tril triu clone sum mean std var max min amax amin exp log sqrt abs neg pow sub "
-        "mul div matmul softmax log_softmax sigmoid tanh relu cumsum argmax argmin argsort "
-        "sort topk eq ne lt gt le ge logical_not masked_fill float double half bfloat16 long "
-        "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
-        "permute transpose contiguous expand gather index_select split chunk round "
-        "t clamp clip norm square prod all any floor ceil sign repeat expand_as narrow "
-        "unbind type type_as mm bmm dot log1p "
-        "items keys values get format join eval parameters named_parameters".split()
-    )
-)
-# Libraries whose functions keep no tensor they are given (they read, convert, save or log it).
-# A function of any other module, above all one of the project (`utils.remember(logits)`),
-# may store its argument where later training code finds it.
-LIBRARY_ROOTS = frozenset(
-    "torch torchvision torchaudio numpy scipy sklearn pandas PIL matplotlib einops tqdm wandb "
-    "mlflow tensorboardX math cmath time datetime os sys logging json csv pickle random "
-    "itertools functools operator collections statistics copy pprint warnings pathlib "
-    "shutil".split()
-)
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
 # Methods of a trained module that neither make nor replace its tensors: mode switches and
 # iterators over its parameters (what is done with a parameter is checked where it is done).
 MODULE_READS = frozenset({"eval", "train", "parameters", "named_parameters"})
 # Calls under which autograd is wanted, or that change what `inference_mode` would freeze.
 GRAD_WORDS = ("backward", "enable_grad", "set_grad_enabled", "requires_grad", "autograd")
-
-
-def _library_function(facts: "ScriptFacts", call: cst.Call) -> bool:
-    qualified = facts.qualified_name(call.func)
-    return qualified is not None and qualified.partition(".")[0] in LIBRARY_ROOTS
 
 
 # Methods of Hugging Face Accelerate's `Accelerator` that gather, reduce or pad tensors across
@@ -259,28 +231,38 @@ def block_escape(
                 continue
             bound_inside.add(name.value)
     runs_model = False
-    trained = _training_callees(facts)
-    if isinstance(scope, cst.FunctionDef) and _method_of_trained_class(facts, scope):
+    trained = training_callees(facts)
+    if isinstance(scope, cst.FunctionDef) and method_of_trained_class(facts, scope):
         trained = trained | {"self"}  # `self(idx)` in `GPT.generate`: the model's forward
     for node in find_all(body, cst.Call):
         method = method_name(node)
         func_name = method or (node.func.value if isinstance(node.func, cst.Name) else None)
         if _is_inplace(func_name) or method == "step":
             return f"`{_short(node)}` updates a tensor in place"
-        if code_of(node.func).strip() in trained:
+        function = scope if isinstance(scope, cst.FunctionDef) else None
+        if runs_trained_module(facts, node.func, function, trained):
             runs_model = True
             continue
         if method is not None and code_of(node.func.value).strip() in trained:
-            if method in MODULE_READS or _getter_of_trained_classes(facts, method):
+            if method in MODULE_READS or getter_of_trained_classes(facts, method):
+                continue
+            if computing_method_of_trained_classes(facts, method):
+                runs_model = True  # `model.decode(z)`: part of the model, as its forward is
                 continue
             # `model.to(device)`, `model.load_state_dict(...)`: new parameters made here would
             # be inference tensors.
             return f"`{_short(node)}` may change a module that the script trains"
-        if _library_function(facts, node) or _accelerator_read(facts, node):
+        if is_library_call(facts, node) or _accelerator_read(facts, node):
             continue
         if method is None:
             if func_name in SAFE_BUILTINS:
                 continue
+            if function is not None and func_name in parameter_names(function):
+                return (
+                    f"`{_short(node)}` runs `{func_name}`, a parameter of "
+                    f"`{function.name.value}()`, and not every call of it passes a model the "
+                    "script trains or a torch module"
+                )
             return f"`{_short(node)}` runs code the analysis cannot see"
         if method in KEEPING_METHODS and all(
             is_host_value(a.value, host, facts) for a in node.args
@@ -410,73 +392,6 @@ def _binds(statement: cst.CSTNode, name: str) -> bool:
     return False
 
 
-def _method_of_trained_class(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
-    """`function` is a method of a class that a model the file trains is built from."""
-    from optimizer_codemod.analysis.training import model_classes, trained_models
-
-    memo = facts.memo("trained_classes")
-    if "all" not in memo:
-        memo["all"] = {c for model in trained_models(facts) for c in model_classes(facts, model)}
-    return method_class(facts, function) in memo["all"]
-
-
-def _getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
-    """`model.get_block_size()`: every model the file trains is built from classes of this
-    file whose bases are classes of this file or `nn.Module`, and each of them that defines
-    `method` defines it as a getter (one `return` of an expression without calls, reading
-    no property or method of those classes: `return self.block_size`): the call only reads
-    the module, as `.eval()` only switches it."""
-    from optimizer_codemod.analysis.training import MODULE_BASE, model_classes, trained_models
-
-    memo = facts.memo("getters_of_trained_classes")
-    if method not in memo:
-        models = trained_models(facts)
-        classes = [model_classes(facts, model) for model in models]
-        every = {name for names in classes for name in names}
-        functions = {
-            statement.name.value: statement
-            for name in every
-            for statement in getattr(facts.classes[name].node.body, "body", ())
-            if isinstance(statement, cst.FunctionDef)
-        }
-        definitions = [
-            statement
-            for name in every
-            for statement in getattr(facts.classes[name].node.body, "body", ())
-            if isinstance(statement, cst.FunctionDef) and statement.name.value == method
-        ]
-        memo[method] = (
-            bool(models)
-            and all(classes)
-            and all(b in every or b == MODULE_BASE for n in every for b in facts.classes[n].bases)
-            and bool(definitions)
-            and all(_is_getter(definition, functions) for definition in definitions)
-        )
-    return memo[method]
-
-
-def _is_getter(function: cst.FunctionDef, functions: Dict[str, cst.FunctionDef]) -> bool:
-    statements = [s for s in getattr(function.body, "body", ()) if not (is_docstring(s))]
-    if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
-        return False
-    (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
-    return (
-        isinstance(small, cst.Return)
-        and small.value is not None
-        and not find_all(small.value, cst.Call, cst.NamedExpr, cst.Lambda)
-        and not any(a.attr.value in functions for a in find_all(small.value, cst.Attribute))
-    )
-
-
-def _training_callees(facts: "ScriptFacts") -> Set[str]:
-    """The text of every callee called in a training loop: `model`, `self.net`, `criterion`."""
-    return {
-        code_of(site.node.func).strip()
-        for loop in facts.training_loops
-        for site in facts.loop_calls(loop)
-    }
-
-
 def _short(node: cst.CSTNode, limit: int = 50) -> str:
     text = code_of(node).strip().splitlines()[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -486,7 +401,7 @@ def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
     """`for` loops that evaluate: right after `model.eval()` (in the same block, with no
     `.train()` between) on a model the training loop calls, holding no training loop and
     inside none."""
-    trained = _training_callees(facts)
+    trained = training_callees(facts)
     # `.eval()`/`.train()` calls by the block they sit in (function and innermost loop).
     switches: Dict[tuple, list] = {}
     for method in ("eval", "train"):

@@ -1,0 +1,290 @@
+"""Which calls of an evaluation block run a model the script trains, or only read it.
+
+An evaluation block (`with torch.no_grad():`, a loop after `model.eval()`) is recognised by
+the model it runs. Its calls may run that model, a torch module such as a loss, or a
+method of the model's classes that only computes from its submodules (`model.decode(z)`);
+anything else may keep or replace tensors (escapes.block_escape).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Set
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import code_of, method_name
+from optimizer_codemod.analysis.devices import HOST_METHODS
+from optimizer_codemod.analysis.nodes import find_all, is_docstring
+from optimizer_codemod.analysis.values import (
+    attribute_assignments,
+    locally_assigned,
+    method_class,
+    outside_calls,
+    parameter_names,
+    parameter_sources,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+MAX_DEPTH = 4
+# Methods of long-lived objects that take values without keeping tensors: loggers and
+# progress bars format or convert what they get.
+LOGGING_METHODS = frozenset(
+    {"add_scalar", "add_scalars", "set_postfix", "set_description", "write", "info", "debug"}
+)
+# Builtins that neither keep nor change tensors.
+SAFE_BUILTINS = frozenset(
+    "print len range zip enumerate float int bool str round abs min max sum sorted list tuple "
+    "dict set isinstance iter next repr format".split()
+)
+# Methods that change nothing the block did not create, and keep no tensor: tensor methods
+# returning new tensors, views or Python values, loggers, dictionary reads, mode switches.
+PURE_METHODS = (
+    HOST_METHODS
+    | LOGGING_METHODS
+    | frozenset(
+        "tril triu clone sum mean std var max min amax amin exp log sqrt abs neg pow sub "
+        "mul div matmul softmax log_softmax sigmoid tanh relu cumsum argmax argmin argsort "
+        "sort topk eq ne lt gt le ge logical_not masked_fill float double half bfloat16 long "
+        "int bool to cpu cuda numpy detach view view_as reshape flatten squeeze unsqueeze "
+        "permute transpose contiguous expand gather index_select split chunk round "
+        "t clamp clip norm square prod all any floor ceil sign repeat expand_as narrow "
+        "unbind type type_as mm bmm dot log1p "
+        "items keys values get format join eval parameters named_parameters".split()
+    )
+)
+# Libraries whose functions keep no tensor they are given (they read, convert, save or log it).
+# A function of any other module, above all one of the project (`utils.remember(logits)`),
+# may store its argument where later training code finds it.
+LIBRARY_ROOTS = frozenset(
+    "torch torchvision torchaudio numpy scipy sklearn pandas PIL matplotlib einops tqdm wandb "
+    "mlflow tensorboardX math cmath time datetime os sys logging json csv pickle random "
+    "itertools functools operator collections statistics copy pprint warnings pathlib "
+    "shutil".split()
+)
+
+
+def is_library_call(facts: "ScriptFacts", call: cst.Call) -> bool:
+    qualified = facts.qualified_name(call.func)
+    return qualified is not None and qualified.partition(".")[0] in LIBRARY_ROOTS
+
+
+# torch's own modules (`nn.CrossEntropyLoss()`): library code, whatever names hold them.
+TORCH_MODULES = "torch.nn."
+
+
+def training_callees(facts: "ScriptFacts") -> Set[str]:
+    """The text of every callee called in a training loop: `model`, `self.net`, `criterion`."""
+    return {
+        code_of(site.node.func).strip()
+        for loop in facts.training_loops
+        for site in facts.loop_calls(loop)
+    }
+
+
+def runs_trained_module(
+    facts: "ScriptFacts",
+    func: cst.BaseExpression,
+    function: Optional[cst.FunctionDef],
+    trained: Set[str],
+) -> bool:
+    """`func` (the callee of a call in `function`) is a model the script trains or a torch
+    module: a callee of a training loop (`trained`), or a parameter whose every argument, at
+    every call of the function in this file, is one (`test(model, criterion, ...)` called
+    from the training step with its own parameters, and from the script with `gcn`)."""
+    if code_of(func).strip() in trained:
+        return True
+    return isinstance(func, cst.Name) and _holds_module(facts, func.value, function, trained, 0)
+
+
+def _holds_module(
+    facts: "ScriptFacts",
+    name: str,
+    function: Optional[cst.FunctionDef],
+    trained: Set[str],
+    depth: int,
+) -> bool:
+    if depth > MAX_DEPTH:
+        return False
+    if function is not None and name in parameter_names(function):
+        if locally_assigned(facts, name, function) or outside_calls(facts, function.name.value):
+            return False
+        sources = parameter_sources(facts, function, name)
+        return bool(sources) and all(
+            isinstance(source.value, cst.Name)
+            and (
+                source.value.value in trained
+                or _holds_module(facts, source.value.value, source.function, trained, depth + 1)
+            )
+            for source in sources
+        )
+    if function is not None and locally_assigned(facts, name, function):
+        return False  # a local of its own, not the module-level name
+    from optimizer_codemod.analysis.training import trained_models
+
+    if any(
+        name in model.spellings and model.owner is None and model.scope is None
+        for model in trained_models(facts)
+    ):
+        return True
+    assignments = facts.assignments_to(name)
+    return bool(assignments) and all(
+        a.site.function is None
+        and isinstance(a.value, cst.Call)
+        and (facts.qualified_name(a.value.func) or "").startswith(TORCH_MODULES)
+        for a in assignments
+    )
+
+
+def method_of_trained_class(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
+    """`function` is a method of a class that a model the file trains is built from."""
+    from optimizer_codemod.analysis.training import model_classes, trained_models
+
+    memo = facts.memo("trained_classes")
+    if "all" not in memo:
+        memo["all"] = {c for model in trained_models(facts) for c in model_classes(facts, model)}
+    return method_class(facts, function) in memo["all"]
+
+
+def getter_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
+    """`model.get_block_size()`: every model the file trains is built from classes of this
+    file whose bases are classes of this file or `nn.Module`, and each of them that defines
+    `method` defines it as a getter (one `return` of an expression without calls, reading
+    no property or method of those classes: `return self.block_size`): the call only reads
+    the module, as `.eval()` only switches it."""
+    return _every_definition(
+        facts, method, "getter", lambda definition, methods: _is_getter(definition, methods)
+    )
+
+
+def computing_method_of_trained_classes(facts: "ScriptFacts", method: str) -> bool:
+    """`model.decode(z)`: as for getter_of_trained_classes, each definition of `method` in
+    the trained models' classes only computes, as a `forward` does: it calls submodules
+    (`self.fc3(z)`, attributes its class assigns), other such methods of those classes,
+    library functions and tensor methods that return new values, and stores, updates in
+    place and yields nothing."""
+    return _every_definition(
+        facts,
+        method,
+        "computing",
+        lambda definition, methods: _only_computes(facts, definition, methods, set()),
+    )
+
+
+def _every_definition(
+    facts: "ScriptFacts",
+    method: str,
+    kind: str,
+    holds: Callable[[cst.FunctionDef, Dict[str, cst.FunctionDef]], bool],
+) -> bool:
+    from optimizer_codemod.analysis.training import MODULE_BASE, model_classes, trained_models
+
+    memo = facts.memo(f"{kind}_methods_of_trained_classes")
+    if method not in memo:
+        models = trained_models(facts)
+        classes = [model_classes(facts, model) for model in models]
+        every = {name for names in classes for name in names}
+        functions = {
+            statement.name.value: statement
+            for name in every
+            for statement in getattr(facts.classes[name].node.body, "body", ())
+            if isinstance(statement, cst.FunctionDef)
+        }
+        definitions = [
+            statement
+            for name in every
+            for statement in getattr(facts.classes[name].node.body, "body", ())
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == method
+        ]
+        memo[method] = (
+            bool(models)
+            and all(classes)
+            and all(b in every or b == MODULE_BASE for n in every for b in facts.classes[n].bases)
+            and bool(definitions)
+            and all(holds(definition, functions) for definition in definitions)
+        )
+    return memo[method]
+
+
+def _is_getter(function: cst.FunctionDef, functions: Dict[str, cst.FunctionDef]) -> bool:
+    statements = [s for s in getattr(function.body, "body", ()) if not (is_docstring(s))]
+    if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
+        return False
+    (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
+    return (
+        isinstance(small, cst.Return)
+        and small.value is not None
+        and not find_all(small.value, cst.Call, cst.NamedExpr, cst.Lambda)
+        and not any(a.attr.value in functions for a in find_all(small.value, cst.Attribute))
+    )
+
+
+# Statements that could keep a tensor past the call or change the module.
+_KEEPING = (
+    cst.Global,
+    cst.Nonlocal,
+    cst.Del,
+    cst.Yield,
+    cst.Await,
+    cst.AugAssign,
+    cst.NamedExpr,
+    cst.Lambda,
+    cst.FunctionDef,
+    cst.ClassDef,
+)
+
+
+def _only_computes(
+    facts: "ScriptFacts",
+    function: cst.FunctionDef,
+    functions: Dict[str, cst.FunctionDef],
+    seen: Set[str],
+) -> bool:
+    if function.name.value in seen or len(seen) > MAX_DEPTH:
+        return False
+    seen = seen | {function.name.value}
+    body = function.body
+    if find_all(body, *_KEEPING):
+        return False
+    for assignment in find_all(body, cst.Assign, cst.AnnAssign):
+        targets = (
+            [t.target for t in assignment.targets]
+            if isinstance(assignment, cst.Assign)
+            else [assignment.target]
+        )
+        if any(find_all(target, cst.Attribute, cst.Subscript) for target in targets):
+            return False
+    called = {id(call.func) for call in find_all(body, cst.Call)}
+    if any(
+        attribute.attr.value in functions and id(attribute) not in called
+        for attribute in find_all(body, cst.Attribute)
+    ):
+        return False  # a property of the classes runs code of its own
+    owner = method_class(facts, function)
+    for call in find_all(body, cst.Call):
+        func = call.func
+        method = method_name(call)
+        if method is not None and method.endswith("_") and not method.endswith("__"):
+            return False  # in place
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == "self"
+        ):
+            if method in functions:
+                if not _only_computes(facts, functions[method], functions, seen):
+                    return False
+                continue
+            if owner is None or not attribute_assignments(facts, owner, f"self.{method}"):
+                return False  # `self.to(...)`, `self.register_buffer(...)`: nn.Module's own
+            continue  # a submodule, run as the forward runs it
+        if is_library_call(facts, call):
+            continue
+        if method is None:
+            if isinstance(func, cst.Name) and func.value in SAFE_BUILTINS:
+                continue
+            return False
+        if method not in PURE_METHODS:
+            return False
+    return True
