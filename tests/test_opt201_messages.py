@@ -22,10 +22,10 @@ def _opt201(source: str) -> dict:
 
 def test_a_device_naming_the_current_accelerator_is_quoted() -> None:
     found = _opt201((FIXTURES / "report_current_accelerator_may_be_mps.py").read_text())
-    current = found[(12, Status.REPORTED)]
+    current = found[(11, Status.REPORTED)]
     assert "the device is `torch.accelerator.current_accelerator()`, which may be MPS" in current
     assert MPS_UNSAFE in current and "cannot see" not in current
-    index = found[(13, Status.REPORTED)]
+    index = found[(12, Status.REPORTED)]
     assert "the device is the index `0`" in index and MPS_UNSAFE in index
 
 
@@ -35,7 +35,12 @@ def test_a_device_naming_the_current_accelerator_is_quoted() -> None:
 )
 def test_a_torch_device_that_may_be_mps_is_copied_asynchronously_only_on_cuda(device: str) -> None:
     source = (FIXTURES / "report_current_accelerator_may_be_mps.py").read_text()
-    source = source.replace("torch.accelerator.current_accelerator()\n", device + "\n", 1)
+    current = "torch.accelerator.current_accelerator()"
+    source = source.replace(
+        f"model = torch.nn.Linear(8, 2).to({current})",
+        f"device = {device}\nmodel = torch.nn.Linear(8, 2).to(device)",
+    )
+    source = source.replace(f"x = x.to({current})", "x = x.to(device)")
     result = rewrite(source, path="train.py", select=["OPT201"])
     assert 'x = x.to(device, non_blocking=device.type == "cuda")' in result.source
     assert "y = y.to(0)  #" in result.source  # an index has no `.type`: still reported
@@ -43,18 +48,24 @@ def test_a_torch_device_that_may_be_mps_is_copied_asynchronously_only_on_cuda(de
     assert fixed.line == 12 and "may be MPS" in fixed.message
 
 
-def test_current_accelerator_unchecked_is_reported_as_maybe_none() -> None:
-    path = FIXTURES / "report_current_accelerator_not_checked_available.py"
-    message = _opt201(path.read_text())[(7, Status.REPORTED)]
-    assert "None in a build of torch without one" in message and MPS_UNSAFE in message
+def test_current_accelerator_unchecked_is_tested_for_none_before_its_type() -> None:
+    path = FIXTURES / "fix_current_accelerator_not_checked_available.py"
+    result = rewrite(path.read_text(), path="train.py", select=["OPT201"])
+    [data, target] = [d for d in result.diagnostics if d.status is Status.FIXED]
+    assert data.line == target.line == 7
+    assert '`device is not None and device.type == "cuda"`' in data.message
     checked = path.read_text().replace("if args.accel:", "if torch.accelerator.is_available():")
-    assert "non_blocking=device.type" in rewrite(checked, path="train.py", select=["OPT201"]).source
+    checked = rewrite(checked, path="train.py", select=["OPT201"]).source
+    assert 'non_blocking=device.type == "cuda"' in checked and "is not None" not in checked
+    inline = path.read_text().replace(".to(device)", ".to(torch.accelerator.current_accelerator())")
+    message = _opt201(inline)[(7, Status.REPORTED)]
+    assert "None in a build of torch without one" in message and MPS_UNSAFE in message
 
 
 def test_a_device_out_of_sight_is_still_said_to_be_unknown() -> None:
     source = (FIXTURES / "report_current_accelerator_may_be_mps.py").read_text()
     source = source.replace("torch.accelerator.current_accelerator()", "pick_device()")
-    message = _opt201(source)[(12, Status.REPORTED)]
+    message = _opt201(source)[(11, Status.REPORTED)]
     assert "the device is chosen where the analysis cannot see it" in message
 
 
@@ -123,8 +134,12 @@ def test_the_copy_tested_for_cuda_trains_the_same_and_runs_without_an_accelerato
 ) -> None:
     rewritten = rewrite(RUNNABLE_ACCELERATOR_SHAPE, path="train.py", select=["OPT201"]).source
     assert rewritten.count('non_blocking=device.type == "cuda"') == 2
+    _assert_same_losses(RUNNABLE_ACCELERATOR_SHAPE, rewritten, no_accel)
+
+
+def _assert_same_losses(original: str, rewritten: str, no_accel: bool) -> None:
     curves = []
-    for source in (RUNNABLE_ACCELERATOR_SHAPE, rewritten):
+    for source in (original, rewritten):
         namespace: dict = {}
         exec(compile(source, "train.py", "exec"), namespace)
         losses: list = []
@@ -188,3 +203,17 @@ def test_a_device_string_from_the_configuration_is_tested_through_torch_device(
 def test_a_device_bound_once_to_none_is_not_read_through_torch_device() -> None:
     found = _opt201((FIXTURES / "report_device_that_may_be_none.py").read_text())
     assert found and all("cannot see" in message for message in found.values())
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+@pytest.mark.parametrize("accel", [True, False])
+def test_a_current_accelerator_that_may_be_none_is_tested_for_none_first(accel: bool) -> None:
+    # Without the `is_available()` check, `--accel` on a machine with no accelerator copies
+    # with `.to(None)`; the keyword must not read `None.type` there.
+    unchecked = RUNNABLE_ACCELERATOR_SHAPE.replace(
+        "use_accel = not args.no_accel and torch.accelerator.is_available()",
+        "use_accel = not args.no_accel",
+    )
+    rewritten = rewrite(unchecked, path="train.py", select=["OPT201"]).source
+    assert rewritten.count('non_blocking=device is not None and device.type == "cuda"') == 2
+    _assert_same_losses(unchecked, rewritten, no_accel=not accel)

@@ -45,6 +45,11 @@ class BlockingHostToDeviceCopy(Rule):
         Where it holds a device string or an index instead (`"cuda" if ... else "mps"`,
         `int(os.environ["LOCAL_RANK"])`, `config.device`), the keyword is
         `non_blocking=torch.device(device).type == "cuda"`, which reads it as `.to` does.
+        Where a name holds a `torch.device` or None (`torch.accelerator.current_accelerator()`
+        with no `is_available()` check first: None in a build of torch without an
+        accelerator, where `.to(None)` leaves the tensor in place, as pytorch/examples'
+        mnist_rnn runs with `--accel` on such a machine), it is
+        `non_blocking=device is not None and device.type == "cuda"`.
 
     Why is it slow:
         A blocking copy makes the Python thread wait until the batch has reached the GPU, and
@@ -85,8 +90,7 @@ class BlockingHostToDeviceCopy(Rule):
         batch), targets that may be MPS or another non-CUDA device (asynchronous copies there
         corrupt data, pytorch/pytorch#139550, #189690) unless the target always holds a
         `torch.device`, a device string or an index, whose type the added keyword tests
-        (`current_accelerator()` without an `is_available()` check first, None in a build of
-        torch without an accelerator, and a name that may be None may not: `torch.device(None)`
+        (a name that may be None and is no `torch.device` otherwise may not: `torch.device(None)`
         raises). A value read from a configuration that names it a device (`config.device`,
         `args.device`, bound nowhere in the file) is taken for one by that name, as the
         script's own `.to(config.device)` takes it, dtype-only conversions, models and modules,
@@ -217,7 +221,7 @@ class BlockingHostToDeviceCopy(Rule):
                 if copy.spec_only and torch_name is None:
                     self.decline(call, "`torch` is not imported under a name the fix could use")
                     continue
-                test = _is_cuda(copy.cuda_only, torch_name)
+                test = _is_cuda(copy.cuda_only, torch_name, copy.maybe_none)
                 fixed = with_keyword(call, "non_blocking", test)
                 imports = (
                     (ImportSpec("torch"),)
@@ -247,12 +251,22 @@ class BlockingHostToDeviceCopy(Rule):
                 )
 
 
-def _is_cuda(device: cst.BaseExpression, torch_name: Optional[str]) -> cst.Comparison:
-    """`device.type == "cuda"` for a device that always holds a `torch.device`, else
-    `torch.device(device).type == "cuda"` (a string or an index: torch_name given)."""
+def _is_cuda(
+    device: cst.BaseExpression, torch_name: Optional[str], maybe_none: bool = False
+) -> cst.BaseExpression:
+    """`device.type == "cuda"` for a device that always holds a `torch.device`,
+    `torch.device(device).type == "cuda"` for a string or an index (torch_name given), and
+    `device is not None and device.type == "cuda"` for a device that may be None."""
     if torch_name is not None:
         device = cst.Call(cst.parse_expression(f"{torch_name}.device"), [cst.Arg(device)])
-    return cst.Comparison(
+    test = cst.Comparison(
         cst.Attribute(device, cst.Name("type")),
         [cst.ComparisonTarget(cst.Equal(), cst.SimpleString('"cuda"'))],
+    )
+    if not maybe_none:
+        return test
+    return cst.BooleanOperation(
+        cst.Comparison(device, [cst.ComparisonTarget(cst.IsNot(), cst.Name("None"))]),
+        cst.And(),
+        test,
     )

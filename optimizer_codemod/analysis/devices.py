@@ -664,6 +664,24 @@ def is_device_object(
     return _every_value(facts, node, function, depth, _device_object, "name_device_object")
 
 
+def is_device_object_or_none(
+    facts: "ScriptFacts",
+    node: Optional[cst.BaseExpression],
+    function: Optional[cst.FunctionDef] = None,
+) -> bool:
+    """As is_device_object, but `torch.accelerator.current_accelerator()` counts wherever it
+    runs: `node` is a `torch.device`, or None in a build of torch without an accelerator
+    (`x.to(None)` leaves the tensor where it is)."""
+    return _every_value(facts, node, function, 0, _device_object_or_none, "name_device_or_none")
+
+
+def _device_object_or_none(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Call) and facts.qualified_name(node.func) in (
+        "torch.device",
+        CURRENT_ACCELERATOR,
+    )
+
+
 def _device_object(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
     if not isinstance(node, cst.Call):
         return False

@@ -46,6 +46,7 @@ from optimizer_codemod.analysis.devices import (
     FLOATING_TENSOR_TYPES,
     holds_device_spec,
     is_device_object,
+    is_device_object_or_none,
     taken_only_when_available,
     tensor_type_devices,
     tensor_types,
@@ -94,6 +95,9 @@ class BatchCopy:
     # cuda_only holds a string or an index, not always a `torch.device`: its type is
     # `torch.device(cuda_only).type`.
     spec_only: bool = False
+    # cuda_only holds a `torch.device` or None (`current_accelerator()` without an
+    # `is_available()` check first): its type is read only when it is not None.
+    maybe_none: bool = False
 
     @property
     def async_is_sound(self) -> bool:
@@ -430,6 +434,12 @@ def _batch_copy(
         and holds_device_spec(facts, device, call.site.function)
     ):
         return BatchCopy(call, loop, types, cuda_only=device, spec_only=True)
+    if (
+        isinstance(device, cst.Name)
+        and (types is None or "cuda" in types)
+        and is_device_object_or_none(facts, device, call.site.function)
+    ):
+        return BatchCopy(call, loop, types, cuda_only=device, maybe_none=True)
     if types is not None:
         return (
             "the copy may go to MPS or another accelerator that is not CUDA, where "
