@@ -75,7 +75,11 @@ class ModelTrainedWithoutCompile(Rule):
         names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
         graphs break on changing shapes and on outputs kept across steps). Compiling happens
-        before a DistributedDataParallel wrapper is built. A file that trains several models
+        before a DistributedDataParallel wrapper is built, and before Hugging Face
+        Accelerate's `model, opt = accelerator.prepare(model, opt)`, which places the model
+        on `accelerator.device` (unless the `Accelerator` is built with `device_placement`)
+        and may wrap it as DDP does: the guard is then `accelerator.device.type == "cuda"`.
+        A file that trains several models
         (a GAN's generator and discriminator, each with its optimizer) gets each compiled
         after the statement that places it. Nothing is done when the script already compiles
         anything (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a

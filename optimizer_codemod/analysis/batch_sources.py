@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import has_double_star, has_star_args, keyword, positional
+from optimizer_codemod.analysis.calls import (
+    has_double_star,
+    has_star_args,
+    is_prepare,
+    keyword,
+    positional,
+)
 from optimizer_codemod.analysis.collect import CallSite, target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name
@@ -51,7 +57,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # `train_data` (caller's name) -> `prepare_dataloader(...)` -> its return is ten at most.
 MAX_STEPS = 10
 NEXT = "next"
-PREPARE = "prepare"
 ANY_SCOPE = -1
 
 
@@ -248,15 +253,6 @@ def _argument(
     args = positional(call)
     index = params.index(parameter) if parameter in params else len(args)
     return args[index].value if index < len(args) else None
-
-
-def is_prepare(node: cst.BaseExpression) -> bool:
-    """`accelerator.prepare(...)`: whether it is Accelerate's is the caller's question."""
-    return (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and node.func.attr.value == PREPARE
-    )
 
 
 def _rebound_names(facts: "ScriptFacts") -> Set[Tuple[int, str]]:

@@ -258,3 +258,12 @@ def as_keyword(arg: cst.Arg, name: str) -> cst.Arg:
             whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
         ),
     )
+
+
+def is_prepare(node: cst.BaseExpression) -> bool:
+    """`accelerator.prepare(...)`: whether it is Accelerate's is the caller's question."""
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "prepare"
+    )

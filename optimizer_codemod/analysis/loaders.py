@@ -38,7 +38,8 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from, is_prepare
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
+from optimizer_codemod.analysis.calls import is_prepare
 from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER

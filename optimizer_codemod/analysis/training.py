@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set,
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name, literal, positional, receiver
+from optimizer_codemod.analysis.calls import (
+    callee_name,
+    has_star_args,
+    is_prepare,
+    keyword,
+    literal,
+    positional,
+    receiver,
+)
 from optimizer_codemod.analysis.collect import is_main_guard, target_names
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name
@@ -24,9 +32,11 @@ from optimizer_codemod.analysis.parameter_loops import (
     reads_gradient,
 )
 from optimizer_codemod.analysis.values import (
+    ACCELERATOR,
     alias_in,
     attribute_aliases,
     attribute_assignments,
+    built_by,
     calls_named,
     declares_global,
     imported_module_class,
@@ -544,7 +554,10 @@ def holds_module(
 
 def _rebinds_itself(assignment: "Assignment", name: str) -> bool:
     """`model = model.to(device)`, `model = torch.compile(model)`, `model = DDP(model)`:
-    `name` from itself."""
+    `name` from itself; also `model, opt = accelerator.prepare(model, opt)`, which places
+    the model and may wrap it for data parallelism, as DDP does."""
+    if assignment.unpacked or is_prepare(assignment.value):
+        return _prepared_in_place(assignment, name)
     node = assignment.value
     while isinstance(node, cst.Call):
         if isinstance(node.func, cst.Attribute) and callee_name(node) in MODULE_RETURNING_METHODS:
@@ -556,6 +569,30 @@ def _rebinds_itself(assignment: "Assignment", name: str) -> bool:
         else:
             return False
     return dotted_name(node) == name
+
+
+def _prepared_in_place(assignment: "Assignment", name: str) -> bool:
+    """`a, model, b = accelerator.prepare(x, model, y)` (or `model = accelerator.prepare(model)`):
+    `name` takes back what it handed in at the same position."""
+    statement = assignment.statement_node
+    value = assignment.value
+    if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
+        return False
+    if not is_prepare(value) or has_star_args(value):
+        return False
+    target = statement.targets[0].target
+    if not assignment.unpacked:
+        args = positional(value)
+        return len(args) == len(value.args) == 1 and dotted_name(args[0].value) == name
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return False
+    names = [dotted_name(element.value) for element in target.elements]
+    args = positional(value)
+    return (
+        len(names) == len(args) == len(value.args)
+        and names.count(name) == 1
+        and dotted_name(args[names.index(name)].value) == name
+    )
 
 
 def _is_wrapper_call(node: cst.Call) -> bool:
@@ -860,7 +897,7 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     When the wrapper is built around the placement (`model = DDP(model.to(device))`), that
     statement, before which the model is built and placed (`places_while_wrapping`)."""
     events: List[Tuple[int, cst.BaseStatement, "Loop | None", object]] = []
-    wrappers = wrapper_assignments(facts, model.name)
+    wrappers = _wrapping_assignments(facts, model)
     for assignment in model_assignments(facts, model):
         site = assignment.site
         if assignment in wrappers:
@@ -896,7 +933,7 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
 def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseStatement]:
     """The statement that first builds `model` (its first assignment, data-parallel wrappers
     left out): where a finding about the model as a whole points."""
-    wrappers = wrapper_assignments(facts, model.name)
+    wrappers = _wrapping_assignments(facts, model)
     built = [
         assignment
         for assignment in model_assignments(facts, model)
@@ -905,6 +942,17 @@ def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst
     if not built:
         return None
     return min(built, key=lambda assignment: assignment.site.order).site.statement
+
+
+def _wrapping_assignments(facts: "ScriptFacts", model: TrainedModel) -> List["Assignment"]:
+    """Data-parallel wrappers of the model, and `model, opt = accelerator.prepare(model, opt)`,
+    which may wrap it as well: what changes the model's placement after it is built."""
+    return wrapper_assignments(facts, model.name) + _prepared(facts, model)
+
+
+def _prepared(facts: "ScriptFacts", model: TrainedModel) -> List["Assignment"]:
+    """`model, opt = accelerator.prepare(model, opt)` for this model."""
+    return [a for a in model_assignments(facts, model) if _prepared_in_place(a, model.name)]
 
 
 def _built_in_init(
@@ -1018,6 +1066,18 @@ def _placements(
         if device is not None and facts.qualified_name(device) not in _DTYPE_NAMES:
             found.append(device)
             scopes.append(call.site.function)
+    if not found:
+        for assignment in _prepared(facts, model):
+            accelerator = assignment.value.func.value
+            name = dotted_name(accelerator)
+            built = [a.value for a in facts.assignments_to(name)] if name else []
+            if built_by(facts, accelerator, {ACCELERATOR}) and not any(
+                keyword(value, "device_placement") for value in built
+            ):
+                # Accelerate places a prepared model on `accelerator.device` (device_placement
+                # is on by default).
+                found.append(cst.Attribute(accelerator, cst.Name("device")))
+                scopes.append(assignment.site.function)
     return found, scopes
 
 
@@ -1049,6 +1109,12 @@ def device_type_code(facts: "ScriptFacts", device: cst.BaseExpression) -> str:
     if isinstance(value, str):
         return repr(value.split(":")[0]).replace("'", '"')
     code = cst.Module([]).code_for_node(device)
+    if (
+        isinstance(device, cst.Attribute)
+        and device.attr.value == "device"
+        and built_by(facts, device.value, {ACCELERATOR})
+    ):
+        return f"{code}.type"  # `Accelerator.device` is a `torch.device`
     name = dotted_name(device)
     if name is not None:
         assignments = facts.assignments_to(name)
