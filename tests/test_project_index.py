@@ -555,14 +555,19 @@ def test_the_entry_point_of_an_engine_loop_gets_settings_and_the_ddp_option(
     tmp_path: Path,
 ) -> None:
     outcomes = apply(copy("engine_loop", tmp_path), why_not=True)
-    assert fixed(outcomes["main.py"]) == ["OPT301", "OPT401", "OPT501", "OPT605"]
+    assert fixed(outcomes["main.py"]) == ["OPT301", "OPT401", "OPT402", "OPT501", "OPT605"]
     assert fixed(outcomes["engine.py"]) == fixed(outcomes["scaler.py"]) == []
     declined = messages_by_code(outcomes["main.py"], Status.DECLINED)
-    for code in ("OPT402", "OPT407"):
-        [reason] = declined[code]
-        assert reason.startswith("`model` is built here and trained by `train_one_epoch`")
+    [reason] = declined["OPT407"]
+    assert reason.startswith("`model` is built here and trained by `train_one_epoch`")
+    # No module of the run differentiates twice, compiles or builds recurrent layers: the
+    # compile goes right after `model.to(device)`, before the DDP wrapper.
     [line] = {d.line for d in outcomes["main.py"].diagnostics if d.code == "OPT402"}
-    assert line == 22  # `model.to(device)`: where a compile would go
+    assert line == 22
+    assert (
+        '    model.to(device)\n    if device.type == "cuda":\n        model.compile()\n'
+        in (tmp_path / "engine_loop" / "main.py").read_text()
+    )
     # The loss scaler's module runs the backward: the setting goes into main.py, not there.
     [reason] = messages_by_code(outcomes["scaler.py"], Status.DECLINED)["OPT301"]
     assert "it goes into main.py" in reason
@@ -599,6 +604,7 @@ def _kept_engine_loop(folder: Path) -> None:
             "        optimizer.step()\n",
         )
         .replace('"""\n\n\nclass', '"""\n\nimport torch\n\n\nclass')
+        .replace("loss.backward()", "loss.backward(create_graph=optimizer.defaults.get('hvp', False))")
     )
 
 
@@ -612,6 +618,8 @@ def test_the_kept_engine_loop_says_why_at_each_site(tmp_path: Path) -> None:
     for code in ("OPT301", "OPT401"):
         [reason] = declined[code]
         assert "`torch.backends.cudnn.deterministic = True`), even if only in some runs" in reason
+    [reason] = declined["OPT402"]
+    assert "; scaler.py may differentiate a gradient again" in reason
     [report] = messages_by_code(outcomes["main.py"], Status.REPORTED)["OPT605"]
     assert "but scaler.py, which this script imports" in report
     done = run_driver(folder, "main.py", SEED="0")

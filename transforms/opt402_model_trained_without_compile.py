@@ -5,7 +5,11 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
-from optimizer_codemod.analysis.entry_points import chosen_by_name, models_trained_elsewhere
+from optimizer_codemod.analysis.entry_points import (
+    models_trained_elsewhere,
+    placed_device,
+    rebound_after_placement,
+)
 from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -79,7 +83,15 @@ class ModelTrainedWithoutCompile(Rule):
         Accelerate's `model, opt = accelerator.prepare(model, opt)`, which places the model
         on `accelerator.device` (unless the `Accelerator` is built with `device_placement`)
         and may wrap it as DDP does: the guard is then `accelerator.device.type == "cuda"`.
-        A file that trains several models
+        A model the script builds, places (`model.to(device)`, `model.cuda()`) and hands to
+        the training loop of another module of the run (`train_one_epoch(model, ...)` in
+        engine.py, as MAE and ConvNeXt do) is compiled right after that placement, when no
+        module the script imports, the loop's among them, compiles already, may differentiate
+        a gradient again (a `create_graph` not literally False: a second-order optimizer's
+        scaler), defines a custom `torch.autograd.Function` (gradient checkpointing's
+        backward calls autograd itself), builds recurrent layers or uses sparse tensors (the
+        project index's settings), and the name is bound again before the loop only by a
+        data-parallel wrapper. A file that trains several models
         (a GAN's generator and discriminator, each with its optimizer) gets each compiled
         after the statement that places it. Nothing is done when the script already compiles
         anything (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a
@@ -171,7 +183,7 @@ class ModelTrainedWithoutCompile(Rule):
             if missing is not None:
                 self.decline(*missing)
             for handed in models_trained_elsewhere(facts):
-                self.decline(handed.placed, _why_not_followed(facts, handed))
+                self._compile_for_another_module(handed)
             return
         twice = double_backward_calls(facts)
         for model in models:
@@ -222,6 +234,36 @@ class ModelTrainedWithoutCompile(Rule):
                 else f"Add `{model.name}.compile()` (on CUDA) after the model is placed on its "
                 "device"
             ),
+        )
+
+    def _compile_for_another_module(self, handed) -> None:
+        """Compile a model this script builds and places for the loop of another module, when
+        neither that module nor any other the script imports makes compiling fail or not
+        pay (the project index's settings)."""
+        facts = self.facts
+        reason = _why_not_compiled_elsewhere(facts, handed)
+        device = placed_device(facts, handed)
+        if reason is None and device is None:
+            reason = (
+                f"`{handed.name}` is built here and trained by {handed.loop}, but it is not "
+                "moved to a device with `.to(device)` or `.cuda()` here before that loop runs"
+            )
+        if reason is None:
+            reason = _why_compile_would_fail(double_backward_calls(facts))
+        if reason is not None:
+            self.decline(handed.placed, reason)
+            return
+        device_type = device_type_code(facts, device)
+        compile_call = f"{handed.name}.compile()"
+        if device_type == '"cuda"':
+            inserted = cst.parse_statement(f"{compile_call}\n")
+        else:
+            inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
+        self.report(
+            handed.placed,
+            Fix((InsertStatements(handed.placed, after=(inserted,)),)),
+            message=f"`{handed.name}` is trained in eager mode (by {handed.loop}): every "
+            "operator is a separate kernel",
         )
 
     def _why_compile_would_not_pay(self, model) -> "str | None":
@@ -275,17 +317,43 @@ def _why_compile_would_fail(twice) -> "str | None":
     return None
 
 
-def _why_not_followed(facts, handed) -> str:
-    """Why a model this script hands to the loop of another module is not compiled here."""
-    lookup = chosen_by_name(facts, handed.built.value)
-    by_name = (
-        f"; its architecture is also chosen at run time by name (`{lookup}`)"
-        if lookup is not None
-        else ""
-    )
-    return (
-        f"`{handed.name}` is built here and trained by {handed.loop}: the analysis does not "
-        "follow a model into the loop of another module, so it cannot check there what would "
-        "make compiling it unsound or not pay (a recurrent layer, sparse tensors, the device "
-        f"it trains on){by_name}"
-    )
+# What in a module of the run stops the compile of a model trained in another module, and why.
+_ELSEWHERE_HAZARDS = (
+    ("compiles", "already compiles (`torch.compile`, `.compile()` or TorchScript)"),
+    (
+        "differentiates_twice",
+        "may differentiate a gradient again (a `create_graph` that is not literally False, "
+        "a Hessian), and the second backward through a compiled module raises a RuntimeError",
+    ),
+    (
+        "custom_autograd",
+        "defines a custom `torch.autograd.Function`, whose backward Dynamo may not trace (it "
+        "may call autograd itself, as gradient checkpointing does)",
+    ),
+    (
+        "recurrent_layers",
+        "builds recurrent layers, on which Dynamo graph-breaks: compiling the rest buys little",
+    ),
+    ("sparse_tensors", "uses sparse tensors, which torch.compile does not support"),
+)
+
+
+def _why_not_compiled_elsewhere(facts, handed) -> "str | None":
+    """Why a model this script hands to the loop of another module is not compiled here:
+    a module of the run it imports (the loop's among them) makes compiling fail or not pay,
+    or the model is rebound after its placement by something other than a data-parallel
+    wrapper."""
+    project = facts.project
+    if project is None or project.loops is None:
+        return None
+    for setting, why in _ELSEWHERE_HAZARDS:
+        if getattr(project.imported, setting):
+            where = project.decided_by(setting) or "a module this script imports"
+            return f"`{handed.name}` is built here and trained by {handed.loop}; {where} {why}"
+    rebound = rebound_after_placement(facts, handed)
+    if rebound is not None:
+        return (
+            f"`{handed.name}` is bound again after it is placed (`{excerpt(rebound)}`): the "
+            "model the loop trains may not be the one compiled"
+        )
+    return None

@@ -144,6 +144,50 @@ def _placement(
     return placed
 
 
+def placed_device(
+    facts: "ScriptFacts", handed: ModelTrainedElsewhere
+) -> Optional[cst.BaseExpression]:
+    """The device the model is placed on by its `placed` statement (`model.to(device)`, `"cuda"`
+    for `model.cuda()`), when it is a name or a string the statement can read; else None."""
+    for call in find_all(handed.placed, cst.Call):
+        func = call.func
+        if not (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in PLACEMENT_METHODS
+            and dotted_name(func.value) == handed.name
+        ):
+            continue
+        if func.attr.value == "cuda":
+            return None if call.args else cst.SimpleString('"cuda"')
+        args = positional(call)
+        if len(call.args) != 1 or len(args) != 1:
+            return None
+        device = args[0].value
+        if isinstance(device, cst.SimpleString) or dotted_name(device) is not None:
+            return device
+        return None
+    return None
+
+
+def rebound_after_placement(
+    facts: "ScriptFacts", handed: ModelTrainedElsewhere
+) -> Optional[cst.CSTNode]:
+    """A statement that binds the model's name again between its placement and the call that
+    runs the loop, other than a data-parallel wrapper of it (`model = DDP(model, ...)`)."""
+    from optimizer_codemod.analysis.training import wrapped_model
+
+    placed = facts.call_site_of.get(next(iter(find_all(handed.placed, cst.Call)), None))
+    start = placed.site.order if placed is not None else handed.built.site.order
+    for assignment in facts.assignments_to(handed.name):
+        site = assignment.site
+        if site.function is not handed.built.site.function:
+            continue
+        if start < site.order < handed.runner.site.order:
+            if wrapped_model(facts, assignment.value) != handed.name:
+                return site.statement
+    return None
+
+
 def _variables(node: cst.CSTNode) -> Set[str]:
     """The names `node` reads as variables (not attribute names nor keywords)."""
     labels = {id(a.attr) for a in find_all(node, cst.Attribute)}

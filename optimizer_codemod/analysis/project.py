@@ -148,6 +148,12 @@ class Settings:
     variable_shapes: bool = False
     # Uses a `.grad` in a way a bucket view breaks (OPT605; gradients.bucket_view_hazards).
     breaks_bucket_views: bool = False
+    # What makes compiling a model trained in another module fail or not pay (OPT402).
+    compiles: bool = False
+    differentiates_twice: bool = False
+    custom_autograd: bool = False
+    recurrent_layers: bool = False
+    sparse_tensors: bool = False
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -890,7 +896,8 @@ def _methods(facts, class_name: str) -> Set[str]:
 # One module's facts --------------------------------------------------------------------------
 def _settings(facts) -> Settings:
     from optimizer_codemod.analysis import precision
-    from optimizer_codemod.analysis.gradients import bucket_view_hazards
+    from optimizer_codemod.analysis.gradients import bucket_view_hazards, double_backward_calls
+    from optimizer_codemod.analysis.training import compile_hazards
 
     return Settings(
         precision_configured=precision.float32_precision_configured(facts),
@@ -901,6 +908,8 @@ def _settings(facts) -> Settings:
         cudnn_configured=precision.cudnn_benchmark_configured(facts),
         variable_shapes=precision.variable_input_shapes(facts) is not None,
         breaks_bucket_views=bool(bucket_view_hazards(facts)),
+        differentiates_twice=bool(double_backward_calls(facts)),
+        **compile_hazards(facts),
     )
 
 

@@ -1747,6 +1747,24 @@ def model_sparse_calls(facts: "ScriptFacts", model: TrainedModel) -> List["CallS
     return [call for call in calls if _builds_sparse(call)]
 
 
+def compile_hazards(facts: "ScriptFacts") -> Dict[str, bool]:
+    """What in this module would make compiling a model it trains, or helps build, fail or
+    not pay, wherever the model is built (project.Settings): it compiles already, defines a
+    custom autograd Function (its backward may call autograd itself), builds recurrent
+    layers or sparse tensors."""
+    calls = facts.records.calls
+    return {
+        "compiles": compiles(facts),
+        "custom_autograd": any(
+            (base or "").startswith("torch.autograd.Function")
+            for info in facts.classes.values()
+            for base in info.bases
+        ),
+        "recurrent_layers": any(call.qualname in RECURRENT_LAYERS for call in calls),
+        "sparse_tensors": any(_builds_sparse(call) for call in calls),
+    }
+
+
 def _builds_sparse(call: "CallSite") -> bool:
     qualname = call.qualname or ""
     return (
