@@ -214,12 +214,7 @@ class ModelTrainedWithoutCompile(Rule):
         if reason is not None:
             self.decline(anchor, reason)
             return
-        device_type = device_type_code(facts, device)
-        compile_call = f"{model.name}.compile()"
-        if device_type == '"cuda"':
-            inserted = cst.parse_statement(f"{compile_call}\n")
-        else:
-            inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
+        inserted = _compile_on_cuda(facts, model.name, device)
         # Where the placement also builds the DDP wrapper, compile the inner module first
         # (PyTorch's "Where to apply torch.compile?": DDP is not compiled well).
         side = "before" if places_while_wrapping(facts, anchor, model.name) else "after"
@@ -241,24 +236,19 @@ class ModelTrainedWithoutCompile(Rule):
         neither that module nor any other the script imports makes compiling fail or not
         pay (the project index's settings)."""
         facts = self.facts
-        reason = _why_not_compiled_elsewhere(facts, handed)
         device = placed_device(facts, handed)
+        reason = _why_not_compiled_elsewhere(facts, handed) or _why_compile_would_fail(
+            double_backward_calls(facts)
+        )
         if reason is None and device is None:
             reason = (
                 f"`{handed.name}` is built here and trained by {handed.loop}, but it is not "
                 "moved to a device with `.to(device)` or `.cuda()` here before that loop runs"
             )
-        if reason is None:
-            reason = _why_compile_would_fail(double_backward_calls(facts))
         if reason is not None:
             self.decline(handed.placed, reason)
             return
-        device_type = device_type_code(facts, device)
-        compile_call = f"{handed.name}.compile()"
-        if device_type == '"cuda"':
-            inserted = cst.parse_statement(f"{compile_call}\n")
-        else:
-            inserted = cst.parse_statement(f'if {device_type} == "cuda":\n    {compile_call}\n')
+        inserted = _compile_on_cuda(facts, handed.name, device)
         self.report(
             handed.placed,
             Fix((InsertStatements(handed.placed, after=(inserted,)),)),
@@ -305,6 +295,14 @@ class ModelTrainedWithoutCompile(Rule):
                 "Tensors and graph-breaks around them, so little is compiled"
             )
         return None
+
+
+def _compile_on_cuda(facts, name: str, device: cst.BaseExpression) -> cst.BaseStatement:
+    """`model.compile()`, under `if <device type> == "cuda":` unless the device is CUDA."""
+    device_type = device_type_code(facts, device)
+    if device_type == '"cuda"':
+        return cst.parse_statement(f"{name}.compile()\n")
+    return cst.parse_statement(f'if {device_type} == "cuda":\n    {name}.compile()\n')
 
 
 def _why_compile_would_fail(twice) -> "str | None":

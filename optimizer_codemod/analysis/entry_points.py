@@ -30,6 +30,9 @@ from optimizer_codemod.analysis.training import (
     PLACEMENT_METHODS,
     builds_module,
     is_expression_statement,
+    placement_calls,
+    placement_device,
+    wrapped_model,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +53,7 @@ class ModelTrainedElsewhere:
     # The statement after which it is built and placed: its last `model.to(...)` or
     # `model.cuda()` statement after `built`, in the same function, else `built`'s.
     placed: cst.CSTNode
+    placed_at: int  # the visit order of `placed`
     runner: "CallSite"  # the call that runs the loop: `train_one_epoch(...)`, `.run_loop()`
     modules: Tuple[str, ...]  # the files whose loops the script runs
 
@@ -87,8 +91,10 @@ def _find_models(facts: "ScriptFacts") -> List[ModelTrainedElsewhere]:
             if built is None or name in found:
                 continue
             if _is_model(facts, built, name, keyword):
-                placed = _placement(facts, name, built, runner)
-                found[name] = ModelTrainedElsewhere(name, built, placed, runner, loops.modules)
+                placed, order = _placement(facts, name, built, runner)
+                found[name] = ModelTrainedElsewhere(
+                    name, built, placed, order, runner, loops.modules
+                )
     return sorted(found.values(), key=lambda m: m.built.site.order)
 
 
@@ -128,7 +134,7 @@ def _building_assignment(facts: "ScriptFacts", name: str) -> Optional["Assignmen
 
 def _placement(
     facts: "ScriptFacts", name: str, built: "Assignment", runner: "CallSite"
-) -> cst.CSTNode:
+) -> Tuple[cst.CSTNode, int]:
     placed, order = built.site.statement, built.site.order
     for method in PLACEMENT_METHODS:
         for call in facts.method_calls(method):
@@ -141,31 +147,19 @@ def _placement(
                 and is_expression_statement(site.statement, call.node)
             ):
                 placed, order = site.statement, site.order
-    return placed
+    return placed, order
 
 
 def placed_device(
     facts: "ScriptFacts", handed: ModelTrainedElsewhere
 ) -> Optional[cst.BaseExpression]:
-    """The device the model is placed on by its `placed` statement (`model.to(device)`, `"cuda"`
-    for `model.cuda()`), when it is a name or a string the statement can read; else None."""
-    for call in find_all(handed.placed, cst.Call):
-        func = call.func
-        if not (
-            isinstance(func, cst.Attribute)
-            and func.attr.value in PLACEMENT_METHODS
-            and dotted_name(func.value) == handed.name
-        ):
-            continue
-        if func.attr.value == "cuda":
-            return None if call.args else cst.SimpleString('"cuda"')
-        args = positional(call)
-        if len(call.args) != 1 or len(args) != 1:
-            return None
-        device = args[0].value
-        if isinstance(device, cst.SimpleString) or dotted_name(device) is not None:
-            return device
-        return None
+    """The device the model's `placed` statement puts it on (`model.to(device)`, `"cuda"` for
+    `model.cuda()`), when that is a name or a string it can read; else None."""
+    for call in placement_calls(facts, handed.name):
+        if call.site.statement is handed.placed:
+            device = placement_device(facts, call)
+            if isinstance(device, cst.SimpleString) or dotted_name(device) is not None:
+                return device
     return None
 
 
@@ -174,17 +168,14 @@ def rebound_after_placement(
 ) -> Optional[cst.CSTNode]:
     """A statement that binds the model's name again between its placement and the call that
     runs the loop, other than a data-parallel wrapper of it (`model = DDP(model, ...)`)."""
-    from optimizer_codemod.analysis.training import wrapped_model
-
-    placed = facts.call_site_of.get(next(iter(find_all(handed.placed, cst.Call)), None))
-    start = placed.site.order if placed is not None else handed.built.site.order
     for assignment in facts.assignments_to(handed.name):
         site = assignment.site
-        if site.function is not handed.built.site.function:
-            continue
-        if start < site.order < handed.runner.site.order:
-            if wrapped_model(facts, assignment.value) != handed.name:
-                return site.statement
+        if (
+            site.function is handed.built.site.function
+            and handed.placed_at < site.order < handed.runner.site.order
+            and wrapped_model(facts, assignment.value) != handed.name
+        ):
+            return site.statement
     return None
 
 

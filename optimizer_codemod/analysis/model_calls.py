@@ -66,6 +66,7 @@ LIBRARY_ROOTS = frozenset(
 
 
 def is_library_call(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`call` calls a function of one of LIBRARY_ROOTS (`torch.cat`, `np.mean`)."""
     qualified = facts.qualified_name(call.func)
     return qualified is not None and qualified.partition(".")[0] in LIBRARY_ROOTS
 
@@ -107,6 +108,21 @@ def _holds_module(
 ) -> bool:
     if depth > MAX_DEPTH:
         return False
+    memo = facts.memo("holds_trained_module")
+    key = (name, id(function))
+    if key not in memo:
+        memo[key] = False  # a cycle of parameters holds nothing known
+        memo[key] = _follow_to_module(facts, name, function, trained, depth)
+    return memo[key]
+
+
+def _follow_to_module(
+    facts: "ScriptFacts",
+    name: str,
+    function: Optional[cst.FunctionDef],
+    trained: Set[str],
+    depth: int,
+) -> bool:
     if function is not None and name in parameter_names(function):
         if locally_assigned(facts, name, function) or outside_calls(facts, function.name.value):
             return False

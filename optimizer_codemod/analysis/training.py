@@ -1050,38 +1050,54 @@ def _placements(
     """The device of each `.to(...)`/`.cuda()` placement of the model, with its function."""
     found: List[cst.BaseExpression] = []
     scopes: List[Optional[cst.FunctionDef]] = []
-    for call in _placement_calls(facts).get(model.name, ()):
+    for call in placement_calls(facts, model.name):
         if not _same_variable(facts, model, call.site.function, moved=True):
             continue
-        if call.method == "cuda":
-            found.append(cst.SimpleString('"cuda"'))
-            scopes.append(call.site.function)
-            continue
-        args = positional(call.node)
-        device = args[0].value if args else None
-        if device is None:
-            for arg in call.node.args:
-                if arg.keyword is not None and arg.keyword.value == "device":
-                    device = arg.value
-        if device is not None and facts.qualified_name(device) not in _DTYPE_NAMES:
+        device = placement_device(facts, call)
+        if device is not None:
             found.append(device)
             scopes.append(call.site.function)
     if not found:
         for assignment in _prepared(facts, model):
-            accelerator = assignment.value.func.value
-            name = dotted_name(accelerator)
-            built = [a.value for a in facts.assignments_to(name)] if name else []
-            if built_by(facts, accelerator, {ACCELERATOR}) and not any(
-                keyword(value, "device_placement") for value in built
-            ):
-                # Accelerate places a prepared model on `accelerator.device` (device_placement
-                # is on by default).
-                found.append(cst.Attribute(accelerator, cst.Name("device")))
+            device = _accelerate_placement(facts, assignment.value)
+            if device is not None:
+                found.append(device)
                 scopes.append(assignment.site.function)
     return found, scopes
 
 
+def placement_device(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.BaseExpression]:
+    """The device a `.to(...)`/`.cuda()` call places on: `"cuda"` for `.cuda()`, the first
+    positional argument or `device=` of `.to(...)`; None for a `.to` that only casts."""
+    if call.method == "cuda":
+        return cst.SimpleString('"cuda"')
+    args = positional(call.node)
+    arg = args[0] if args else keyword(call.node, "device")
+    if arg is None or facts.qualified_name(arg.value) in _DTYPE_NAMES:
+        return None
+    return arg.value
+
+
+def _accelerate_placement(facts: "ScriptFacts", prepare: cst.Call) -> Optional[cst.Attribute]:
+    """`accelerator.device` for `accelerator.prepare(...)` on a name bound only to
+    `Accelerator(...)` without `device_placement`: Accelerate places what it prepares there
+    (device_placement is on by default)."""
+    accelerator = prepare.func.value
+    name = dotted_name(accelerator)
+    if name is None or not built_by(facts, accelerator, {ACCELERATOR}):
+        return None
+    if any(keyword(a.value, "device_placement") for a in facts.assignments_to(name)):
+        return None
+    return cst.Attribute(accelerator, cst.Name("device"))
+
+
 _DTYPE_NAMES = frozenset({"torch.float32", "torch.float", "torch.float64", "torch.double"})
+
+
+def placement_calls(facts: "ScriptFacts", name: str) -> List["CallSite"]:
+    """`.to(...)`/`.cuda()` calls that place `name`: on it, or assigned to it
+    (`model = Net().to(device)`), in source order."""
+    return list(_placement_calls(facts).get(name, ()))
 
 
 def _placement_calls(facts: "ScriptFacts") -> Dict[str, List["CallSite"]]:
