@@ -398,21 +398,51 @@ def test_a_site_moved_by_another_rules_insertion_is_declined_once() -> None:
     assert compile_declines[0][0] == 8 and "torch's own layers" in compile_declines[0][1]
 
 
+_MOVE = "cannot unpickle: move it to the module's top level first"
+_DEFINE = "cannot unpickle: define it with `def` at the module's top level first"
+
+
 @pytest.mark.parametrize(
-    "fixture, reason",
+    "fixture, reason, advice",
     [
-        ("keep_collate_defined_inside_a_function", "its `collate_fn` is `collate`, defined inside"),
-        ("keep_lambda_worker_init_fn", "its `worker_init_fn` is a lambda"),
-        ("keep_dataset_class_defined_inside_a_function", "its dataset class `NoisyShapes`"),
+        (
+            "keep_collate_defined_inside_a_function",
+            "its `collate_fn` is `collate`, defined inside",
+            _MOVE,
+        ),
+        ("keep_lambda_worker_init_fn", "its `worker_init_fn` is a lambda", _DEFINE),
+        ("keep_dataset_class_defined_inside_a_function", "its dataset class `NoisyShapes`", _MOVE),
+        (
+            "keep_dataset_transform_holds_a_lambda",
+            "its dataset holds a lambda (`lambda image: image.mul(255)`)",
+            _DEFINE,
+        ),
     ],
 )
 def test_workers_are_not_added_when_spawned_workers_could_not_unpickle_the_loader(
-    fixture: str, reason: str
+    fixture: str, reason: str, advice: str
 ) -> None:
     path = Path(__file__).resolve().parent.parent / "fixtures" / "OPT102" / f"{fixture}.py"
     result = run_cli(["apply", "--check", "--why-not", "--select", "OPT102", str(path)])
     assert "OPT102 not applied: " + reason in result.stdout, result.stdout
-    assert "cannot unpickle: move it to the module's top level first" in result.stdout
+    assert advice in result.stdout, result.stdout
+
+
+class _TransformedItems:
+    """A dataset keeping its transform, as torchvision's keep `transform`."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+
+def test_a_dataset_holding_a_lambda_cannot_be_sent_to_spawned_workers() -> None:
+    # What the OPT102 decline above claims: DataLoader pickles the dataset for each worker
+    # started by spawn or forkserver, and pickle finds functions by their module-level name.
+    import pickle
+
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pickle.dumps(_TransformedItems(lambda image: image * 255))
+    assert pickle.loads(pickle.dumps(_TransformedItems(abs))).transform is abs
 
 
 def test_a_view_report_is_not_replaced_by_the_rules_own_conversion() -> None:

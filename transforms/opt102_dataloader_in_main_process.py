@@ -92,7 +92,9 @@ class DataloaderInMainProcess(Rule):
         whole stream unless it shards by worker), a `collate_fn` that moves batches to the
         device, a `collate_fn`, `worker_init_fn` or dataset class that workers started by
         spawn cannot unpickle (a lambda, or a function or class defined inside a function), a
-        dataset changed from outside after it is built (`dataset.set_epoch(...)`:
+        dataset that holds one (`ImageFolder(root, transform)` whose `transform` composes
+        `transforms.Lambda(lambda x: x.mul(255))`: the names its construction reads are
+        followed to their values), a dataset changed from outside after it is built (`dataset.set_epoch(...)`:
         persistent workers keep their own copy), or one whose `__init__` keeps an open file,
         HDF5, LMDB or database handle (forked workers would share its state and read garbage;
         open it lazily in `__getitem__`). Options built in a dict (`loader_args = dict(...)` or

@@ -407,9 +407,60 @@ def _calls_and_names(facts: "ScriptFacts", node: cst.BaseExpression):
     found = memo.get(node)
     if found is None:
         calls = find_all(node, cst.Call)
-        names = [dotted_name(ref) for ref in find_all(node, cst.Name, cst.Attribute)]
+        local = _scoped_references(node)
+        names = [
+            dotted_name(ref)
+            for ref in find_all(node, cst.Name, cst.Attribute)
+            if id(ref) not in local
+        ]
         found = memo[node] = (calls, [n for n in names if n is not None])
     return found
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+
+
+def _scoped_references(node: cst.BaseExpression) -> Set[int]:
+    """The references in `node` to a lambda's parameters or a comprehension's targets, read
+    where those bind them: they name the lambda's argument or the iterable's items, not the
+    file's variables of the same name (`Lambda(lambda x: x.mul(255))` beside a loop's
+    `x = x.to(device)`). The values they stand for are read from the iterable, which stays."""
+    scoped: Set[int] = set()
+    for scope in find_all(node, cst.Lambda, *_COMPREHENSIONS):
+        if isinstance(scope, cst.Lambda):
+            params = scope.params
+            every = [*params.posonly_params, *params.params, *params.kwonly_params]
+            for star in (params.star_arg, params.star_kwarg):
+                if isinstance(star, cst.Param):
+                    every.append(star)
+            bound = {p.name.value for p in every}
+            scoped.update(id(p.name) for p in every)
+            bodies: list = [scope.body]
+        else:
+            bound, bodies, clause = set(), [], scope.for_in
+            while clause is not None:
+                targets = find_all(clause.target, cst.Name)
+                bound.update(n.value for n in targets)
+                scoped.update(map(id, targets))
+                bodies.extend(clause.ifs)
+                clause = clause.inner_for_in
+                if clause is not None:
+                    bodies.append(clause.iter)
+            if isinstance(scope, cst.DictComp):
+                bodies.extend((scope.key, scope.value))
+            else:
+                bodies.append(scope.elt)
+        for body in bodies:
+            for ref in find_all(body, cst.Name, cst.Attribute):
+                if _root_name(ref) in bound:
+                    scoped.add(id(ref))
+    return scoped
+
+
+def _root_name(ref: cst.BaseExpression) -> Optional[str]:
+    while isinstance(ref, cst.Attribute):
+        ref = ref.value
+    return ref.value if isinstance(ref, cst.Name) else None
 
 
 def _other_values_may_live(

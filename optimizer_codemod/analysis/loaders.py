@@ -398,19 +398,61 @@ def unpicklable_for_workers(facts: "ScriptFacts", site: CallSite) -> Optional[st
                 break
             value = value.args[0].value
         if _is_lambda(facts, value):
-            return f"its `{name}` is a lambda, which {_SPAWNED_WORKERS_CANNOT_PICKLE}"
+            return f"its `{name}` is a lambda, which {_SPAWNED_WORKERS_CANNOT_PICKLE}{_DEFINE}"
         if isinstance(value, cst.Name) and value.value in local:
             return (
                 f"its `{name}` is `{value.value}`, defined inside a function, which "
-                f"{_SPAWNED_WORKERS_CANNOT_PICKLE}"
+                f"{_SPAWNED_WORKERS_CANNOT_PICKLE}{_MOVE}"
             )
     inside = [n for n in dataset_classes(facts, site) if n in local and n in facts.classes]
     if inside:
         return (
             f"its dataset class `{inside[0]}` is defined inside a function, which "
-            f"{_SPAWNED_WORKERS_CANNOT_PICKLE}"
+            f"{_SPAWNED_WORKERS_CANNOT_PICKLE}{_MOVE}"
         )
+    held = _unpicklable_held_by_dataset(facts, site, local)
+    if held is not None:
+        return f"its dataset holds {held}"
     return None
+
+
+def _unpicklable_held_by_dataset(
+    facts: "ScriptFacts", site: CallSite, local: Set[str]
+) -> Optional[str]:
+    """A lambda, or a function defined inside a function, in the expression that builds the
+    loader's dataset or in the values of the names it reads, followed MAX_DEPTH assignments
+    deep (`ImageFolder(root, transform)` with `transform = Compose([..., Lambda(lambda x:
+    x.mul(255))])`): the dataset keeps it, and workers receive the dataset pickled. Each name
+    is followed once."""
+    arg = option(site.node, "dataset")
+    if arg is None or arg.star:
+        return None
+    pending = [dataset_value(facts, arg.value, site.site.function)]
+    followed: Set[str] = set()
+    for _ in range(MAX_DEPTH + 1):
+        following = []
+        for node in pending:
+            for found in _values_read(node):
+                if isinstance(found, cst.Lambda):
+                    return f"a lambda (`{excerpt(found)}`), which {_SPAWNED_WORKERS_CANNOT_PICKLE}{_DEFINE}"
+                if found.value in local:
+                    return (
+                        f"`{found.value}`, defined inside a function, which "
+                        f"{_SPAWNED_WORKERS_CANNOT_PICKLE}{_MOVE}"
+                    )
+                if found.value not in followed:
+                    followed.add(found.value)
+                    following.extend(a.value for a in facts.assignments_to(found.value))
+        pending = following
+    return None
+
+
+def _values_read(node: cst.CSTNode) -> List[cst.CSTNode]:
+    """The lambdas in `node` and the names it reads as values (not an attribute's name after
+    its dot, nor a keyword's name)."""
+    skipped = {id(a.attr) for a in find_all(node, cst.Attribute)}
+    skipped.update(id(a.keyword) for a in find_all(node, cst.Arg) if a.keyword is not None)
+    return [n for n in find_all(node, cst.Lambda, cst.Name) if id(n) not in skipped]
 
 
 def _is_lambda(facts: "ScriptFacts", value: Optional[cst.BaseExpression]) -> bool:
@@ -422,8 +464,12 @@ def _is_lambda(facts: "ScriptFacts", value: Optional[cst.BaseExpression]) -> boo
 
 _SPAWNED_WORKERS_CANNOT_PICKLE = (
     "worker processes started by spawn or forkserver (the default on macOS, Windows and, from "
-    "Python 3.14, Linux) cannot unpickle: move it to the module's top level first"
+    "Python 3.14, Linux) cannot unpickle"
 )
+# Pickle finds a function by its module-level name: a lambda has none, a nested `def` none
+# reachable from the module.
+_DEFINE = ": define it with `def` at the module's top level first"
+_MOVE = ": move it to the module's top level first"
 
 
 def _local_definitions(facts: "ScriptFacts") -> Set[str]:
