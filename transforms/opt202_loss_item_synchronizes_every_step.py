@@ -7,6 +7,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt
+from optimizer_codemod.analysis.meters import meter_updates
 from optimizer_codemod.analysis.periodic import LOG_EVERY, LOSS_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
@@ -132,6 +133,23 @@ class LossItemSynchronizesEveryStep(Rule):
         of the loss in one step are rewritten together. A total that is never read is
         reported too: deleting the accumulation is the fix, not moving it to the device.
 
+        A meter of the script's own fed the loss every step (`losses.update(loss.item(),
+        n)` with `losses = AverageMeter("Loss", ":.4e")`, as pytorch/examples' imagenet and
+        MoCo do) is handed `loss.detach().float()` instead, `numerics` as above, when the
+        analysis reads the whole life of the value (analysis/meters.py): the meter is a
+        variable of the loop's function bound once to a class of the file without bases;
+        that class's update method only stores the value or arithmetic of it in its
+        attributes (`self.sum += val * n`, `self.avg = self.sum / self.count`), and its other
+        methods read those attributes only by formatting them (`fmtstr.format(
+        **self.__dict__)`: a 0-dim tensor formats exactly as its `.item()`,
+        tests/test_meters.py runs it); the meter itself is only called with such methods or
+        put in a list handed to another class of the file (`ProgressMeter(n, [losses,
+        top1])`) that only passes each meter it holds to `str()` or those methods; and no
+        code of the file reads those attributes (`losses.avg`) or calls a method that reads
+        them otherwise (`all_reduce`: `torch.tensor([self.sum, self.count])`) on anything
+        but another instance, bound in its own function. The host then waits only where the
+        meter is printed. Reported, naming the obstacle, otherwise.
+
     Expected gain:
         The host-device round trip of every step, which matters when the device is fast and
         the host has work to queue (data loading, kernel launches of the next step). On CPU
@@ -230,6 +248,7 @@ class LossItemSynchronizesEveryStep(Rule):
                 Fix(tuple(edits)),
                 message=f"`{_line(statement)}` synchronises with the device on every step",
             )
+        handled.update(self._meter_updates(enabled))
         log_lines = self.facts.log_lines
         for loop in self.facts.training_loops:
             handled.update(self._gate_log_lines(loop, enabled))
@@ -266,6 +285,32 @@ class LossItemSynchronizesEveryStep(Rule):
         for sync in helper_syncs(self.facts):
             if sync.loss:
                 self.report(sync.node, message=helper_sync_message(sync))
+
+    def _meter_updates(self, enabled) -> Set[cst.CSTNode]:
+        """`losses.update(loss.item(), n)` into a meter class of this file that only stores,
+        sums and formats the value: it takes `loss.detach().float()`; the `.item()` calls
+        handled (fixed or reported)."""
+        handled = set()
+        syncs = self.facts.host_syncs
+        for update in meter_updates(self.facts):
+            handled.add(update.item)
+            statement = f"{update.meter}.{update.call.func.attr.value}({code_of(update.item)}, ...)"
+            obstacle = update.obstacle or _remaining_sync(syncs.plan(update.loop, enabled))
+            if obstacle is not None:
+                self.report(
+                    update.item,
+                    message=f"`{statement}` waits for the device on every step; not rewritten "
+                    f"because {obstacle}",
+                )
+                continue
+            self.report(
+                update.item,
+                Fix((Replace(update.item, device_total_term(update.item)),)),
+                message=f"`{statement}` waits for the device on every step; `{update.owner}` "
+                "only stores, sums and formats the value, so it can hold it on the device",
+                fix_title="Hand the meter `loss.detach().float()`",
+            )
+        return handled
 
     def _gate_log_lines(self, loop, enabled) -> Set[cst.CSTNode]:
         """Fix each per-step print or log line of `loop` that reads the loss, where printing

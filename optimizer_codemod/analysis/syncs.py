@@ -350,6 +350,13 @@ class HostSyncs:
                 for accumulation in accumulations():
                     if accumulation.loop is loop and accumulation.obstacle is None:
                         removed.update((item, kind) for item in accumulation.items)
+        if LOSS_ACCUMULATION in enabled:
+            # meters.py reads the loss items this module finds: imported here, not above.
+            from optimizer_codemod.analysis.meters import meter_updates
+
+            for update in meter_updates(self.facts):
+                if update.loop is loop and update.obstacle is None:
+                    removed[update.item] = LOSS_ACCUMULATION
         for line in self.facts.log_lines.gated(loop, enabled):
             removed.update((sync.node, line.kind) for sync in line.syncs)
         for sync in self.sites(loop):
