@@ -8,6 +8,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.gated_evaluations import gated_evaluations, gated_replacements
 from optimizer_codemod.analysis.periodic import LOG_EVERY, METRIC_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
@@ -132,6 +133,20 @@ class DeviceValueSynchronizesEveryStep(Rule):
         (`behavior`: nine lines in ten are no longer printed; training is unchanged), when the
         fix pays, as in OPT202.
 
+        An evaluation the step runs every step but whose results it reads only under a
+        periodic `if` (pytorch/examples' gcn and gat: `loss_val, acc_val = test(model, ...)`
+        then `if epoch % print_every == 0: print(...)`) moves to the top of that `if`'s body:
+        `behavior`, since the skipped evaluations no longer run; what is printed and trained
+        stays the same (tests/test_gated_evaluations.py runs it). Moved only when
+        (analysis/gated_evaluations.py): the statements are `names = f(...)` right before an
+        `if` whose test has a `%`, calls nothing and has no `else`; the names they bind are
+        read nowhere but in that `if`'s body; each `f` is a function of the file that starts
+        with `p.eval()` on one of its parameters, keeps nothing (OPT403's analysis: no tensor
+        it makes outlives it, no store, no update in place) and draws no random number; the
+        step calls `model.train()` on the model it passes before its own forward; the step is
+        called only in loops, and after each loop the first use of the model sets its mode
+        (`model.eval()`, or a call of such an `f`); and no other sync stays on the step.
+
     Expected gain:
         The host-device round trip of every step, when nothing else waits on that step: a
         fast device and a host with work to queue (data loading, the next step's kernels).
@@ -220,9 +235,37 @@ class DeviceValueSynchronizesEveryStep(Rule):
                         else None
                     )
                     self.report(sync.node, message=_message(sync, why))
+        gated = {
+            node: evaluation
+            for evaluation in gated_evaluations(self.facts)
+            for node in evaluation.syncs
+        }
         for sync in helper_syncs(self.facts):
-            if not sync.loss:
+            if sync.loss:
+                continue
+            evaluation = gated.get(sync.node)
+            if evaluation is None:
                 self.report(sync.node, message=helper_sync_message(sync))
+                continue
+            gate = f"`if {excerpt(evaluation.gate.test, 40)}:`"
+            obstacle = evaluation.obstacle or _stays(syncs, sync, evaluation, enabled)
+            if obstacle is not None:
+                self.report(
+                    sync.node,
+                    message=f"{helper_sync_message(sync)}; the evaluation does not move under "
+                    f"{gate}, where the step prints it, because {obstacle}",
+                )
+                continue
+            self.report(
+                sync.node,
+                Fix.replacing(gated_replacements(evaluation)),
+                message=f"`{excerpt(sync.node)}` in `{sync.function.name.value}()`, which runs "
+                "on every training step, copies a device value to the host, so the host waits "
+                f"for the device on every step; the step reads its results only under {gate}: "
+                "run it there",
+                safety=Safety.BEHAVIOR,
+                fix_title=f"Run the evaluation under {gate}",
+            )
 
     def _gate_log_lines(self, loop, enabled) -> Set[cst.CSTNode]:
         """Fix each per-step print or log line of `loop` that reads device values other than
@@ -270,3 +313,16 @@ def _message(sync: StepSync, not_gated: Optional[str] = None) -> str:
         f"{what}: the host waits for the device to finish the step; do it every N steps, "
         "or keep the value on the device"
     )
+
+
+def _stays(syncs, sync, evaluation, enabled) -> Optional[str]:
+    """Why moving the evaluation gains nothing: another sync stays on every step of the
+    training loop that runs it."""
+    loop = sync.in_loop.site.loops[-1] if sync.in_loop is not None else None
+    if loop is None:
+        return "the training loop that runs it is not found"
+    moved = set(evaluation.syncs)
+    for other in syncs.plan(loop, enabled).remaining:
+        if other.node not in moved:
+            return f"`{excerpt(other.node)}` waits for the device on every step as well"
+    return None
