@@ -71,3 +71,27 @@ def test_a_new_tensor_computed_from_an_inference_tensor_alone_is_an_ordinary_one
     assert made[:2].is_inference() and made.unsqueeze(0).is_inference()
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         made.matmul(torch.ones(3, requires_grad=True))
+
+
+def test_a_forward_in_training_mode_under_inference_mode_leaves_buffers_ordinary() -> None:
+    # OPT403 inside a training loop: batch norm's running statistics, updated in place by a
+    # forward under `inference_mode`, stay ordinary tensors, and training goes on.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(16, 4)).square().mean().backward()
+        optimizer.step()
+        with torch.inference_mode():
+            model(torch.randn(16, 4))
+    assert not model[1].running_mean.is_inference()
+    assert int(model[1].num_batches_tracked) == 6
+
+
+def test_a_state_kept_by_the_forward_under_inference_mode_breaks_the_next_step() -> None:
+    # Why OPT403 declines there when a method of the model stores on `self`.
+    cell = torch.nn.GRUCell(1, 4)
+    with torch.inference_mode():
+        kept = cell(torch.ones(2, 1))
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        cell(torch.ones(2, 1), kept).sum().backward()

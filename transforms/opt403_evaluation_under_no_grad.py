@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.escapes import (
 )
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.loaders import module_name
+from optimizer_codemod.analysis.model_calls import trained_classes_keep_nothing
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, no_grad_regions
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -107,8 +108,16 @@ class EvaluationUnderNoGrad(Rule):
         it calls submodules its class assigns, other such methods, library functions and
         tensor methods that return new values, and stores, updates in place and yields
         nothing); the block then runs the model.
-        Never inside a training loop, where `no_grad` blocks compute metrics or targets next
-        to the graph, nor in a callback that the file hands to a trainer of another module
+        Inside a training loop (a per-step prediction under `no_grad`, as pytorch/examples'
+        time_sequence_prediction makes after each LBFGS step), on the same conditions, every
+        use of a name the block binds is checked wherever it is in the scope, the next
+        iteration's reads included (a target computed under `no_grad` and read by the loss is
+        a use that stops the rewrite), and the model's own code must keep nothing: every model
+        the file trains is built from classes of the file deriving from `nn.Module` (or each
+        other), none of whose methods but `__init__` stores on `self` (a forward that keeps
+        its hidden state would hand an inference tensor to the next step's backward, which
+        raises); buffers updated in place, as batch norm's running statistics, stay ordinary
+        tensors (tests/test_inference_mode_claims.py). Never in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
         out of sight; the decline says so. The model's own `forward` is assumed not to
         keep its inputs.
@@ -204,15 +213,18 @@ class EvaluationUnderNoGrad(Rule):
                 or not isinstance(site.statement, cst.With)
             ):
                 continue
-            if any(id(loop) in training for loop in site.loops):
-                self.decline(
-                    call,
-                    "the block is inside the training loop, where tensors it makes may meet "
-                    "the graph (inference tensors cannot be saved for backward)",
-                )
-                continue
             scope = site.function if site.function is not None else self.facts.module
             reason = block_escape(self.facts, site.statement, scope)
+            if reason is None and any(id(loop) in training for loop in site.loops):
+                kept = trained_classes_keep_nothing(self.facts)
+                if kept is not None:
+                    self.decline(
+                        call,
+                        f"the block is inside the training loop, and {kept}: a tensor the "
+                        "model's forward makes under `inference_mode` and keeps would be saved "
+                        "for backward at the next step, which raises",
+                    )
+                    continue
             if reason is not None:
                 self.decline(
                     call,

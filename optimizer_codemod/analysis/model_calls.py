@@ -304,3 +304,68 @@ def _only_computes(
         if method not in PURE_METHODS:
             return False
     return True
+
+
+# Calls on an attribute of `self` that would keep their argument in the module.
+_KEEPING_CALLS = frozenset(
+    "append extend insert update add setdefault register_buffer register_parameter "
+    "copy_ set_".split()
+)
+
+
+def trained_classes_keep_nothing(facts: "ScriptFacts") -> Optional[str]:
+    """Why a forward of the trained models might keep a tensor it makes in the module (an
+    inference tensor the next training step would save for backward); None when every model
+    the file trains is built from classes of this file deriving from `nn.Module` or each
+    other, and no method of theirs but `__init__` stores on `self` (`self.h = ...`,
+    `self.cache.append(...)`, `setattr`)."""
+    from optimizer_codemod.analysis.training import MODULE_BASE, model_classes, trained_models
+
+    memo = facts.memo("trained_classes_keep_nothing")
+    if "why" in memo:
+        return memo["why"]
+    why: Optional[str] = None
+    models = trained_models(facts)
+    classes = [model_classes(facts, model) for model in models]
+    every = {name for names in classes for name in names}
+    if not models or not all(classes):
+        why = "a model the loop trains is not built from classes of this file"
+    elif any(b not in every and b != MODULE_BASE for n in every for b in facts.classes[n].bases):
+        why = "a class the trained model is built from derives from a class not read here"
+    for name in sorted(every) if why is None else ():
+        for method in find_all(facts.classes[name].node.body, cst.FunctionDef):
+            if method.name.value == "__init__":
+                continue
+            kept = _keeps_on_self(method)
+            if kept is not None:
+                why = f"`{name}.{method.name.value}` keeps a value on the module (`{kept}`)"
+                break
+        if why is not None:
+            break
+    memo["why"] = why
+    return why
+
+
+def _keeps_on_self(method: cst.FunctionDef) -> Optional[str]:
+    for node in find_all(method.body, cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Call):
+        if isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Name) and func.value == "setattr":
+                return code_of(node).strip()[:40]
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in _KEEPING_CALLS
+                and _rooted_at_self(func.value)
+            ):
+                return code_of(node).strip()[:40]
+            continue
+        target = node.target
+        if any(_rooted_at_self(t) for t in find_all(target, cst.Attribute, cst.Subscript)):
+            return code_of(target).strip()[:40]
+    return None
+
+
+def _rooted_at_self(node: cst.BaseExpression) -> bool:
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return isinstance(node, cst.Name) and node.value == "self"
