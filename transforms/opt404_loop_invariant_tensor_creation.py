@@ -10,7 +10,7 @@ from optimizer_codemod.analysis.calls import keyword, literal
 from optimizer_codemod.analysis.walk import parents
 from optimizer_codemod.analysis.inplace import unsafe_use
 from optimizer_codemod.analysis.invariance import is_invariant, names_bound_in
-from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.nodes import COMPREHENSIONS, find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import every_iteration, name_uses
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Replace, Rule, Safety
@@ -18,7 +18,6 @@ from optimizer_codemod.torch_version import TorchVersion
 
 CREATIONS = frozenset({"torch.arange", "torch.ones", "torch.zeros", "torch.eye", "torch.full"})
 _SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 class LoopInvariantTensorCreation(Rule):
@@ -156,7 +155,7 @@ class LoopInvariantTensorCreation(Rule):
         """The name the call is bound to (None when used inline), or False when unsafe."""
         node = table.get(call)
         while node is not None and node is not loop.node:
-            if isinstance(node, _SCOPES + _COMPREHENSIONS):
+            if isinstance(node, _SCOPES + COMPREHENSIONS):
                 return False
             node = table.get(node)
         parent = table.get(call)

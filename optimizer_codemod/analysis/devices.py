@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, FrozenSet, Iterable, Optional, Set, 
 
 import libcst as cst
 
-from optimizer_codemod.analysis.nodes import STRING_NODES, find_all
+from optimizer_codemod.analysis.nodes import COMPREHENSIONS, STRING_NODES, find_all, parameters_of
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.training import holds_module
@@ -417,22 +417,15 @@ def _calls_and_names(facts: "ScriptFacts", node: cst.BaseExpression):
     return found
 
 
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
-
-
 def _scoped_references(node: cst.BaseExpression) -> Set[int]:
     """The references in `node` to a lambda's parameters or a comprehension's targets, read
     where those bind them: they name the lambda's argument or the iterable's items, not the
     file's variables of the same name (`Lambda(lambda x: x.mul(255))` beside a loop's
     `x = x.to(device)`). The values they stand for are read from the iterable, which stays."""
     scoped: Set[int] = set()
-    for scope in find_all(node, cst.Lambda, *_COMPREHENSIONS):
+    for scope in find_all(node, cst.Lambda, *COMPREHENSIONS):
         if isinstance(scope, cst.Lambda):
-            params = scope.params
-            every = [*params.posonly_params, *params.params, *params.kwonly_params]
-            for star in (params.star_arg, params.star_kwarg):
-                if isinstance(star, cst.Param):
-                    every.append(star)
+            every = parameters_of(scope.params)
             bound = {p.name.value for p in every}
             scoped.update(id(p.name) for p in every)
             bodies: list = [scope.body]

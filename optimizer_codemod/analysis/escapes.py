@@ -40,7 +40,7 @@ from optimizer_codemod.analysis.model_calls import (
     runs_trained_module,
     training_callees,
 )
-from optimizer_codemod.analysis.nodes import STRING_NODES, find_all
+from optimizer_codemod.analysis.nodes import COMPREHENSIONS, STRING_NODES, find_all
 from optimizer_codemod.analysis.syncs import name_uses
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
@@ -61,7 +61,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
 # Methods of a trained module that neither make nor replace its tensors: mode switches and
 # iterators over its parameters (what is done with a parameter is checked where it is done).
@@ -332,7 +331,7 @@ def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
         if isinstance(parent, cst.For) and node is parent.body:
             if name in target_names(parent.target):
                 return True
-        if isinstance(parent, _COMPREHENSIONS):
+        if isinstance(parent, COMPREHENSIONS):
             if any(name in target_names(c.target) for c in find_all(parent, cst.CompFor)):
                 return True
         siblings = getattr(parent, "body", None)
@@ -521,7 +520,7 @@ def _comprehension_escape(facts, loop: cst.CompFor, scope: Scope, table) -> Opti
     """The names a comprehension's `for` binds live in the comprehension only: their uses
     there are followed."""
     comprehension: cst.CSTNode = loop
-    while not isinstance(comprehension, _COMPREHENSIONS):
+    while not isinstance(comprehension, COMPREHENSIONS):
         comprehension = table[comprehension]
     names = set(target_names(loop.target))
     bound = {id(n) for c in find_all(comprehension, cst.CompFor) for n in find_all(c.target)}

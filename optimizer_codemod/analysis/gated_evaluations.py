@@ -123,11 +123,7 @@ def _assigned_call(statement: cst.CSTNode) -> Optional[cst.Call]:
 
 def _bound(statement: cst.SimpleStatementLine) -> List[cst.Name]:
     target = statement.body[0].targets[0].target
-    return (
-        list(target.elements and [e.value for e in target.elements])
-        if isinstance(target, cst.Tuple)
-        else [target]
-    )
+    return [e.value for e in target.elements] if isinstance(target, cst.Tuple) else [target]
 
 
 def _is_periodic_if(node: Optional[cst.CSTNode]) -> bool:
@@ -150,7 +146,7 @@ def _obstacle(
     inside = {id(n) for n in find_all(gate.body, cst.Name)}
     for statement in statements:
         call = _assigned_call(statement)
-        helper = local_function(facts, _call_site(facts, call))
+        helper = local_function(facts, facts.call_site_of[call])
         if helper is None:
             return f"`{excerpt(call, 40)}` runs code the analysis does not follow"
         reason = _helper_obstacle(facts, helper, call, step)
@@ -165,10 +161,6 @@ def _obstacle(
             if name.value in {n.value for n in find_all(gate.test, cst.Name)}:
                 return f"the test of the `if` reads `{name.value}`"
     return None
-
-
-def _call_site(facts: "ScriptFacts", call: cst.Call) -> Optional[CallSite]:
-    return next((c for c in facts.records.calls if c.node is call), None)
 
 
 def _helper_obstacle(
@@ -282,7 +274,7 @@ def _sets_mode(facts: "ScriptFacts", statement: cst.CSTNode, use: cst.Name) -> b
     call = parents.get(arg) if arg is not None else None
     if not isinstance(call, cst.Call) or arg.keyword is not None:
         return False
-    site = _call_site(facts, call)
+    site = facts.call_site_of.get(call)
     helper = local_function(facts, site) if site is not None else None
     if helper is None:
         return False

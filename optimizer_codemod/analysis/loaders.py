@@ -434,7 +434,10 @@ def _unpicklable_held_by_dataset(
         for node in pending:
             for found in _values_read(node):
                 if isinstance(found, cst.Lambda):
-                    return f"a lambda (`{excerpt(found)}`), which {_SPAWNED_WORKERS_CANNOT_PICKLE}{_DEFINE}"
+                    return (
+                        f"a lambda (`{excerpt(found)}`), which "
+                        f"{_SPAWNED_WORKERS_CANNOT_PICKLE}{_DEFINE}"
+                    )
                 if found.value in local:
                     return (
                         f"`{found.value}`, defined inside a function, which "

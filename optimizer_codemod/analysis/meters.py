@@ -170,7 +170,7 @@ def _read_meter_class(facts: "ScriptFacts", owner: str, update: str) -> _MeterCl
             continue
         if use.store or use.nested:
             return refused(f"binds `{value}` again or reads it in a nested scope")
-        target = _fed_attribute(facts, use.node, lambda n: n.value == value)
+        target = _fed_attribute(facts, use.node)
         if target is None:
             return refused(f"does more with `{value}` than store it or arithmetic of it")
         fed.add(target)
@@ -183,14 +183,14 @@ def _read_meter_class(facts: "ScriptFacts", owner: str, update: str) -> _MeterCl
         changed = False
         for method in methods.values():
             for read in _self_reads(method, fed):
-                target = _fed_attribute(facts, read, lambda n: _is_self_read(n, fed))
+                target = _fed_attribute(facts, read)
                 if target is not None and target not in fed:
                     fed.add(target)
                     changed = True
     unsafe = set()
     for name, method in methods.items():
         for read in _self_reads(method, fed):
-            if _fed_attribute(facts, read, lambda n: _is_self_read(n, fed)) is None:
+            if _fed_attribute(facts, read) is None:
                 unsafe.add(name)
         for attribute in find_all(method.body, cst.Attribute):
             if attribute.attr.value == "__dict__" and not _formats_dict(facts, attribute):
@@ -213,7 +213,7 @@ def _is_self_read(node: cst.CSTNode, attributes: Set[str]) -> bool:
     )
 
 
-def _fed_attribute(facts: "ScriptFacts", node: cst.CSTNode, is_value) -> Optional[str]:
+def _fed_attribute(facts: "ScriptFacts", node: cst.CSTNode) -> Optional[str]:
     """The attribute `self.X` that `node` (the value, or a read of a fed attribute) feeds:
     `self.X = node`, `self.X += node * n`, `self.X = self.sum / self.count`, or `self.X`
     itself where it is stored or updated by arithmetic; None when the value goes anywhere

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Set
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, method_name
+from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.devices import HOST_METHODS
 from optimizer_codemod.analysis.nodes import find_all, is_docstring
 from optimizer_codemod.analysis.values import (
@@ -351,17 +351,17 @@ def _keeps_on_self(method: cst.FunctionDef) -> Optional[str]:
         if isinstance(node, cst.Call):
             func = node.func
             if isinstance(func, cst.Name) and func.value == "setattr":
-                return code_of(node).strip()[:40]
+                return excerpt(node, 40)
             if (
                 isinstance(func, cst.Attribute)
                 and func.attr.value in _KEEPING_CALLS
                 and _rooted_at_self(func.value)
             ):
-                return code_of(node).strip()[:40]
+                return excerpt(node, 40)
             continue
         target = node.target
         if any(_rooted_at_self(t) for t in find_all(target, cst.Attribute, cst.Subscript)):
-            return code_of(target).strip()[:40]
+            return excerpt(target, 40)
     return None
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal, method_name
+from optimizer_codemod.analysis.nodes import parameters_of
 from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +107,7 @@ class _Scope:
     # The walk ---------------------------------------------------------------------------
     def _walk(self) -> None:
         if isinstance(self.root, cst.FunctionDef):
-            for param in _params(self.root.params):
+            for param in parameters_of(self.root.params):
                 self.result.bind(param.name.value, CALL)
             stack: List[cst.CSTNode] = [self.root.body]
         else:
@@ -485,14 +486,6 @@ def _borrowed_names(value: cst.BaseExpression) -> Set[str]:
         if short in VIEW_FUNCTIONS and value.args:
             return _borrowed_names(value.args[0].value)
     return set()
-
-
-def _params(params: cst.Parameters) -> List[cst.Param]:
-    found = [*params.posonly_params, *params.params, *params.kwonly_params]
-    for extra in (params.star_arg, params.star_kwarg):
-        if isinstance(extra, cst.Param):
-            found.append(extra)
-    return found
 
 
 def _target_names(node: cst.CSTNode) -> List[str]:

@@ -122,3 +122,16 @@ def is_docstring(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
+
+
+# The expressions that bind their own loop variables.
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+
+
+def parameters_of(params: cst.Parameters) -> List[cst.Param]:
+    """Every parameter of a function or lambda: positional, keyword-only, `*args`, `**kw`."""
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for extra in (params.star_arg, params.star_kwarg):
+        if isinstance(extra, cst.Param):
+            found.append(extra)
+    return found

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Set, Tuple, U
 import libcst as cst
 
 from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
-from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.nodes import COMPREHENSIONS, find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
     code_of,
@@ -630,9 +630,6 @@ def _branches(
             found[node] = child
         child, node = node, facts.parents.get(node)
     return found if node is loop_node else None
-
-
-COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
 def _comprehension_iters(
