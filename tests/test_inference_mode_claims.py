@@ -95,3 +95,15 @@ def test_a_state_kept_by_the_forward_under_inference_mode_breaks_the_next_step()
         kept = cell(torch.ones(2, 1))
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         cell(torch.ones(2, 1), kept).sum().backward()
+
+
+def test_a_tensor_kept_from_the_block_breaks_the_next_step_that_feeds_it_back() -> None:
+    # Why a name the block binds and the next iteration reads (before binding it again) is an
+    # escape, even when the script bound it before the loop.
+    model = torch.nn.Linear(2, 2)
+    start = torch.ones(1, 2)
+    model(start).sum().backward()
+    with torch.inference_mode():
+        start = model(torch.ones(1, 2))
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        model(start).sum().backward()

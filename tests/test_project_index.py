@@ -604,7 +604,9 @@ def _kept_engine_loop(folder: Path) -> None:
             "        optimizer.step()\n",
         )
         .replace('"""\n\n\nclass', '"""\n\nimport torch\n\n\nclass')
-        .replace("loss.backward()", "loss.backward(create_graph=optimizer.defaults.get('hvp', False))")
+        .replace(
+            "loss.backward()", "loss.backward(create_graph=optimizer.defaults.get('hvp', False))"
+        )
     )
 
 

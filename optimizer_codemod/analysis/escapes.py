@@ -320,7 +320,9 @@ def block_escape(
 def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
     """`read` is certain to see a binding made after `block` ran: an earlier statement of one
     of its enclosing blocks binds `name` (with `block` not in between), or an enclosing
-    `for` or comprehension binds it."""
+    `for` or comprehension binds it. A binding outside a loop that holds both the read and
+    `block` is no such certainty: from the second iteration on, the read sees the block's."""
+    enclosing_block = _ancestors(table, block)
     node: cst.CSTNode = read
     while True:
         parent = table.get(node)
@@ -331,6 +333,8 @@ def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
         if isinstance(parent, cst.For) and node is parent.body:
             if name in target_names(parent.target):
                 return True
+        if isinstance(parent, (cst.For, cst.While)) and parent in enclosing_block:
+            return False
         if isinstance(parent, COMPREHENSIONS):
             if any(name in target_names(c.target) for c in find_all(parent, cst.CompFor)):
                 return True
@@ -374,6 +378,15 @@ def _reads_only_its_value(table, read: cst.Name) -> bool:
             and call.func.value in _VALUE_READING_BUILTINS
         )
     return isinstance(parent, cst.FormattedStringExpression) and parent.expression is node
+
+
+def _ancestors(table, node: cst.CSTNode) -> Set[cst.CSTNode]:
+    found: Set[cst.CSTNode] = set()
+    parent = table.get(node)
+    while parent is not None:
+        found.add(parent)
+        parent = table.get(parent)
+    return found
 
 
 def _binds(statement: cst.CSTNode, name: str) -> bool:
