@@ -97,6 +97,20 @@ def test_a_state_kept_by_the_forward_under_inference_mode_breaks_the_next_step()
         cell(torch.ones(2, 1), kept).sum().backward()
 
 
+def test_the_numpy_array_of_an_inference_tensor_is_free_of_its_restrictions() -> None:
+    # escapes.is_host_value counts `.numpy()` as a host value: the array is no tensor, and a
+    # tensor made from it again is an ordinary one, usable by autograd and in place.
+    array = _inference_tensor().numpy()
+    again = torch.from_numpy(array)
+    assert not again.is_inference()
+    again.mul_(2)
+    weight = torch.ones(3, requires_grad=True)
+    (weight * again).sum().backward()
+    assert weight.grad.tolist() == [4.0, 4.0, 4.0]
+    array += 1  # writes the storage it shares, as a `no_grad` tensor's array would
+    assert array.tolist() == [5.0, 5.0, 5.0]
+
+
 def test_a_tensor_kept_from_the_block_breaks_the_next_step_that_feeds_it_back() -> None:
     # Why a name the block binds and the next iteration reads (before binding it again) is an
     # escape, even when the script bound it before the loop.

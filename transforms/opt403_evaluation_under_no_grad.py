@@ -37,8 +37,9 @@ class EvaluationUnderNoGrad(Rule):
     """
     What it does:
         Replaces `with torch.no_grad():` by `with torch.inference_mode():` around evaluation
-        code, outside the training loop: a block that runs the model the script trains and
-        whose results leave it only as plain Python values (`.item()`, counts, `len(...)`).
+        code, after training or between its steps: a block that runs the model the script
+        trains and whose results leave it only as plain Python values (`.item()`, counts,
+        `len(...)`) or NumPy arrays (`.numpy()`).
         An evaluation loop with no `no_grad` at all (a `for` loop right after `model.eval()`
         on the model the training loop calls, with no `.train()` between) is put under
         `with torch.inference_mode():` on the same conditions.
@@ -76,9 +77,9 @@ class EvaluationUnderNoGrad(Rule):
         tensors created in the block become inference tensors, which raise when later saved
         for backward or updated in place outside inference mode. So the block is rewritten
         only when nothing it creates can reach later code as a tensor: every name it binds is
-        either a plain Python value wherever the scope binds it (numbers, `.item()`, `math`
-        functions of them), unused after the block (or bound again before any later use), or
-        only read after it for its value (`loss.item()`, `.tolist()`, `float(loss)`,
+        either a plain Python value or a NumPy array wherever the scope binds it (numbers,
+        `.item()`, `.numpy()`, `math` functions of them), unused after the block (or bound again before any later use), or
+        only read after it for its value (`loss.item()`, `.tolist()`, `.numpy()`, `float(loss)`,
         `print(loss)`, an f-string: reading an inference tensor outside inference mode is
         allowed; tests/test_inference_mode_claims.py runs each case), or followed after it
         as a function's result is (below): through attributes that are not called
@@ -111,8 +112,9 @@ class EvaluationUnderNoGrad(Rule):
         Inside a training loop (a per-step prediction under `no_grad`, as pytorch/examples'
         time_sequence_prediction makes after each LBFGS step), on the same conditions, every
         use of a name the block binds is checked wherever it is in the scope, the next
-        iteration's reads included (a target computed under `no_grad` and read by the loss is
-        a use that stops the rewrite), and the model's own code must keep nothing: every model
+        iteration's reads included, even of a name the script also binds before the loop (a
+        target computed under `no_grad` and read by the loss is a use that stops the
+        rewrite), and the model's own code must keep nothing: every model
         the file trains is built from classes of the file deriving from `nn.Module` (or each
         other), none of whose methods but `__init__` stores on `self` (a forward that keeps
         its hidden state would hand an inference tensor to the next step's backward, which

@@ -7,7 +7,7 @@ in the block reaches later code as a tensor. The questions here are answered con
 when the analysis cannot tell, a value escapes.
 
 - Host values: names whose every binding in a scope is a number, a string, `.item()`,
-  `.tolist()`, `.size()`, `len()`, `float()`... or arithmetic on such names.
+  `.tolist()`, `.numpy()`, `.size()`, `len()`, `float()`... or arithmetic on such names.
 - Reads of a name after a block that cannot see the block's binding, because the name is
   bound again first (an earlier statement of the same block, a `for` target).
 - Escapes of a block: non-host names read after it, stores into attributes or subscripts,
@@ -85,11 +85,17 @@ def _is_inplace(name: Optional[str]) -> bool:
     return bool(name) and name.endswith("_") and not name.endswith("__")
 
 
+# `.numpy()` makes an ndarray: no tensor, so nothing autograd could save nor inference mode
+# could refuse (writing into it writes the storage it shares, as it did under `no_grad`).
+HOST_OR_ARRAY_METHODS = HOST_METHODS | frozenset({"numpy"})
+
+
 def is_host_value(
     node: cst.BaseExpression, host: Set[str], facts: Optional["ScriptFacts"] = None
 ) -> bool:
-    """`node` evaluates to a plain Python value (never a tensor), given the host names; with
-    the file's facts, a call of the `math` module (`log10(1 / mse.item())`) is one too."""
+    """`node` evaluates to a plain Python value or a NumPy array (never a tensor), given the
+    host names; with the file's facts, a call of the `math` module (`log10(1 / mse.item())`)
+    is one too."""
     if isinstance(
         node,
         (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString),
@@ -98,7 +104,7 @@ def is_host_value(
     if isinstance(node, cst.Name):
         return node.value in host or node.value in ("True", "False", "None")
     if isinstance(node, cst.Call):
-        if method_name(node) in HOST_METHODS:
+        if method_name(node) in HOST_OR_ARRAY_METHODS:
             return True
         if facts is not None and (facts.qualified_name(node.func) or "").startswith("math."):
             return True  # math functions take and return Python numbers (a tensor raises)
@@ -357,8 +363,9 @@ _VALUE_READING_BUILTINS = HOST_BUILTINS | frozenset({"repr", "print"})
 
 
 def _reads_only_its_value(table, read: cst.Name) -> bool:
-    """`read` only takes a Python value or text out of the tensor: `loss.item()`,
-    `xgen[i].tolist()`, `x.size(1)`, `x.shape`, `float(loss)`, `print(loss)`, `f"{loss}"`."""
+    """`read` only takes a Python value, an array or text out of the tensor: `loss.item()`,
+    `xgen[i].tolist()`, `y.numpy()`, `x.size(1)`, `x.shape`, `float(loss)`, `print(loss)`,
+    `f"{loss}"`."""
     node: cst.CSTNode = read
     parent = table.get(node)
     while isinstance(parent, cst.Subscript) and parent.value is node:
@@ -368,7 +375,9 @@ def _reads_only_its_value(table, read: cst.Name) -> bool:
             return True
         call = table.get(parent)
         return (
-            parent.attr.value in HOST_METHODS and isinstance(call, cst.Call) and call.func is parent
+            parent.attr.value in HOST_OR_ARRAY_METHODS
+            and isinstance(call, cst.Call)
+            and call.func is parent
         )
     if isinstance(parent, cst.Arg) and parent.value is node and not parent.keyword:
         call = table.get(parent)
