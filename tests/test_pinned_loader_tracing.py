@@ -77,3 +77,62 @@ def test_copies_of_batches_the_analysis_cannot_follow_are_declined_with_their_or
     assert declined[12].startswith("the batch comes from `loader`, which the analysis cannot")
     assert declined[16].startswith("the batch comes from `next(data_iter)`")
     assert 7 not in declined  # the model's placement is no batch copy
+
+
+_WRAPPER = (
+    "import torch\n"
+    "class Infinite:\n"
+    "    def __init__(self, dataset{params}, **kwargs):\n"
+    "{body}"
+    "        self.loader = torch.utils.data.DataLoader(dataset, **kwargs)\n"
+    "{calls}"
+)
+
+
+@pytest.mark.parametrize(
+    "params, body, calls, expected",
+    [
+        # makemore's InfiniteDataLoader: what its one caller passes through `**kwargs`.
+        ("", "", "w = Infinite(ds, batch_size=8, pin_memory=True)\n", ["True"]),
+        ("", "", "w = Infinite(ds, batch_size=8)\n", []),
+        # Taken by a parameter of its own: never in `**kwargs`.
+        (", pin_memory=True", "", "w = Infinite(ds, pin_memory=True)\n", []),
+        # Changed on the way, several callers, a caller hiding keywords, no caller.
+        ("", "        kwargs['pin_memory'] = False\n", "w = Infinite(ds, pin_memory=True)\n", None),
+        ("", "", "w = Infinite(ds, pin_memory=True)\nv = Infinite(ds)\n", None),
+        ("", "", "w = Infinite(ds, **options)\n", None),
+        ("", "", "", None),
+    ],
+)
+def test_options_a_wrapper_hands_on_from_its_one_caller(params, body, calls, expected) -> None:
+    source = _WRAPPER.format(params=params, body=body, calls=calls)
+    assert _values(source) == expected
+
+
+def test_a_batch_a_wrapper_method_returns_is_drawn_from_its_loader() -> None:
+    from optimizer_codemod.analysis.batch_sources import batch_source, drawn_iterator
+
+    source = _WRAPPER.format(params="", body="", calls="") + (
+        "        self.it = iter(self.loader)\n"
+        "    def next(self):\n"
+        "        try:\n"
+        "            batch = next(self.it)\n"
+        "        except StopIteration:\n"
+        "            self.it = iter(self.loader)\n"
+        "            batch = next(self.it)\n"
+        "        return batch\n"
+        "    def moved(self):\n"
+        "        return next(self.it).cuda()\n"
+        "w = Infinite(ds, pin_memory=True)\n"
+        "for step in range(9):\n"
+        "    a = w.next()\n"
+        "    b = w.moved()\n"
+    )
+    facts = ScriptFacts.of(cst.parse_module(source))
+    drawn, moved = (a.value for a in facts.records.assignments if a.target in ("a", "b"))
+    iterator, method = drawn_iterator(facts, drawn, None)
+    assert cst.Module([]).code_for_node(iterator) == "self.it"
+    assert method.name.value == "next"
+    (loader,) = batch_source(facts, iterator, method).loaders
+    assert facts.is_pinned(loader)
+    assert drawn_iterator(facts, moved, None) is None

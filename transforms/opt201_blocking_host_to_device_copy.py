@@ -36,7 +36,11 @@ class BlockingHostToDeviceCopy(Rule):
         followed through `self.train_data` set from a parameter, a parameter every call
         binds to a loader, `enumerate`/`iter`, a helper that returns the DataLoader, and a
         generator of the file that only yields the items of a loop over its argument
-        (`cycle(dl)`); batches drawn with `batch = next(it)` count as well. Where the device
+        (`cycle(dl)`); batches drawn with `batch = next(it)` count as well, and so do those a
+        method of a wrapper class of the file returns when each of its returns draws from
+        an iterator of a DataLoader the class builds (makemore's InfiniteDataLoader:
+        `return next(self.data_iter)`), the loader's options read from the `**kwargs` the
+        class's one caller passes (`InfiniteDataLoader(ds, pin_memory=True)`). Where the device
         may also be MPS or another accelerator but always holds a `torch.device`
         (`torch.device(...)`, or `torch.accelerator.current_accelerator()` in a branch taken
         only when `torch.accelerator.is_available()`, as in pytorch/examples), the keyword

@@ -104,6 +104,79 @@ def drawn_from(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[cst.B
     return None
 
 
+def drawn_iterator(
+    facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.CSTNode]
+) -> Optional[Tuple[cst.BaseExpression, Optional[cst.CSTNode]]]:
+    """The iterator a batch `node` (read in `function`) is drawn from, with the scope that
+    reads that iterator: `it` for `next(it)`; for `wrapper.next()` on an instance of a class
+    of this file (makemore's InfiniteDataLoader), the iterator each `return` of that method
+    draws from (`return next(self.data_iter)`, or a name the method binds only to such
+    draws), read in the method. None for anything else."""
+    iterator = drawn_from(facts, node)
+    if iterator is not None:
+        return iterator, function
+    method = _wrapper_method(facts, node)
+    if method is None or find_all(method.body, cst.FunctionDef, cst.Lambda, cst.ClassDef):
+        return None
+    rebound = _rebound_names(facts)
+    drawn: List[cst.BaseExpression] = []
+    for returned in find_all(method.body, cst.Return):
+        value = returned.value
+        if isinstance(value, cst.Name):
+            if (id(method), value.value) in rebound or (ANY_SCOPE, value.value) in rebound:
+                return None
+            # A name the method assigns is its own: other scopes' bindings do not matter.
+            bound = [a for a in facts.assignments_to(value.value) if a.site.function is method]
+            if any(a.unpacked or a.augmented for a in bound):
+                return None
+            values = [a.value for a in bound]
+        else:
+            values = [value]
+        for value in values or [None]:
+            iterator = drawn_from(facts, value) if value is not None else None
+            if iterator is None:
+                return None
+            drawn.append(iterator)
+    if not drawn or len({dotted_name(i) for i in drawn}) != 1 or dotted_name(drawn[0]) is None:
+        return None
+    return drawn[0], method
+
+
+def _wrapper_method(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[cst.FunctionDef]:
+    """The method `m` of class C of this file that `name.m()` runs, where every binding of
+    `name` builds C (`batch_loader = InfiniteDataLoader(...)`) and C defines `m` directly,
+    undecorated, taking only `self`."""
+    if not (
+        isinstance(node, cst.Call)
+        and not node.args
+        and isinstance(node.func, cst.Attribute)
+        and isinstance(node.func.value, cst.Name)
+    ):
+        return None
+    holder = node.func.value.value
+    bound = facts.assignments_to(holder)
+    if any(name == holder for _, name in _rebound_names(facts)) or not bound:
+        return None
+    built = {dotted_name(a.value.func) if isinstance(a.value, cst.Call) else None for a in bound}
+    owner = built.pop() if len(built) == 1 else None
+    info = facts.classes.get(owner or "")
+    if info is None or any(a.unpacked or a.augmented for a in bound):
+        return None
+    for statement in info.node.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == node.func.attr.value:
+            params = statement.params
+            only_self = (
+                [p.name.value for p in params.params] == ["self"]
+                and not params.posonly_params
+                and not params.kwonly_params
+                and not isinstance(params.star_arg, (cst.Param, cst.ParamStar))
+                and params.star_kwarg is None
+            )
+            if only_self and not statement.decorators and method_class(facts, statement):
+                return statement
+    return None
+
+
 def _ends(
     facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.CSTNode], steps: int
 ) -> Optional[List[cst.Call]]:

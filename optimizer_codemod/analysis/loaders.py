@@ -38,7 +38,7 @@ from optimizer_codemod.analysis.devices import (
     places_on_accelerator,
 )
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_iterator
 from optimizer_codemod.analysis.calls import is_prepare
 from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
@@ -52,6 +52,7 @@ from optimizer_codemod.analysis.values import (
     name_mentions,
     outside_value,
     parameter_names,
+    the_caller,
     unbound_parameter,
     value_sources,
 )
@@ -1128,10 +1129,10 @@ def drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], Set[int], 
         drawn: Dict[int, Tuple[Loop, Set[str], Set[int], List[CallSite]]] = {}
         for assignment in facts.records.assignments:
             loop = assignment.site.loop
-            iterator = drawn_from(facts, assignment.value)
+            iterator = drawn_iterator(facts, assignment.value, assignment.site.function)
             if loop is None or iterator is None or assignment.augmented:
                 continue
-            source = batch_source(facts, iterator, assignment.site.function)
+            source = batch_source(facts, *iterator)
             if source is None or not source.loaders or source.prepared:
                 continue
             _, seeds, calls, loaders = drawn.setdefault(id(loop), (loop, set(), set(), []))
@@ -1501,10 +1502,48 @@ def option_values(
         return [arg.value]
     if not options_hidden(call):
         return []
+    forwarded = _forwarded_option(facts, call, name)
+    if forwarded is not None:
+        return forwarded
     sources = option_sources(facts, call)
     if sources is None:
         return None
     return [source.entries[name] for source in sources if name in source.entries]
+
+
+def _forwarded_option(
+    facts: "ScriptFacts", call: cst.Call, name: str
+) -> Optional[List[cst.BaseExpression]]:
+    """Option `name` of `DataLoader(ds, **kwargs)` built in a function (a wrapper class's
+    `__init__`, as makemore's InfiniteDataLoader) that hands on its own `**kwargs` untouched:
+    what the function's one caller in this file passes by that keyword ([] when it passes
+    none, or when the function takes `name` as a parameter of its own). None when the call
+    does not have this shape or the caller is not the only one, or hides keywords itself."""
+    stars = [a for a in call.args if a.star == "**"]
+    site = facts.call_site_of.get(call)
+    function = site.site.function if site is not None else None
+    if (
+        has_star_args(call)
+        or len(stars) != 1
+        or not isinstance(stars[0].value, cst.Name)
+        or not isinstance(function, cst.FunctionDef)
+    ):
+        return None
+    forwarded = function.params.star_kwarg
+    spelled = stars[0].value.value
+    if not isinstance(forwarded, cst.Param) or forwarded.name.value != spelled:
+        return None
+    # Read once, by this call: nothing adds, removes or replaces an entry on the way.
+    if sum(1 for n in find_all(function.body, cst.Name) if n.value == spelled) != 1:
+        return None
+    caller = the_caller(facts, function)
+    if caller is None or options_hidden(caller.node):
+        return None
+    params = function.params
+    if name in [p.name.value for p in (*params.params, *params.kwonly_params)]:
+        return []  # taken by the function's own parameter: never in `**kwargs`
+    passed = keyword(caller.node, name)
+    return [passed.value] if passed is not None else []
 
 
 def option_sources(facts: "ScriptFacts", call: cst.Call) -> Optional[List[OptionsDict]]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Set, Tuple, U
 
 import libcst as cst
 
-from optimizer_codemod.analysis.batch_sources import batch_source, drawn_from
+from optimizer_codemod.analysis.batch_sources import batch_source, drawn_iterator
 from optimizer_codemod.analysis.nodes import COMPREHENSIONS, find_all, is_name
 from optimizer_codemod.analysis.calls import (
     argument,
@@ -173,9 +173,10 @@ def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[c
                 (
                     node,
                     f"the batch comes from `{text}`, a method of `{wrapper}`, a class of this "
-                    "file: the analysis does not follow a batch through the methods of a class "
-                    "that wraps a DataLoader: add `non_blocking=True` by hand if the loader it "
-                    "wraps is pinned and the device is CUDA",
+                    "file, and the analysis follows such a method only where each of its "
+                    "returns gives a batch drawn from an iterator of a DataLoader whose options "
+                    "it can read (`return next(self.data_iter)`): add `non_blocking=True` by "
+                    "hand if the loader it wraps is pinned and the device is CUDA",
                 )
             )
         elif pinned:
@@ -211,8 +212,8 @@ def _prepared_by_accelerate(facts: "ScriptFacts", iterable: cst.BaseExpression) 
 def _from_prepared(facts: "ScriptFacts", origin: cst.BaseExpression, copy: CallSite) -> bool:
     """The batch source, followed (batch_sources.py: `next(self.dl)` with `self.dl =
     cycle(dl)`), may be a loader that Accelerate prepared."""
-    iterable = drawn_from(facts, origin) or origin
-    source = batch_source(facts, iterable, copy.site.function)
+    drawn = drawn_iterator(facts, origin, copy.site.function)
+    source = batch_source(facts, *(drawn or (origin, copy.site.function)))
     return source is not None and any(_accelerate_prepare(facts, c) for c in source.prepared)
 
 
