@@ -301,3 +301,48 @@ def test_following_results_to_many_callers_costs_linear_work() -> None:
     before, after = work(10), work(10 * FACTOR)
     total = sum(after.values()) / sum(before.values())
     assert total <= GROWTH_LIMIT, f"{total:.1f}x the lines for {FACTOR}x the callers"
+
+
+def _wrapped_loaders(count: int) -> str:
+    """`count` wrapper classes of a DataLoader (makemore's InfiniteDataLoader), each drawn from
+    in its own loop beside many method calls without arguments (`h = x.float()`) that are
+    no wrapper, and as many names bound by loops."""
+    parts = ["import torch\nfrom torch.utils.data import DataLoader\n"]
+    for index in range(count):
+        parts.append(f"""
+
+class Wrapper{index}:
+    def __init__(self, dataset, **kwargs):
+        self.loader = DataLoader(dataset, **kwargs)
+        self.it = iter(self.loader)
+
+    def next(self):
+        return next(self.it)
+
+
+def train_{index}(model, optimizer, dataset):
+    wrapper = Wrapper{index}(dataset, batch_size=8, pin_memory=True)
+    for step in range(10):
+        x, y = wrapper.next()
+        x = x.to("cuda")
+        h = x.float()
+        g = h.detach()
+        for k in range(2):
+            g = g.abs()
+        loss = model(g, y.to("cuda"))
+        loss.backward()
+        optimizer.step()
+""")
+    return "".join(parts)
+
+
+def test_following_batches_through_wrapper_methods_costs_linear_work() -> None:
+    from optimizer_codemod.analysis.loaders import drawing_loops
+
+    def work(count: int) -> Counter:
+        facts = ScriptFacts.of(cst.parse_module(_wrapped_loaders(count)))
+        counts, loops = counted(lambda: drawing_loops(facts))
+        assert len(loops) == count and all(facts.is_pinned(l) for *_, ls in loops for l in ls)
+        return counts
+
+    assert_linear_work(work, 10)

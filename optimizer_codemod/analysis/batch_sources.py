@@ -23,7 +23,7 @@ no answer at all, so a caller never mistakes a partial answer for the whole.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -115,8 +115,19 @@ def drawn_iterator(
     iterator = drawn_from(facts, node)
     if iterator is not None:
         return iterator, function
-    method = _wrapper_method(facts, node)
-    if method is None or find_all(method.body, cst.FunctionDef, cst.Lambda, cst.ClassDef):
+    method = _wrapper_method(facts, node, function)
+    if method is None:
+        return None
+    memo = facts.memo("wrapper_method_draws")
+    if id(method) not in memo:
+        memo[id(method)] = _method_draw(facts, method)
+    drawn = memo[id(method)]
+    return (drawn, method) if drawn is not None else None
+
+
+def _method_draw(facts: "ScriptFacts", method: cst.FunctionDef) -> Optional[cst.BaseExpression]:
+    """The one iterator every `return` of `method` draws its value from (`next(self.it)`)."""
+    if find_all(method.body, cst.FunctionDef, cst.Lambda, cst.ClassDef):
         return None
     rebound = _rebound_names(facts)
     drawn: List[cst.BaseExpression] = []
@@ -126,7 +137,7 @@ def drawn_iterator(
             if (id(method), value.value) in rebound or (ANY_SCOPE, value.value) in rebound:
                 return None
             # A name the method assigns is its own: other scopes' bindings do not matter.
-            bound = [a for a in facts.assignments_to(value.value) if a.site.function is method]
+            bound = _scope_assignments(facts, value.value, method)
             if any(a.unpacked or a.augmented for a in bound):
                 return None
             values = [a.value for a in bound]
@@ -139,12 +150,14 @@ def drawn_iterator(
             drawn.append(iterator)
     if not drawn or len({dotted_name(i) for i in drawn}) != 1 or dotted_name(drawn[0]) is None:
         return None
-    return drawn[0], method
+    return drawn[0]
 
 
-def _wrapper_method(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[cst.FunctionDef]:
-    """The method `m` of class C of this file that `name.m()` runs, where every binding of
-    `name` builds C (`batch_loader = InfiniteDataLoader(...)`) and C defines `m` directly,
+def _wrapper_method(
+    facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.CSTNode]
+) -> Optional[cst.FunctionDef]:
+    """The method `m` of class C of this file that `name.m()`, read in `function`, runs,
+    where every binding of `name` in its scope builds C (`batch_loader = InfiniteDataLoader(...)`) and C defines `m` directly,
     undecorated, taking only `self`."""
     if not (
         isinstance(node, cst.Call)
@@ -154,27 +167,57 @@ def _wrapper_method(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[
     ):
         return None
     holder = node.func.value.value
-    bound = facts.assignments_to(holder)
-    if any(name == holder for _, name in _rebound_names(facts)) or not bound:
-        return None
+    # Python's scopes: a name a function assigns is its own; any other is the module's.
+    local = isinstance(function, cst.FunctionDef) and locally_assigned(facts, holder, function)
+    scope = function if local else None
+    bound = _scope_assignments(facts, holder, scope)
     built = {dotted_name(a.value.func) if isinstance(a.value, cst.Call) else None for a in bound}
     owner = built.pop() if len(built) == 1 else None
     info = facts.classes.get(owner or "")
     if info is None or any(a.unpacked or a.augmented for a in bound):
         return None
-    for statement in info.node.body.body:
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == node.func.attr.value:
-            params = statement.params
-            only_self = (
-                [p.name.value for p in params.params] == ["self"]
-                and not params.posonly_params
-                and not params.kwonly_params
-                and not isinstance(params.star_arg, (cst.Param, cst.ParamStar))
-                and params.star_kwarg is None
-            )
-            if only_self and not statement.decorators and method_class(facts, statement):
-                return statement
-    return None
+    memo = facts.memo("batch_source_rebound")
+    if "spelled" not in memo:
+        memo["spelled"] = {name for _, name in _rebound_names(facts)}
+    if holder in memo["spelled"]:
+        return None
+    memo = facts.memo("class_body_bindings")
+    if owner not in memo:
+        table: Dict[str, List[cst.CSTNode]] = {}
+        for statement in info.node.body.body:
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                table.setdefault(statement.name.value, []).append(statement)
+                continue
+            for target in find_all(statement, cst.AssignTarget, cst.AnnAssign, cst.AugAssign):
+                for name in target_names(getattr(target, "target", target)):
+                    table.setdefault(name, []).append(statement)
+        memo[owner] = table
+    bindings = memo[owner].get(node.func.attr.value, [])
+    method = bindings[0] if len(bindings) == 1 else None
+    if not isinstance(method, cst.FunctionDef) or method.decorators:
+        return None
+    params = method.params
+    only_self = (
+        [p.name.value for p in params.params] == ["self"]
+        and not params.posonly_params
+        and not params.kwonly_params
+        and not isinstance(params.star_arg, (cst.Param, cst.ParamStar))
+        and params.star_kwarg is None
+    )
+    return method if only_self and method_class(facts, method) else None
+
+
+def _scope_assignments(facts: "ScriptFacts", name: str, scope: Optional[cst.CSTNode]):
+    """The assignments to `name` made in `scope` (None: module level), from one table per
+    pass: a name such as `x` is bound in every function of a long file."""
+    memo = facts.memo("assignments_by_scope")
+    if "table" not in memo:
+        table: Dict[Tuple[int, str], List] = {}
+        for assignment in facts.records.assignments:
+            key = (id(assignment.site.function), assignment.target)
+            table.setdefault(key, []).append(assignment)
+        memo["table"] = table
+    return memo["table"].get((id(scope), name), [])
 
 
 def _ends(
