@@ -186,6 +186,24 @@ for (images_A, labels_A), (images_B, _) in zip(loader_A, loader_B):
             17,
             "`load_data()` iterates it with `yield from`",
         ),
+        (
+            (ROOT / "fixtures/OPT201/keep_wrapper_loader_options_not_all_known.py").read_text(),
+            "OPT201",
+            33,
+            "whether the DataLoader pins its batches is unknown",
+        ),
+        (
+            (ROOT / "fixtures/OPT201/keep_loader_not_pinned.py").read_text(),
+            "OPT201",
+            11,
+            "the DataLoader is not built with `pin_memory=True`",
+        ),
+        (
+            (ROOT / "fixtures/OPT201/keep_loader_not_pinned.py").read_text(),
+            "OPT201",
+            20,
+            "its options arrive through `*args`/`**kwargs` whose entries",
+        ),
     ],
 )
 def test_a_site_left_alone_says_why(source: str, code: str, line: int, reason: str) -> None:

@@ -127,6 +127,7 @@ def blocking_batch_copies(
             continue
         names = facts.names_derived_in(loop, set(loop.targets) | seeds)
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders)
+        unpinned = NOT_PINNED if pinned else _not_pinned(facts, loaders)
         for call in facts.loop_calls(loop):
             if id(call.node) in examined:
                 continue
@@ -136,9 +137,9 @@ def blocking_batch_copies(
                 if pinned:
                     found.append(copy)
                 elif declined is not None:
-                    declined.append((call.node, NOT_PINNED))
+                    declined.append((call.node, unpinned))
             elif copy is not None and declined is not None:
-                declined.append((call.node, copy if pinned else NOT_PINNED))
+                declined.append((call.node, copy if pinned else unpinned))
     if declined is not None:
         declined.extend(_unfollowed_copies(facts, examined))
     return found
@@ -287,6 +288,20 @@ def _is_next(node: cst.BaseExpression) -> bool:
     return name in NEXT_CALLS
 
 
+def _not_pinned(facts: "ScriptFacts", loaders: List[CallSite]) -> str:
+    """Why the batches are not known to be pinned: a loader is not built with
+    `pin_memory=True`, or its options are not all readable (a `**kwargs` changed on the way,
+    filled by several callers, or made by a call)."""
+    if any(option_values(facts, loader.node, "pin_memory") is None for loader in loaders):
+        return UNKNOWN_PINNING
+    return NOT_PINNED
+
+
+UNKNOWN_PINNING = (
+    "whether the DataLoader pins its batches is unknown: its options arrive through `*args`/"
+    "`**kwargs` whose entries the analysis cannot all read; add `non_blocking=True` by hand if "
+    "it pins them and the device is CUDA"
+)
 NOT_PINNED = (
     "the DataLoader is not built with `pin_memory=True` (OPT101 adds it where it can): a copy from "
     "pageable memory cannot overlap with the GPU's work"
