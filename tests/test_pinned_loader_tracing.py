@@ -136,3 +136,25 @@ def test_a_batch_a_wrapper_method_returns_is_drawn_from_its_loader() -> None:
     (loader,) = batch_source(facts, iterator, method).loaders
     assert facts.is_pinned(loader)
     assert drawn_iterator(facts, moved, None) is None
+
+
+def test_a_wrapper_name_a_function_may_rebind_globally_is_not_followed() -> None:
+    from optimizer_codemod.analysis.batch_sources import drawn_iterator
+
+    source = (
+        "import torch\n"
+        "class Wrap:\n"
+        "    def __init__(self, dataset, **kwargs):\n"
+        "        self.it = iter(torch.utils.data.DataLoader(dataset, **kwargs))\n"
+        "    def next(self):\n"
+        "        return next(self.it)\n"
+        "{swap}"
+        "wrapper = Wrap(ds, pin_memory=True)\n"
+        "for step in range(9):\n"
+        "    batch = wrapper.next()\n"
+    )
+    swap = "def swap(other):\n    global wrapper\n    wrapper = other\n"
+    for text, followed in ((source.format(swap=""), True), (source.format(swap=swap), False)):
+        facts = ScriptFacts.of(cst.parse_module(text))
+        (drawn,) = (a.value for a in facts.records.assignments if a.target == "batch")
+        assert (drawn_iterator(facts, drawn, None) is not None) is followed

@@ -157,8 +157,9 @@ def _wrapper_method(
     facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.CSTNode]
 ) -> Optional[cst.FunctionDef]:
     """The method `m` of class C of this file that `name.m()`, read in `function`, runs,
-    where every binding of `name` in its scope builds C (`batch_loader = InfiniteDataLoader(...)`) and C defines `m` directly,
-    undecorated, taking only `self`."""
+    where every binding of `name` in its scope builds C (`batch_loader =
+    InfiniteDataLoader(...)`), no loop, `with` or `global` binds it too, and C defines `m`
+    once, directly, undecorated, taking only `self`."""
     if not (
         isinstance(node, cst.Call)
         and not node.args
@@ -178,7 +179,8 @@ def _wrapper_method(
         return None
     memo = facts.memo("batch_source_rebound")
     if "spelled" not in memo:
-        memo["spelled"] = {name for _, name in _rebound_names(facts)}
+        declared = {n.name.value for g in find_all(facts.module, cst.Global) for n in g.names}
+        memo["spelled"] = {name for _, name in _rebound_names(facts)} | declared
     if holder in memo["spelled"]:
         return None
     memo = facts.memo("class_body_bindings")
