@@ -137,7 +137,7 @@ def _method_draw(facts: "ScriptFacts", method: cst.FunctionDef) -> Optional[cst.
             if (id(method), value.value) in rebound or (ANY_SCOPE, value.value) in rebound:
                 return None
             # A name the method assigns is its own: other scopes' bindings do not matter.
-            bound = _scope_assignments(facts, value.value, method)
+            bound = facts.assignments_in_scope(value.value, method)
             if any(a.unpacked or a.augmented for a in bound):
                 return None
             values = [a.value for a in bound]
@@ -171,17 +171,13 @@ def _wrapper_method(
     # Python's scopes: a name a function assigns is its own; any other is the module's.
     local = isinstance(function, cst.FunctionDef) and locally_assigned(facts, holder, function)
     scope = function if local else None
-    bound = _scope_assignments(facts, holder, scope)
+    bound = facts.assignments_in_scope(holder, scope)
     built = {dotted_name(a.value.func) if isinstance(a.value, cst.Call) else None for a in bound}
     owner = built.pop() if len(built) == 1 else None
     info = facts.classes.get(owner or "")
     if info is None or any(a.unpacked or a.augmented for a in bound):
         return None
-    memo = facts.memo("batch_source_rebound")
-    if "spelled" not in memo:
-        declared = {n.name.value for g in find_all(facts.module, cst.Global) for n in g.names}
-        memo["spelled"] = {name for _, name in _rebound_names(facts)} | declared
-    if holder in memo["spelled"]:
+    if holder in _bound_otherwise_somewhere(facts):
         return None
     memo = facts.memo("class_body_bindings")
     if owner not in memo:
@@ -207,19 +203,6 @@ def _wrapper_method(
         and params.star_kwarg is None
     )
     return method if only_self and method_class(facts, method) else None
-
-
-def _scope_assignments(facts: "ScriptFacts", name: str, scope: Optional[cst.CSTNode]):
-    """The assignments to `name` made in `scope` (None: module level), from one table per
-    pass: a name such as `x` is bound in every function of a long file."""
-    memo = facts.memo("assignments_by_scope")
-    if "table" not in memo:
-        table: Dict[Tuple[int, str], List] = {}
-        for assignment in facts.records.assignments:
-            key = (id(assignment.site.function), assignment.target)
-            table.setdefault(key, []).append(assignment)
-        memo["table"] = table
-    return memo["table"].get((id(scope), name), [])
 
 
 def _ends(
@@ -266,7 +249,7 @@ def _follow(
     # Python's scopes: a name a function assigns is its own; any other is the module's.
     local = isinstance(function, cst.FunctionDef) and locally_assigned(facts, name, function)
     scope = function if local else None
-    bound = [a for a in facts.assignments_to(name) if a.site.function is scope]
+    bound = facts.assignments_in_scope(name, scope)
     if any(a.unpacked and not is_prepare(a.value) for a in bound):
         return None
     return _all_ends(facts, [(a.value, a.site.function) for a in bound], steps)
@@ -371,6 +354,16 @@ def _argument(
     args = positional(call)
     index = params.index(parameter) if parameter in params else len(args)
     return args[index].value if index < len(args) else None
+
+
+def _bound_otherwise_somewhere(facts: "ScriptFacts") -> Set[str]:
+    """Names some scope binds otherwise than by an assignment (_rebound_names), or declares
+    `global` (a function's assignment then binds the module's name)."""
+    memo = facts.memo("batch_source_rebound")
+    if "anywhere" not in memo:
+        declared = {n.name.value for g in find_all(facts.module, cst.Global) for n in g.names}
+        memo["anywhere"] = {name for _, name in _rebound_names(facts)} | declared
+    return memo["anywhere"]
 
 
 def _rebound_names(facts: "ScriptFacts") -> Set[Tuple[int, str]]:

@@ -124,7 +124,7 @@ def _built_from(
 ) -> Optional[str]:
     """The class of this file whose one call binds `name` in `function`'s own scope (None:
     module level), when that is its one binding there."""
-    bindings = [b for b in facts.assignments_to(name) if b.site.function is function]
+    bindings = facts.assignments_in_scope(name, function)
     if len(bindings) != 1:
         return None
     (binding,) = bindings

@@ -71,9 +71,9 @@ def is_python_number(
         parameter = _parameter(function, name)
         if parameter is not None:
             return _number_parameter(parameter, function)
-        bindings = [a for a in facts.assignments_to(name) if a.site.function is function]
+        bindings = facts.assignments_in_scope(name, function)
     elif "." not in name:
-        bindings = [a for a in facts.assignments_to(name) if a.site.function is None]
+        bindings = facts.assignments_in_scope(name, None)
     elif name.count(".") == 1 and name.startswith("self.") and klass is not None:
         bindings = [a for a in facts.assignments_to(name) if a.site.class_name == klass.name.value]
     else:

@@ -107,6 +107,21 @@ class ScriptFacts:
     def assignments_to(self, name: str) -> Sequence[Assignment]:
         return self._assignments_by_target.get(name, ())
 
+    def assignments_in_scope(
+        self, name: str, function: Optional[cst.CSTNode]
+    ) -> Sequence[Assignment]:
+        """The assignments to `name` made in `function`'s own body (None: module level), in
+        source order: one table per file, as a name such as `x` is bound in every function."""
+        return self._assignments_by_scope.get((id(function), name), ())
+
+    @cached_property
+    def _assignments_by_scope(self) -> Dict[Tuple[int, str], List[Assignment]]:
+        table: Dict[Tuple[int, str], List[Assignment]] = {}
+        for assignment in self.records.assignments:
+            key = (id(assignment.site.function), assignment.target)
+            table.setdefault(key, []).append(assignment)
+        return table
+
     def assignment_of(self, value: cst.BaseExpression) -> Optional[Assignment]:
         """The assignment whose value is exactly `value` (`opt = Adam(...)` for the call)."""
         return self._assignment_by_value.get(value)
