@@ -158,3 +158,43 @@ def test_a_wrapper_name_a_function_may_rebind_globally_is_not_followed() -> None
         facts = ScriptFacts.of(cst.parse_module(text))
         (drawn,) = (a.value for a in facts.records.assignments if a.target == "batch")
         assert (drawn_iterator(facts, drawn, None) is not None) is followed
+
+
+CLASS_READS_ITS_OWN_INSTANCE = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Items(Dataset):
+    def __init__(self, names):
+        self.captions = names
+
+    def __len__(self):
+        return len(data)
+
+    def __getitem__(self, index):
+        return torch.zeros(3) + index
+
+
+data = Items(["a", "b"])
+captions = Items(["c"])
+loader = DataLoader(data, batch_size=4)
+for batch in loader:
+    print(batch.cuda())
+"""
+
+
+def test_a_dataset_class_reading_the_global_that_holds_its_instance_is_analysed() -> None:
+    """`len(data)` in a method of the class `data` is built from asked "may the class place
+    tensors on the device" again while answering it: that recursed without end (an internal
+    error, the file left alone); `self.captions` was taken for the global `captions`."""
+    from optimizer_codemod import rewrite
+    from optimizer_codemod.analysis.devices import class_may_place_on_accelerator
+
+    result = rewrite(CLASS_READS_ITS_OWN_INSTANCE, why_not=True)
+    assert {d.code for d in result.diagnostics} >= {"OPT102", "OPT104"}
+    facts = ScriptFacts.of(cst.parse_module(CLASS_READS_ITS_OWN_INSTANCE))
+    assert class_may_place_on_accelerator(facts, "Items") is True  # the cycle answers "may"
+    placed = CLASS_READS_ITS_OWN_INSTANCE.replace("len(data)", "len(self.captions)")
+    facts = ScriptFacts.of(cst.parse_module(placed))
+    assert class_may_place_on_accelerator(facts, "Items") is False  # `captions`: attribute

@@ -337,6 +337,20 @@ def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> boo
     memo = facts.memo("class_may_place")
     if class_name in memo:
         return memo[class_name]
+    # A class reading a module-level value built from the class itself (`data = Items(...)`
+    # read in a method) asks this question again while answering it: "may", which keeps
+    # every answer built on it on the safe side.
+    asking = facts.memo("class_may_place_asking")
+    if class_name in asking:
+        return True
+    asking[class_name] = True
+    try:
+        return _class_may_place(facts, memo, class_name)
+    finally:
+        del asking[class_name]
+
+
+def _class_may_place(facts: "ScriptFacts", memo: dict, class_name: str) -> bool:
     # `reached_from` leads a finding back to the class: every name on that path places too,
     # so each name is walked once per pass, whatever number of classes reach it.
     pending, reached_from, seen = [class_name], {class_name: None}, set()
@@ -376,7 +390,9 @@ def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> boo
 
 
 def _reads_global_on_accelerator(facts: "ScriptFacts", definition: cst.CSTNode) -> bool:
-    names = {node.value for node in find_all(definition, cst.Name)}
+    # `captions` in `self.captions` is an attribute, not the module's variable `captions`.
+    attributes = {id(node.attr) for node in find_all(definition, cst.Attribute)}
+    names = {node.value for node in find_all(definition, cst.Name) if id(node) not in attributes}
     return any(
         assignment.site.function is None
         and assignment.site.class_name is None
