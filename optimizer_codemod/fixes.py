@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
@@ -22,10 +22,6 @@ def span(code_range: CodeRange) -> Span:
     )
 
 
-def _overlaps(a: Span, b: Span) -> bool:
-    return not (a[1] <= b[0] or b[1] <= a[0])
-
-
 def _contains(outer: Span, inner: Span) -> bool:
     return outer[0] <= inner[0] and inner[1] <= outer[1]
 
@@ -41,7 +37,7 @@ def choose_compatible(
     insertion's anchor. Inserts on one anchor compose. A deferred fix is found again in the
     next pass, on the rewritten tree.
     """
-    replaced: List[Span] = []
+    replaced = _DisjointSpans()
     anchors: List[Span] = []
     made: Dict[int, List[Replace]] = {}  # by id of the replaced node
     chosen = []
@@ -57,18 +53,37 @@ def choose_compatible(
             span(positions[e.anchor]) for e in finding.fix.edits if isinstance(e, InsertStatements)
         ]
         conflict = (
-            any(_overlaps(a, b) for a in mine_replaced for b in replaced)
+            any(replaced.overlaps(a) for a in mine_replaced)
             or any(_contains(a, b) for a in mine_replaced for b in anchors)
-            or any(_contains(b, a) for a in mine_anchors for b in replaced)
+            or any(_contains(b, a) for a in mine_anchors for b in replaced.spans)
         )
         if not conflict:
             chosen.append(finding)
-            replaced.extend(mine_replaced)
+            for chosen_span in mine_replaced:
+                replaced.add(chosen_span)
             anchors.extend(mine_anchors)
             for edit in finding.fix.edits:
                 if isinstance(edit, Replace):
                     made.setdefault(id(edit.node), []).append(edit)
     return chosen
+
+
+class _DisjointSpans:
+    """The spans of the replacements chosen so far, which never overlap one another, sorted:
+    whether a new span overlaps one of them is a binary search, not a scan (a file with
+    thousands of fixes would otherwise cost their square)."""
+
+    def __init__(self) -> None:
+        self.spans: List[Span] = []
+
+    def overlaps(self, new: Span) -> bool:
+        # Sorted and pairwise disjoint, the spans' ends rise with their starts: of those
+        # starting before `new` ends, the last one reaches furthest.
+        before = bisect_left(self.spans, (new[1], (-1, -1)))
+        return before > 0 and self.spans[before - 1][1] > new[0]
+
+    def add(self, new: Span) -> None:
+        insort(self.spans, new)
 
 
 def _same_edit(a: Replace, b: Replace) -> bool:

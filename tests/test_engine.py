@@ -397,3 +397,27 @@ def test_the_same_edit_from_two_findings_is_made_once_and_both_are_fixed() -> No
     assert choose_compatible(same, positions) == same
     different = [finding(calls[0], "{'a': 1, 'b': 2}"), finding(calls[1], "{'a': 2}")]
     assert choose_compatible(different, positions) == different[:1]
+
+
+def test_chosen_replacements_are_searched_as_a_scan_would_find_them() -> None:
+    """The sorted search for overlaps answers as the scan over every chosen span did,
+    including empty spans and spans that touch."""
+    import random
+
+    from optimizer_codemod.fixes import _DisjointSpans
+
+    def overlap(a, b) -> bool:
+        return not (a[1] <= b[0] or b[1] <= a[0])
+
+    rng = random.Random(7)
+    for _ in range(200):
+        chosen = _DisjointSpans()
+        kept = []
+        for _ in range(30):
+            start = (rng.randint(1, 6), rng.randint(0, 4))
+            end = max(start, (rng.randint(1, 6), rng.randint(0, 4)))
+            expected = any(overlap((start, end), k) for k in kept)
+            assert chosen.overlaps((start, end)) == expected
+            if not expected:
+                chosen.add((start, end))
+                kept.append((start, end))

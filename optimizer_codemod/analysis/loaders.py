@@ -594,15 +594,30 @@ def names_changed(
             and where.order < built.order
         )
 
-    for call in facts.records.calls:
-        if call.receiver in names or any((call.receiver or "").startswith(n + ".") for n in names):
-            if counts(call.site):
-                return True
-    return any(
-        any(a.target.startswith(n + ".") for n in names) and counts(a.site)
-        for a in facts.records.assignments
-        if a.site.class_name is None
-    )
+    changes = _changes_by_name(facts)
+    return any(counts(where) for name in names for where in changes.get(name, ()))
+
+
+def _changes_by_name(facts: "ScriptFacts") -> Dict[str, List[Site]]:
+    """Where each object may be changed, by its dotted name and every dotted prefix of it: a
+    call of a method of `a.b` counts for `a.b` and `a`, an assignment to `a.b.c` (outside
+    classes) for `a.b` and `a`. One table per pass: asked per loader, a walk of the file's
+    calls each time made the rule quadratic in the file's loaders."""
+    memo = facts.memo("changes_by_name")
+    if "table" not in memo:
+        table: Dict[str, List[Site]] = {}
+        for call in facts.records.calls:
+            if call.receiver:
+                parts = call.receiver.split(".")
+                for end in range(1, len(parts) + 1):
+                    table.setdefault(".".join(parts[:end]), []).append(call.site)
+        for assignment in facts.records.assignments:
+            if assignment.site.class_name is None:
+                parts = assignment.target.split(".")
+                for end in range(1, len(parts)):
+                    table.setdefault(".".join(parts[:end]), []).append(assignment.site)
+        memo["table"] = table
+    return memo["table"]
 
 
 def loader_names(facts: "ScriptFacts", site: CallSite) -> Set[str]:
@@ -1027,12 +1042,19 @@ def _returned_loader(facts: "ScriptFacts", call: CallSite) -> Optional[CallSite]
 def _function_named(facts: "ScriptFacts", key: Optional[str]) -> Optional[cst.FunctionDef]:
     if key is None:
         return None
-    owner, _, name = key.rpartition(".")
-    body = facts.module.body if not owner else getattr(facts.classes.get(owner), "node", None)
-    statements = body if not owner else (body.body.body if body is not None else [])
-    return next(
-        (s for s in statements if isinstance(s, cst.FunctionDef) and s.name.value == name), None
-    )
+    memo = facts.memo("functions_by_key")
+    if "table" not in memo:
+        # The first `def` of each name at module level ("train") and in each class
+        # ("Trainer.fit"): one walk per pass, not one per loader.
+        table: Dict[str, cst.FunctionDef] = {}
+        scopes = [("", facts.module.body)]
+        scopes += [(f"{owner}.", info.node.body.body) for owner, info in facts.classes.items()]
+        for prefix, statements in scopes:
+            for statement in statements:
+                if isinstance(statement, cst.FunctionDef):
+                    table.setdefault(prefix + statement.name.value, statement)
+        memo["table"] = table
+    return memo["table"].get(key)
 
 
 def repetition_unknown(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
