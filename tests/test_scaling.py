@@ -346,3 +346,59 @@ def test_following_batches_through_wrapper_methods_costs_linear_work() -> None:
         return counts
 
     assert_linear_work(work, 10)
+
+
+def _window_datasets(count: int) -> str:
+    """`count` dataset classes of token windows (char_transformer's), each built twice and
+    loaded by two DataLoaders, and each reading the module's variable that holds its
+    training instance (`len(train_0)`): OPT104 derives a batched `__getitem__` per class."""
+    parts = ["import torch\nfrom torch.utils.data import DataLoader, Dataset\n"]
+    for index in range(count):
+        parts.append(f"""
+
+class Windows{index}(Dataset):
+    def __init__(self, tokens, context):
+        self.tokens = tokens
+        self.context = context
+        self.size = len(train_{index}) if "train_{index}" in globals() else 0
+
+    def __len__(self):
+        return len(self.tokens) - self.context - 1
+
+    def __getitem__(self, index):
+        chunk = self.tokens[index : index + self.context + 1]
+        x = chunk[:-1].long()
+        return x, chunk[1:]
+
+
+tokens_{index} = torch.randint(0, 50, (1000,))
+train_{index} = Windows{index}(tokens_{index}[:900], 8)
+val_{index} = Windows{index}(tokens_{index}[900:], 8)
+train_loader_{index} = DataLoader(train_{index}, batch_size=16, shuffle=True)
+val_loader_{index} = DataLoader(val_{index}, batch_size=16)
+for x, y in train_loader_{index}:
+    print(x, y)
+for x, y in val_loader_{index}:
+    print(x, y)
+""")
+    return "".join(parts)
+
+
+def test_batched_items_of_many_dataset_classes_cost_linear_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from optimizer_codemod import rewrite
+
+    # Diffs and parsing take the paths long files take at both sizes (as above).
+    monkeypatch.setattr(linediff, "SMALL_REGION", 0)
+    monkeypatch.setattr(linediff, "BUDGET_FLOOR", 0)
+    monkeypatch.setattr(linediff, "BUDGET_PER_LINE", 0)
+    monkeypatch.setattr(chunks, "MIN_LINES", 0)
+
+    def work(count: int) -> Counter:
+        source = _window_datasets(count)
+        counts, result = counted(lambda: rewrite(source, select=["OPT104"]))
+        assert result.source.count("if isinstance(index, list):") == count
+        return counts
+
+    assert_linear_work(work, 5, "dataset classes")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import libcst as cst
 
+from optimizer_codemod.analysis.batched_items import BatchedItems, batched_items
 from optimizer_codemod.analysis.calls import (
     as_keyword,
     code_of,
@@ -14,6 +15,8 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.loaders import (
     PARAMETERS,
+    TENSOR_DATASETS,
+    dataset_call,
     dataset_classes,
     dataset_parameter,
     dataset_mutated,
@@ -21,8 +24,8 @@ from optimizer_codemod.analysis.loaders import (
     loader_use_beyond_iteration,
     option,
     options_hidden,
-    tensor_dataset_call,
 )
+from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -39,6 +42,15 @@ class TensorDatasetFetchedItemByItem(Rule):
         `TensorDataset` into `DataLoader(ds, batch_size=None,
         sampler=BatchSampler(RandomSampler(ds), B, drop_last=...))` (`SequentialSampler`
         without shuffling): the loader asks the dataset for a whole batch of indices at once.
+
+        A dataset class of the script whose `__getitem__` only reads tensor attributes at the
+        index (`self.images[index]`, a window `self.tokens[index : index + n + 1]`) and
+        computes from them element by element gets the same loader change and a first branch
+        in `__getitem__` for a list of indices, which computes the whole batch:
+        `self.tokens[starts + torch.arange(n + 1)]` for a window (with `starts =
+        torch.tensor(index)[:, None]` first),
+        `x.reshape(len(index), -1)` for `x.flatten()`, `x[:, :-1]` for `x[:-1]`. An integer
+        index still runs the original code.
 
     Why is it slow:
         With `batch_size=B` the loader calls `ds[i]` once per index, each call slicing every
@@ -84,17 +96,41 @@ class TensorDatasetFetchedItemByItem(Rule):
         changed after it is built. Reported, not fixed, when options arrive through
         `*args`/`**kwargs`.
 
+        For a dataset class, the new branch computes what `default_collate` stacks from the
+        items, derived statement by statement from `__getitem__`
+        (`optimizer_codemod/analysis/batched_items.py`): a tensor attribute read at the
+        index, or at a window `index + a : index + b` that `__len__` (`len(self.A) - X`)
+        keeps inside the tensor (a slice past the end would come out shorter, a gather
+        raises); slices and integers of such a value; `+ - * / // %` with a number; dtype
+        conversions, copies and flattening. Nothing combines two per-item values (a batch
+        dimension changes how they broadcast) or computes a transcendental function (a
+        vectorised kernel may round differently). A value that may be a strided view gets
+        `.contiguous()`, as the stack is. Only a list index takes the branch: the sampler's
+        integers and every other use of `ds[i]` run the code as written. Applied only to a
+        class deriving from `Dataset` alone, built only by calls in this file (its tensors
+        followed to `torch` functions through its constructor's arguments), and with a
+        dataset argument that is a name (a class's construction may draw random numbers, and
+        the fix would repeat it). `tests/test_opt104_batched_loader.py` runs seven
+        `__getitem__` shapes with torch and compares every batch (dtype, shape, strides,
+        values); the sgld_mnist and char_transformer reference workloads get it.
+
     Expected gain:
         The per-item fetching and collation of every batch, which runs between two training
-        steps. Measured on CPU (2-core AMD EPYC, torch 2.13.0+cpu, one thread, 2026-11-24)
+        steps. Measured on CPU (2-core AMD EPYC, torch 2.13.0+cpu, one thread, 2026-11-25)
         with `benchmarks/batched_loader.py`, one shuffled epoch in the main process, per
-        item against batched: x2.1 to x8.4 over five datasets
-        (`benchmarks/results/batched-loader-cpu.md`): 137 us against 32 us per batch for
-        sudoku_diffusion's CPU shape (batch 32 of 81 cells), 825 against 385 us for
-        MNIST-shaped images (batch 100), 11.7 against 1.4 ms for a batch of 1024 rows of 32
-        features. The larger the batch and the cheaper the step, the larger the share of the
-        step this is: at sudoku_diffusion's CPU size it is 0.1 ms of a 140 ms step, too little
-        for `optcodemod bench` to tell apart from noise.
+        item against batched: x1.7 to x7.8 over nine datasets
+        (`benchmarks/results/batched-loader-cpu.md`): 66 us against 26 us per batch for
+        sudoku_diffusion's CPU shape (batch 32 of 81 cells), 325 against 144 us for
+        MNIST-shaped tensors (batch 100), 4.2 against 0.53 ms for a batch of 1024 rows of 32
+        features. Dataset classes: 1125 against 176 us per batch for sgld_mnist's normalised,
+        flattened images (batch 100, x6.4), 77 against 44 us for char_transformer's windows
+        at its CPU size (batch 16, x1.7) and 1379 against 440 us at its GPU shape (batch 256
+        of 257 tokens, x3.1). The larger the batch and the cheaper the step, the larger the
+        share of the step this is: at sudoku_diffusion's CPU size it is 0.1 ms of a 140 ms
+        step, too little for `optcodemod bench` to tell apart from noise, as at
+        char_transformer's (x0.99 alone); at sgld_mnist's, `optcodemod bench --ablate`
+        measures x1.08 for OPT104 alone on a 21 ms step
+        (`benchmarks/results/opt104-classes-bench-cpu.md`).
     """
 
     code = "OPT104"
@@ -137,21 +173,22 @@ class TensorDatasetFetchedItemByItem(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         for site in self.facts.dataloader_constructions():
             call = site.node
-            dataset = tensor_dataset_call(self.facts, site)
-            if dataset is None:
-                self.decline(call, _not_tensor_dataset(self.facts, site))
-                continue
             size = option(call, "batch_size")
             if size is not None and is_literal(size.value, None):
                 continue  # no automatic batching: the sampler already yields what is fetched
-            problem = self._problem(site)
+            items = self._batched_class(site)
+            if isinstance(items, str):
+                self.decline(call, items)
+                continue
+            problem = self._problem(site, built_by_class=items is not None)
             if problem is not None:
                 self.decline(call, problem)
                 continue
             if options_hidden(call):
+                what = "a TensorDataset" if items is None else f"a `{items.class_name}`"
                 self.report(
                     call,
-                    message="DataLoader fetches a TensorDataset item by item; its options "
+                    message=f"DataLoader fetches {what} item by item; its options "
                     "arrive through */** arguments: if they set no sampler or collate_fn, "
                     "use `batch_size=None, sampler=BatchSampler(...)`",
                 )
@@ -168,9 +205,40 @@ class TensorDatasetFetchedItemByItem(Rule):
                 continue
             imports = tuple(spec for _, spec in names if spec is not None)
             fixed = _rewrite(call, names[0][0], names[1][0], shuffled)
-            self.report(call, Fix((Replace(call, fixed),), imports))
+            if items is None:
+                self.report(call, Fix((Replace(call, fixed),), imports))
+                continue
+            # Every loader over the class carries the same edit of `__getitem__`: made once.
+            edits = (Replace(call, fixed), Replace(items.getitem, items.replacement))
+            self.report(
+                call,
+                Fix(edits, imports),
+                message=f"DataLoader fetches `{items.class_name}` items one at a time and "
+                "stacks the batch",
+                fix_title=f"{self.fix_title}, and a branch of `{items.class_name}."
+                "__getitem__` that fetches a list of indices at once",
+            )
 
-    def _problem(self, site) -> Optional[str]:
+    def _batched_class(self, site) -> Union[None, str, BatchedItems]:
+        """None for a `TensorDataset`; the batched `__getitem__` for a dataset class of this
+        file that has one; else why the loader's batches cannot be fetched at once."""
+        dataset = dataset_call(self.facts, site)
+        if dataset is not None and self.facts.qualified_name(dataset.func) in TENSOR_DATASETS:
+            return None
+        local = dotted_name(dataset.func) if dataset is not None else None
+        if local is None or self.facts.qualified_name(dataset.func) is not None:
+            return _not_tensor_dataset(self.facts, site)
+        if local not in self.facts.classes:
+            return _not_tensor_dataset(self.facts, site)
+        items = batched_items(self.facts, local)
+        if isinstance(items, str):
+            return (
+                f"the dataset is a `{local}`, defined here, which cannot fetch a list of "
+                f"indices at once: {items}"
+            )
+        return items
+
+    def _problem(self, site, built_by_class: bool) -> Optional[str]:
         """Why this loader over a TensorDataset gets no fix; None when it may get one."""
         call = site.node
         for given in ("sampler", "batch_sampler", "collate_fn"):
@@ -191,7 +259,7 @@ class TensorDatasetFetchedItemByItem(Rule):
                     f"`{code_of(arg.value)}` may have side effects, and the fix moves it "
                     "into the sampler"
                 )
-        if not self._repeatable(dataset.value):
+        if not self._repeatable(dataset.value, built_by_class):
             return "the dataset expression is built with calls, and the fix would repeat it"
         if dataset_mutated(self.facts, site):
             return "the dataset is changed after the loader is built"
@@ -200,9 +268,10 @@ class TensorDatasetFetchedItemByItem(Rule):
             return f"{use}: batching by sampler changes the loader's `batch_size` and `sampler`"
         return None
 
-    def _repeatable(self, node: cst.BaseExpression) -> bool:
-        """`node` may be evaluated twice: a name, or `TensorDataset(...)` of such values."""
-        if isinstance(node, cst.Call):
+    def _repeatable(self, node: cst.BaseExpression, built_by_class: bool) -> bool:
+        """`node` may be evaluated twice: a name, or `TensorDataset(...)` of such values (not
+        a class of the script, whose `__init__` may draw random numbers)."""
+        if isinstance(node, cst.Call) and not built_by_class:
             return all(not a.star and is_pure(self.facts, a.value) for a in node.args)
         return is_pure(self.facts, node)
 

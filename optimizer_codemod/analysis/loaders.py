@@ -1273,7 +1273,15 @@ BATCHING_ATTRIBUTES = frozenset(
 
 
 def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Call]:
-    """The `TensorDataset(...)` call the loader's dataset is: the argument itself, or a name
+    """The `TensorDataset(...)` call the loader's dataset is (see dataset_call)."""
+    call = dataset_call(facts, site)
+    if call is not None and facts.qualified_name(call.func) in TENSOR_DATASETS:
+        return call
+    return None
+
+
+def dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Call]:
+    """The call that builds the loader's dataset: the argument itself, or the value of a name
     (or attribute) assigned exactly once, in the loader's function or at module level; a
     parameter is first followed to its argument at the one call (dataset_source)."""
     arg = option(site.node, "dataset")
@@ -1283,7 +1291,7 @@ def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Ca
     params = parameter_names(function)
     for _ in range(MAX_DEPTH):
         if isinstance(node, cst.Call):
-            return node if facts.qualified_name(node.func) in TENSOR_DATASETS else None
+            return node
         name = dotted_name(node)
         if name is None or name in params:
             return None

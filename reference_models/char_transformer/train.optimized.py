@@ -13,7 +13,7 @@ import random
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, DataLoader, Dataset
 
 torch.set_float32_matmul_precision("high")
 
@@ -62,6 +62,10 @@ class CharWindows(Dataset):
         return len(self.tokens) - self.context - 1
 
     def __getitem__(self, index):
+        if isinstance(index, list):  # a batch of indices, from the BatchSampler
+            starts = torch.tensor(index)[:, None]
+            chunk = self.tokens[starts + torch.arange(self.context + 1)]
+            return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
         chunk = self.tokens[index : index + self.context + 1]
         return chunk[:-1], chunk[1:]
 
@@ -104,7 +108,11 @@ def main():
     split = int(0.9 * len(tokens))
     train_set = CharWindows(tokens[:split], size["context"])
     val_set = CharWindows(tokens[split:], size["context"])
-    loader = DataLoader(train_set, batch_size=size["batch_size"], shuffle=True)
+    loader = DataLoader(
+        train_set,
+        batch_size=None,
+        sampler=BatchSampler(RandomSampler(train_set), size["batch_size"], drop_last=False),
+    )
     model = CharTransformer(
         len(vocab), size["context"], size["width"], size["layers"], size["heads"]
     ).to(device)
@@ -129,7 +137,11 @@ def main():
         print(f"epoch {epoch}: loss {loss.item():.4f}")
 
     model.eval()
-    val_loader = DataLoader(val_set, batch_size=size["batch_size"])
+    val_loader = DataLoader(
+        val_set,
+        batch_size=None,
+        sampler=BatchSampler(SequentialSampler(val_set), size["batch_size"], drop_last=False),
+    )
     total, batches = 0.0, 0
     with torch.inference_mode():
         for x, y in val_loader:

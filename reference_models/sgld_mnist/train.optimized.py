@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, RandomSampler, DataLoader, Dataset
 
 torch.set_float32_matmul_precision("high")
 
@@ -37,6 +37,9 @@ class SyntheticDigits(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index):
+        if isinstance(index, list):  # a batch of indices, from the BatchSampler
+            image = (self.images[index] - 0.1307) / 0.3081
+            return image.reshape(len(index), -1), self.labels[index]
         image = (self.images[index] - 0.1307) / 0.3081
         return image.flatten(), self.labels[index]
 
@@ -92,7 +95,10 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     train_set = SyntheticDigits(size["samples"])
     loader = DataLoader(
-        train_set, batch_size=size["batch_size"], shuffle=True, pin_memory=torch.cuda.is_available()
+        train_set,
+        batch_size=None,
+        sampler=BatchSampler(RandomSampler(train_set), size["batch_size"], drop_last=False),
+        pin_memory=torch.cuda.is_available(),
     )
     model = MLP(size["hidden"]).to(device)
     if device.type == "cuda":
