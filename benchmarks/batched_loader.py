@@ -1,4 +1,4 @@
-"""OPT104 on CPU: a DataLoader over a TensorDataset, per-item fetching against batched fetching.
+"""OPT104 on CPU: a DataLoader over in-memory tensors, per-item against batched fetching.
 
     python benchmarks/batched_loader.py [--quick]
 
@@ -6,7 +6,9 @@ For each case, one epoch through the loader as written (`batch_size=B, shuffle=T
 `ds[i]` per item, then `default_collate` stacks them) and through OPT104's rewrite
 (`batch_size=None, sampler=BatchSampler(RandomSampler(ds), B, drop_last=...)`: one `ds[list]`
 per batch), in the main process (the only setting a TensorDataset gets from the other loader
-rules), torch on one thread. Both loaders are checked to give identical batches first. Each
+rules), torch on one thread. The reference workloads' own dataset classes (sgld_mnist,
+char_transformer) are measured as written and as OPT104 rewrites them (the class gets a
+branch of `__getitem__` for a list of indices). Both loaders are checked to give identical batches first. Each
 time is the median of several epochs, taken alternately. Writes
 benchmarks/results/batched-loader-cpu.json and .md with the machine, torch version and date.
 """
@@ -67,6 +69,66 @@ CASES = [
         False,
     ),
 ]
+
+
+# Dataset classes of the reference workloads, as written and as OPT104 rewrites them (a
+# branch of `__getitem__` for a list of indices): name, what, workload, class, its
+# arguments (built by `arguments(torch)`), batch size.
+CLASS_CASES = [
+    (
+        "sgld-cpu",
+        "sgld_mnist's SyntheticDigits at --size cpu: 4,096 images, normalised and flattened, "
+        "batch 100",
+        "sgld_mnist",
+        "SyntheticDigits",
+        lambda torch: (4096,),
+        100,
+    ),
+    (
+        "sgld-gpu-shape",
+        "sgld_mnist's SyntheticDigits at --size gpu: 60,000 images, batch 100",
+        "sgld_mnist",
+        "SyntheticDigits",
+        lambda torch: (60000,),
+        100,
+    ),
+    (
+        "char-cpu",
+        "char_transformer's CharWindows at --size cpu: 90,000 tokens, windows of 65, batch 16",
+        "char_transformer",
+        "CharWindows",
+        lambda torch: (torch.randint(0, 40, (90000,)), 64),
+        16,
+    ),
+    (
+        "char-gpu-shape",
+        "char_transformer's CharWindows at --size gpu: 1,800,000 tokens, windows of 257, "
+        "batch 256",
+        "char_transformer",
+        "CharWindows",
+        lambda torch: (torch.randint(0, 40, (1800000,)), 256),
+        256,
+    ),
+]
+
+
+def workload_classes(workload: str, class_name: str):
+    """The class from the workload's train.py, and from OPT104's rewrite of it."""
+    import importlib.util
+
+    sys.path.insert(0, str(HERE.parent))
+    from optimizer_codemod import rewrite
+
+    source = (HERE.parent / "reference_models" / workload / "train.py").read_text()
+    rewritten = rewrite(source, select=["OPT104"]).source
+    assert "isinstance(index, list)" in rewritten, f"OPT104 left {workload} alone"
+    found = []
+    for tag, text in (("as_written", source), ("rewritten", rewritten)):
+        spec = importlib.util.spec_from_loader(f"{workload}_{tag}", loader=None)
+        module = importlib.util.module_from_spec(spec)
+        exec(compile(text, f"{workload}/train.py ({tag})", "exec"), module.__dict__)
+        found.append(getattr(module, class_name))
+    return found
 
 
 def machine() -> dict:
@@ -134,6 +196,35 @@ def measure(case, repeats: int) -> dict:
         else:
             tensors.append(torch.randn(shape, generator=generator))
     per_item, batched, torch = loaders(tensors, batch, drop_last)
+    result = timed(per_item, batched, torch, repeats)
+    result.update(name=name, what=what, batch_size=batch, drop_last=drop_last)
+    result["tensors"] = [{"shape": list(shape), "dtype": dtype} for shape, dtype in specs]
+    return result
+
+
+def measure_class(case, repeats: int) -> dict:
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    name, what, workload, class_name, arguments, batch = case
+    as_written, rewritten = workload_classes(workload, class_name)
+    torch.manual_seed(0)
+    args = arguments(torch)
+    data, batched_data = as_written(*args), rewritten(*args)
+    per_item = DataLoader(data, batch_size=batch, shuffle=True)
+    batched = DataLoader(
+        batched_data,
+        batch_size=None,
+        sampler=BatchSampler(RandomSampler(batched_data), batch, drop_last=False),
+    )
+    result = timed(per_item, batched, torch, repeats)
+    result.update(name=name, what=what, batch_size=batch, drop_last=False)
+    result["dataset_class"] = f"reference_models/{workload}/train.py: {class_name}"
+    return result
+
+
+def timed(per_item, batched, torch, repeats: int) -> dict:
+    """Identical batches first, then alternating epochs of each loader."""
     identical = same_batches(per_item, batched, torch)
     times = {"per_item": [], "batched": []}
     epoch(per_item), epoch(batched)  # warm-up
@@ -143,11 +234,6 @@ def measure(case, repeats: int) -> dict:
     before = statistics.median(times["per_item"])
     after = statistics.median(times["batched"])
     return {
-        "name": name,
-        "what": what,
-        "tensors": [{"shape": list(shape), "dtype": dtype} for shape, dtype in specs],
-        "batch_size": batch,
-        "drop_last": drop_last,
         "batches_per_epoch": len(per_item),
         "identical_batches": identical,
         "per_item_epoch_s": before,
@@ -164,7 +250,7 @@ def write(results: dict) -> None:
     (RESULTS / "batched-loader-cpu.json").write_text(json.dumps(results, indent=1) + "\n")
     m = results["machine"]
     lines = [
-        "# OPT104: per-item against batched fetching from a TensorDataset (CPU)",
+        "# OPT104: per-item against batched fetching from in-memory tensors (CPU)",
         "",
         f"{results['date']}, torch {m['torch']}, {m['cpu']} ({m['cpu_count']} cores), "
         f"{m['platform']}, Python {m['python']}, torch on 1 thread. "
@@ -173,7 +259,8 @@ def write(results: dict) -> None:
         "One epoch through `DataLoader(ds, batch_size=B, shuffle=True)` (per item: `ds[i]` for "
         "each index, then `default_collate`) against OPT104's rewrite `DataLoader(ds, "
         "batch_size=None, sampler=BatchSampler(RandomSampler(ds), B, drop_last=...))` (one "
-        "`ds[list]` per batch), main process; median of "
+        "`ds[list]` per batch), main process; the reference workloads' dataset classes as "
+        "written against OPT104's rewrite of the class and loader; median of "
         f"{results['repeats']} epochs each, taken alternately. Every case was first checked "
         "to give identical batches from the same seed.",
         "",
@@ -197,11 +284,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="first two cases, 3 epochs")
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
-    cases = CASES[:2] if args.quick else CASES
+    cases = [(measure, c) for c in (CASES[:2] if args.quick else CASES)]
+    cases += [(measure_class, c) for c in (CLASS_CASES[:1] if args.quick else CLASS_CASES)]
     measured = []
     with one_thread():
-        for case in cases:
-            result = measure(case, repeats)
+        for run, case in cases:
+            result = run(case, repeats)
             print(
                 f"{result['name']}: {result['per_item_epoch_s'] * 1e3:.1f} ms -> "
                 f"{result['batched_epoch_s'] * 1e3:.1f} ms (x{result['speedup']:.1f}), "
