@@ -33,10 +33,16 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, excerpt, has_double_star, has_star_args
+from optimizer_codemod.analysis.calls import (
+    code_of,
+    excerpt,
+    has_double_star,
+    has_star_args,
+    literal,
+)
 from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all, is_docstring
+from optimizer_codemod.analysis.nodes import find_all, is_docstring, is_name
 from optimizer_codemod.analysis.values import (
     attribute_assignments,
     calls_named,
@@ -218,9 +224,9 @@ class _Derivation:
 
     def _returned(self, value: cst.BaseExpression) -> str:
         parts = value.elements if isinstance(value, cst.Tuple) else None
-        items = [self._item(e.value) for e in parts] if parts else [self._item(value)]
         if parts and any(isinstance(e, cst.StarredElement) for e in parts):
             raise _NotBatchable("its `__getitem__` returns a starred element")
+        items = [self._item(e.value) for e in parts] if parts else [self._item(value)]
         texts = [
             code_of(item.batched) + (".contiguous()" if item.strided else "") for item in items
         ]
@@ -283,29 +289,27 @@ class _Derivation:
             )
         self._require_tensor(attribute)
         index = node.slice[0].slice
-        if isinstance(index, cst.Index) and _is_name(index.value, self.index):
+        if isinstance(index, cst.Index) and is_name(index.value, self.index):
             return _Item(node)
         if isinstance(index, cst.Slice) and index.step is None:
-            start = self._offset(index.lower)
-            stop = self._offset(index.upper)
-            if start is not None and stop is not None:
-                self._require_window_inside(attribute, start, stop)
-                bounds = code_of(stop)
-                if not (isinstance(start, cst.Integer) and start.value == "0"):
-                    bounds = f"{code_of(start)}, {bounds}"
-                self.starts = self.starts or self._fresh_name("starts")
-                text = f"self.{attribute}[{self.starts} + {self.torch}.arange({bounds})]"
-                return _Item(cst.parse_expression(text))
+            start, stop = self._offset(index.lower), self._offset(index.upper)
+            self._require_window_inside(attribute, start, stop)
+            bounds = code_of(stop)
+            if not (isinstance(start, cst.Integer) and start.value == "0"):
+                bounds = f"{code_of(start)}, {bounds}"
+            self.starts = self.starts or self._fresh_name("starts")
+            text = f"self.{attribute}[{self.starts} + {self.torch}.arange({bounds})]"
+            return _Item(cst.parse_expression(text))
         raise _NotBatchable(
             f"`{excerpt(node)}` in its `__getitem__` is not `self.X[index]` or a window "
             "`self.X[index + a : index + b]`"
         )
 
-    def _offset(self, node: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
-        """`a` of `index + a` (None for no `a`: the index itself); raises for another bound."""
+    def _offset(self, node: Optional[cst.BaseExpression]) -> cst.BaseExpression:
+        """`a` of a bound `index + a` (0 for the index itself); raises for another bound."""
         if node is None:
             raise _NotBatchable("a window of its `__getitem__` has an open end")
-        if _is_name(node, self.index):
+        if is_name(node, self.index):
             return cst.Integer("0")
         rest = _without_leading(node, self.index)
         if rest is None or not self._invariant(rest):
@@ -451,16 +455,8 @@ def _is_number(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.Integer, cst.Float))
 
 
-def _is_name(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Name) and node.value == name
-
-
 def _self_attribute(node: cst.BaseExpression) -> Optional[str]:
-    if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == "self"
-    ):
+    if isinstance(node, cst.Attribute) and is_name(node.value, "self"):
         return node.attr.value
     return None
 
@@ -473,7 +469,7 @@ def _flattens_whole(call: cst.Call) -> bool:
         len(call.args) == 1
         and call.args[0].keyword is None
         and not call.args[0].star
-        and code_of(call.args[0].value).replace(" ", "") == "-1"
+        and literal(call.args[0].value, None) == -1
     )
 
 
@@ -487,7 +483,7 @@ def _without_leading(node: cst.BaseExpression, name: str) -> Optional[cst.BaseEx
     """`a + b` for `name + a + b`: the sum without its leading `name +`."""
     if not isinstance(node, cst.BinaryOperation) or node.lpar:
         return None
-    if isinstance(node.operator, cst.Add) and _is_name(node.left, name):
+    if isinstance(node.operator, cst.Add) and is_name(node.left, name):
         return node.right
     rest = _without_leading(node.left, name)
     if rest is None:

@@ -1272,14 +1272,6 @@ BATCHING_ATTRIBUTES = frozenset(
 )
 
 
-def tensor_dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Call]:
-    """The `TensorDataset(...)` call the loader's dataset is (see dataset_call)."""
-    call = dataset_call(facts, site)
-    if call is not None and facts.qualified_name(call.func) in TENSOR_DATASETS:
-        return call
-    return None
-
-
 def dataset_call(facts: "ScriptFacts", site: CallSite) -> Optional[cst.Call]:
     """The call that builds the loader's dataset: the argument itself, or the value of a name
     (or attribute) assigned exactly once, in the loader's function or at module level; a
