@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import List, Set
 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal, positional
+from optimizer_codemod.analysis.cuda_graphs import compile_calls, graph_mode
 from optimizer_codemod.analysis.precision import shape_variation
 from optimizer_codemod.analysis.training import model_classes, the_trained_model
 from optimizer_codemod.rule import Example, Rule, Safety
 
-COMPILE = "torch.compile"
 SUPPRESS_ERRORS = "torch._dynamo.config.suppress_errors"
-# Modes that capture CUDA graphs (torch._inductor.list_mode_options: "triton.cudagraphs").
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 ISSUE = "pytorch/pytorch#188150"
 
 
@@ -105,7 +103,7 @@ class CompileSettingsThatCostSpeed(Rule):
                     message="`torch._dynamo.config.suppress_errors = True` hides compile "
                     "failures: a frame Dynamo cannot compile runs in eager mode, silently",
                 )
-        calls = self._compile_calls()
+        calls = compile_calls(facts)
         for call in calls:
             dynamic = keyword(call, "dynamic")
             if dynamic is not None and literal(dynamic.value, None) is True:
@@ -115,28 +113,16 @@ class CompileSettingsThatCostSpeed(Rule):
                     "call; the default specialises and makes a "
                     "dimension dynamic only once it changes",
                 )
-        graphed = [c for c in calls if self._graph_mode(c) is not None]
+        graphed = [c for c in calls if graph_mode(c) is not None]
         if graphed:
             self._check_graph_modes(graphed)
-
-    def _compile_calls(self) -> List[cst.Call]:
-        found: Dict[int, cst.Call] = {}
-        for site in self.facts.calls_to(COMPILE) + self.facts.method_calls("compile"):
-            found.setdefault(id(site.node), site.node)
-        return list(found.values())
-
-    @staticmethod
-    def _graph_mode(call: cst.Call) -> Optional[str]:
-        mode = keyword(call, "mode")
-        value = literal(mode.value, None) if mode is not None else None
-        return value if value in CUDA_GRAPH_MODES else None
 
     def _check_graph_modes(self, calls: List[cst.Call]) -> None:
         facts = self.facts
         variation = shape_variation(facts)
         item = self._item_in_compiled_code(calls)
         for call in calls:
-            mode = self._graph_mode(call)
+            mode = graph_mode(call)
             mode_arg = keyword(call, "mode")
             assert mode_arg is not None
             reasons = []

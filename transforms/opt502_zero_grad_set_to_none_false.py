@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.calls import (
     literal,
     without_argument,
 )
+from optimizer_codemod.analysis.cuda_graphs import cuda_graph_captures, names_a_graph
 from optimizer_codemod.analysis.gradients import GradRead, grad_reads
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
@@ -53,7 +54,12 @@ class ZeroGradSetToNoneFalse(Rule):
         nowhere (`p.grad`, `p.grad += ...`, `getattr(p, "grad")`): a read in the training
         loop, in a function it calls, or after training could see None. Otherwise reported,
         naming the read that stops the fix. Reads inside modules the script imports are not
-        visible to the analysis. Reported, not fixed, when `set_to_none` is a variable. Needs
+        visible to the analysis. Reported, not fixed, when `set_to_none` is a variable. Neither
+        fixed nor reported where the script captures CUDA graphs (`torch.cuda.graph`,
+        `make_graphed_callables`, `torch.compile` in a CUDA-graph mode) or chooses the value
+        by a setting about graphs (torchtitan's `set_to_none=config.disable_cuda_graphs`):
+        a replayed graph writes the gradients at the addresses it recorded, so they must stay
+        allocated. Needs
         `target-torch` 2.0, whose default is `set_to_none=True`. Zeroing gradients by hand
         (`p.grad.zero_()`) is another pattern, not handled here.
 
@@ -101,6 +107,7 @@ class ZeroGradSetToNoneFalse(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         reads = None
+        graphs = None
         for site in self.facts.method_calls("zero_grad"):
             call = site.node
             receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
@@ -118,14 +125,18 @@ class ZeroGradSetToNoneFalse(Rule):
             if arg is None:
                 continue
             value = literal(arg.value, _NOT_A_LITERAL)
+            if value is True:
+                continue
+            if graphs is None:
+                graphs = cuda_graph_captures(self.facts)
+            if graphs or names_a_graph(arg.value):
+                continue  # gradients a CUDA graph writes must stay allocated
             if value is _NOT_A_LITERAL or type(value) is not bool:
                 self.report(
                     call,
                     message=f"`set_to_none` is chosen at run time (`{code_of(arg.value)}`); "
                     "where it is False, every gradient is zero-filled: prefer the default",
                 )
-                continue
-            if value:
                 continue
             if reads is None:
                 reads = grad_reads(self.facts)
