@@ -226,6 +226,13 @@ def test_a_keyword_added_to_a_hugged_call_keeps_its_layout() -> None:
             "opt = torch.optim.SGD(\n    params,\n    lr=1e-3,  # tuned\n    momentum=0.9,\n"
             "    fused=True)\n",
         ),
+        # ... without the spaces that ended the line the break is copied from (yunjey's
+        # pytorch-tutorial writes `batch_size=batch_size, ` with one)
+        (
+            "opt = torch.optim.SGD(params, \n    lr=1e-3, \n    momentum=0.9)\n",
+            "opt = torch.optim.SGD(params, \n    lr=1e-3, \n    momentum=0.9,\n"
+            "    fused=True)\n",
+        ),
         (
             "opt = torch.optim.SGD(params,\n                      lr=1e-3)\n",
             "opt = torch.optim.SGD(params,\n                      lr=1e-3,\n"
