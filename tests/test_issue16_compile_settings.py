@@ -126,10 +126,8 @@ def test_item_inside_compiled_code_splits_the_graph_and_settings_exist() -> None
     # 2.13. Issue 16 listed `torch.jit.script` inside a compiled model as a cost; this is why
     # OPT409 does not report it.
     assert found["script_graphs"] == [1, 0]
-    # The modes OPT409 treats as capturing CUDA graphs.
-    from optimizer_codemod.transforms.opt409_compile_settings_that_cost_speed import (
-        CUDA_GRAPH_MODES,
-    )
+    # The modes OPT409 and OPT502 treat as capturing CUDA graphs.
+    from optimizer_codemod.analysis.cuda_graphs import CUDA_GRAPH_MODES
 
     assert sorted(CUDA_GRAPH_MODES) == found["graph_modes"]
 
