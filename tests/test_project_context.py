@@ -55,6 +55,32 @@ def test_a_lone_trainer_gets_no_bucket_views_where_its_helper_touches_grad(tmp_p
     assert "OPT605" in messages_by_code(alone(folder / "trainer.py"), Status.FIXED)
 
 
+@pytest.mark.parametrize("marker", [".git", "setup.py", "pyproject.toml"])
+def test_a_script_of_an_installed_project_reads_its_package_from_the_checkout_root(
+    tmp_path: Path, marker: str
+) -> None:
+    """guided-diffusion's scripts/classifier_train.py given alone (`apply
+    scripts/classifier_train.py`): it imports `guided_diffusion.fp16_util`, which lies at the
+    repository root, not beside the script; Python finds it once the project is installed.
+    Without the root, OPT605 added `gradient_as_bucket_view=True` and `detach_()` raised."""
+    source = PROJECTS / "ddp_grad_reset_elsewhere"
+    write(tmp_path, {"pkg/__init__.py": ""})
+    shutil.copy(source / "mixed_precision.py", tmp_path / "pkg" / "mixed_precision.py")
+    trainer = (source / "trainer.py").read_text()
+    trainer = trainer.replace("from mixed_precision import", "from pkg.mixed_precision import")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "train.py").write_text(trainer)
+    assert "OPT605" in messages_by_code(alone(tmp_path / "scripts" / "train.py"), Status.FIXED)
+    if marker == ".git":
+        (tmp_path / marker).mkdir()
+    else:
+        (tmp_path / marker).write_text("")
+    outcome = alone(tmp_path / "scripts" / "train.py")
+    assert "OPT605" not in messages_by_code(outcome, Status.FIXED)
+    [report] = messages_by_code(outcome, Status.REPORTED)["OPT605"]
+    assert "pkg/mixed_precision.py, which this module imports" in report
+
+
 def test_a_lone_script_keeps_the_precision_its_seeding_helper_asks_for(tmp_path: Path) -> None:
     """PyTorch-YOLOv3's train.py given alone: utils.py sets `cudnn.deterministic = True`."""
     folder = tmp_path / "run"
@@ -159,6 +185,23 @@ def test_imports_are_followed_as_python_finds_them(tmp_path: Path) -> None:
         "pkg/sub/__init__.py",
         "pkg/sub/deep.py",
         "pkg/sub/gamma.py",
+    ]
+
+
+def test_a_package_under_the_checkouts_src_is_found(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "pyproject.toml": "",
+            "scripts/train.py": "from proj.loops import fit\nimport absent\n",
+            "src/proj/__init__.py": "",
+            "src/proj/loops.py": "",
+        },
+    )
+    found = context_modules([str(tmp_path / "scripts" / "train.py")])
+    assert [Path(p).relative_to(tmp_path).as_posix() for p in found] == [
+        "src/proj/__init__.py",
+        "src/proj/loops.py",
     ]
 
 

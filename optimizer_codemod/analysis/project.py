@@ -65,6 +65,7 @@ nothing; callers outside the run are unknown (run the tool on the whole folder).
 from __future__ import annotations
 
 import dis
+import functools
 import os
 import re
 import types
@@ -386,17 +387,39 @@ class _Module:
     settings: Optional[Settings] = None  # what it decides (precision.py's questions), once asked
 
 
+# What marks the root of a checkout: an absolute import the project's scripts make of its
+# own packages resolves from there once it is installed (`pip install -e .`), as ruff takes
+# the folder of the nearest pyproject.toml for its first-party `src`.
+_PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+@functools.lru_cache(maxsize=1024)
+def _project_root(folder: str) -> str:
+    """The nearest folder at or above `folder` that holds a project marker; "" if none."""
+    candidate = folder
+    while True:
+        if any(os.path.exists(os.path.join(candidate, m)) for m in _PROJECT_MARKERS):
+            return candidate
+        parent = os.path.dirname(candidate)
+        if parent == candidate:
+            return ""
+        candidate = parent
+
+
 def _search_roots(path: str, run_root: str = "") -> List[str]:
     """Folders an absolute import of `path` is looked up from: its own folder (a script's
-    folder is on sys.path), the folder above its top package, and last the run's common
-    folder (a project installed with `pip install -e .`, or run from its root, imports its
-    packages from there: `from mingpt.trainer import Trainer` in projects/adder/adder.py)."""
+    folder is on sys.path), the folder above its top package, the run's common folder (a
+    project run from its root imports its packages from there: `from mingpt.trainer import
+    Trainer` in projects/adder/adder.py), and last the root of the checkout and its `src`
+    (an installed project: guided-diffusion's scripts/classifier_train.py, given alone,
+    imports `guided_diffusion.fp16_util` from the repository root)."""
     folder = os.path.dirname(path)
     roots = [folder]
     top = folder
     while os.path.exists(os.path.join(top, "__init__.py")):
         top = os.path.dirname(top)
-    for root in (top, run_root):
+    project = _project_root(folder)
+    for root in (top, run_root, project, project and os.path.join(project, "src")):
         if root and root not in roots:
             roots.append(root)
     return roots
@@ -602,6 +625,7 @@ def _run_root(paths: Iterable[str]) -> str:
 
 
 def _project_facts(given: List[str], context: Set[str]) -> Dict[str, ProjectFacts]:
+    _project_root.cache_clear()  # a marker may have come or gone since the last run
     by_path = {os.path.abspath(p): p for p in given}
     run_root = _run_root(by_path)
     common = _run_root([*by_path, *context])  # labels: every file read, context too

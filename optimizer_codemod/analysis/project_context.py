@@ -12,7 +12,8 @@ callers, outside the run and unseen, may differ).
 
 Found from the text alone, as Python would find them: import lines (`import a.b`,
 `from .x import y`, `from pkg import (mod, other)`) resolved from the importer's folder, the
-folder above its top package and the run's common folder (project._search_roots), then the
+folder above its top package, the run's common folder and the checkout's root
+(project._search_roots), then the
 same for each module found. Cost: one regular-expression search per file and a few `stat`
 calls per import line; a script that imports nothing local reads no other file. The
 index then parses what was found, within a budget (MAX_CONTEXT_BYTES).
@@ -25,7 +26,7 @@ import re
 from collections import deque
 from typing import Iterable, List, Set
 
-from optimizer_codemod.analysis.project import _resolve, _run_root
+from optimizer_codemod.analysis.project import _project_root, _resolve, _run_root
 
 # The nearest modules first (breadth first), up to a budget: the index parses each (about
 # 3 ms per KB on a 2-core EPYC), and a script inside a library (timm's train.py imports the
@@ -56,6 +57,7 @@ def context_modules(paths: Iterable[str]) -> List[str]:
     given = {os.path.abspath(p) for p in paths if p.endswith(".py")}
     if not given:
         return []
+    _project_root.cache_clear()  # a marker may have come or gone since the last run
     run_root = _run_root(given)
     seen: Set[str] = set(given)
     found: List[str] = []
