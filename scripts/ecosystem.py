@@ -13,8 +13,10 @@ no third-party code lives in this repository. Each file is read from a local cop
 - or a cache dir of checkouts at the pinned commit, `CACHE/<owner>+<name>/PATH`.
 
 Repositories found in neither are listed with the commands that fetch them, and skipped. The
-files are copied into a temporary folder (keeping their paths inside the repository) and each is
-rewritten there on its own, serially (`-j 1`), as a user runs `optcodemod apply train.py`.
+files are all copied into a temporary folder first (keeping their paths inside the repository,
+under a root marked as a checkout by an empty `.git`), so that a module a file imports is there
+as in the project, and each is rewritten there on its own, serially (`-j 1`), beside the others
+as they were, as a user runs `optcodemod apply train.py`.
 
 For every file it records and checks:
 - the exit status: 0 or 1 is fine; a traceback, a signal or any other status is a crash; exit 2
@@ -214,6 +216,15 @@ def _dominant_ending(lines: Sequence[bytes]) -> bytes:
     return counts.most_common(1)[0][0] if counts else b"\n"
 
 
+def _line_end(line: bytes) -> Tuple[bytes, bytes]:
+    """The last character of a line before its trailing whitespace, and that whitespace: how
+    a trailing space an edit kept (`lr=1e-3)  ` -> `lr=1e-3, fused=True)  `) is told from one
+    it added (`shuffle=True)` -> `shuffle=True, `)."""
+    body = line.rstrip(b"\r\n")
+    text = body.rstrip()
+    return (text[-1:], body[len(text) :])
+
+
 def check_lines(before: bytes, after: bytes, spans: Sequence[Tuple[str, int, int]]) -> LineCheck:
     """Compare original and rewritten bytes line by line (difflib over byte lines).
 
@@ -223,8 +234,9 @@ def check_lines(before: bytes, after: bytes, spans: Sequence[Tuple[str, int, int
     inner whitespace) is an "unchanged" line that is not byte-identical: a failure. Re-indented
     lines (a block wrapped in a new `with`) are listed, not failed. A hunk that replaces or
     deletes original lines no fixed finding covers is listed for review (some fixes edit a
-    second site, such as a use of a value they changed); an added line ending in whitespace,
-    or with another line ending than the file's, is a failure.
+    second site, such as a use of a value they changed); an added line ending in whitespace
+    that no replaced line of its hunk ended in after the same character, or with another line
+    ending than the file's, is a failure.
     """
     if before.startswith(b"\xef\xbb\xbf") != after.startswith(b"\xef\xbb\xbf"):
         whitespace = [(1, 1)]  # the BOM came or went
@@ -267,13 +279,17 @@ def check_lines(before: bytes, after: bytes, spans: Sequence[Tuple[str, int, int
                 else:
                     whitespace.append((i + 1, j + 1))
                 break
+        carried = Counter(_line_end(line) for line in old[i1:i2])
         for j in range(j1, j2):
             line = new[j]
             if line in old[i1:i2]:
                 continue
             body = line.rstrip(b"\r\n")
             if body != body.rstrip():
-                trailing.append(j + 1)
+                if carried[_line_end(line)] > 0:  # the edited line had it: kept, not added
+                    carried[_line_end(line)] -= 1
+                else:
+                    trailing.append(j + 1)
             if _ending(line) and _ending(line) != ending:
                 newlines.append(j + 1)
     return LineCheck(hunks, whitespace, reindented, away, trailing, newlines)
@@ -320,6 +336,36 @@ class FileResult:
 
 def _is_crash(run: Run) -> bool:
     return run.returncode not in (0, 1, 2) or "Traceback (most recent call last)" in run.stderr
+
+
+def _materialise(
+    entries: Sequence[Entry],
+    mirrors: Sequence[Path],
+    caches: Sequence[Path],
+    workdir: Path,
+    missing: Dict[str, str],
+) -> Dict[Entry, bytes]:
+    """Every listed file written into `workdir` before any is checked, so that a module a
+    file imports is there (a user rewrites a file inside its project); what is missing goes
+    into `missing`."""
+    sources: Dict[Entry, bytes] = {}
+    for entry in entries:
+        if entry.repo in missing:
+            continue
+        source, origin = read_entry(entry, mirrors, caches)
+        if source is None:
+            if "not found locally" in origin:
+                missing[entry.repo] = fetch_hint(entry.repo, entry.commit, caches)
+            else:
+                missing.setdefault(f"{entry.repo}:{entry.path}", origin)
+            continue
+        sources[entry] = source
+        # A checkout's root: the tool looks up an installed project's packages from there.
+        (workdir / entry.key / ".git").mkdir(parents=True, exist_ok=True)
+        target = workdir / entry.key / entry.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source)
+    return sources
 
 
 def check_file(
@@ -557,20 +603,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     missing: Dict[str, str] = {}
     try:
         startup = measure_startup(command, workdir)
+        sources = _materialise(entries, mirrors, args.cache, workdir, missing)
+        rewritten: Dict[Path, bytes] = {}
         for index, entry in enumerate(entries, 1):
-            if entry.repo in missing:
-                results.append(FileResult(entry.repo, entry.commit, entry.path, status="missing"))
-                continue
-            source, origin = read_entry(entry, mirrors, args.cache)
+            source = sources.get(entry)
             if source is None:
-                if "not found locally" in origin:
-                    missing[entry.repo] = fetch_hint(entry.repo, entry.commit, args.cache)
-                else:
-                    missing.setdefault(f"{entry.repo}:{entry.path}", origin)
                 results.append(FileResult(entry.repo, entry.commit, entry.path, status="missing"))
                 continue
             result = check_file(entry, source, workdir, command, startup)
             results.append(result)
+            # The next files are checked beside this one as it was: each is rewritten alone.
+            target = workdir / entry.key / entry.path
+            rewritten[target] = target.read_bytes()
+            target.write_bytes(source)
             flag = "FAIL" if result.failed else "ok"
             fixes = sum(result.fixed.values())
             print(
@@ -578,6 +623,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"{fixes:3d} fixes  {entry.repo}:{entry.path}",
                 file=sys.stderr,
             )
+        for target, data in rewritten.items():
+            target.write_bytes(data)  # what --keep keeps: every file as the tool left it
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -67,6 +67,14 @@ def test_trailing_whitespace_on_an_added_line_is_caught():
     assert check.trailing_whitespace == [2]
 
 
+def test_trailing_whitespace_an_edited_line_already_had_is_not_counted():
+    # yunjey's pytorch-tutorial: `...lr=learning_rate)  ` keeps its two spaces when edited.
+    before = b"o = A(p, lr=1)  \nl = D(d, \n      shuffle=True)\n"
+    after = b"o = A(p, lr=1, fused=True)  \nl = D(d, \n      shuffle=True, \n      pin=True)\n"
+    check = ecosystem.check_lines(before, after, [("OPT501", 1, 1), ("OPT101", 2, 3)])
+    assert check.trailing_whitespace == [3]  # `shuffle=True, `: added by the edit
+
+
 SCRIPT = b"""import torch
 
 model = torch.nn.Linear(4, 2)
@@ -213,3 +221,55 @@ def test_a_hang_is_counted_as_a_crash(tmp_path):
     assert code == 1
     record = json.loads(out.read_text())["files"][0]
     assert record["status"] == "crash" and "timed out" in record["message"]
+
+
+DDP_SCRIPT = b"""import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from helpers import zero_grads
+
+model = DDP(torch.nn.Linear(4, 2).cuda(), device_ids=[0])
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    zero_grads(model)
+    model(torch.randn(8, 4, device="cuda")).sum().backward()
+    optimizer.step()
+"""
+HELPERS = b"""def zero_grads(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.detach_()
+            p.grad.zero_()
+"""
+
+
+@pytest.mark.parametrize(
+    "script, helpers",
+    [
+        ("train.py", "helpers.py"),
+        # guided-diffusion's layout: a script in scripts/ imports the installed package
+        ("scripts/train.py", "pkg/helpers.py"),
+    ],
+)
+def test_a_file_is_checked_beside_the_modules_it_imports(tmp_path, script, helpers):
+    # `helpers.py` is listed after the script: it must be there when the script is
+    # rewritten, or OPT605 would add gradient_as_bucket_view, and `detach_()` then raises.
+    repo = tmp_path / "cache" / "someone+ddp"
+    (repo / script).parent.mkdir(parents=True, exist_ok=True)
+    (repo / helpers).parent.mkdir(parents=True, exist_ok=True)
+    module = helpers[: -len(".py")].replace("/", ".")
+    (repo / script).write_bytes(DDP_SCRIPT.replace(b"from helpers", f"from {module}".encode()))
+    (repo / helpers).write_bytes(HELPERS)
+    corpus = tmp_path / "corpus.toml"
+    corpus.write_text(
+        f'[[repo]]\nname = "someone/ddp"\ncommit = "{"c" * 40}"\n'
+        f'paths = ["{script}", "{helpers}"]\n'
+    )
+    kept = tmp_path / "kept"
+    code = ecosystem.main(
+        ["--corpus", str(corpus), "--cache", str(tmp_path / "cache"), "--keep", str(kept)]
+    )
+    assert code == 0
+    rewritten = (kept / "someone+ddp" / script).read_text()
+    assert "gradient_as_bucket_view" not in rewritten
+    assert "fused=True" in rewritten  # kept as the tool left it: the check did rewrite it
+    assert (kept / "someone+ddp" / helpers).read_bytes() == HELPERS
