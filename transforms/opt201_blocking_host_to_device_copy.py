@@ -86,8 +86,10 @@ class BlockingHostToDeviceCopy(Rule):
         the CPU, where the keyword does nothing; a non-blocking copy from pageable memory is
         correct anyway, only not faster. Only copies of tensors taken from the batch (by unpacking, indexing,
         `.items()`/`.values()`, including `{k: v.to(device) for k, v in batch.items()}`,
-        `[t.to(device) for t in batch]` and `tuple(t.to(device) for t in batch)`) are
-        changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
+        `[t.to(device) for t in batch]` and `tuple(t.to(device) for t in batch)`), or of a
+        view of one (`images.reshape(-1, 784).to(device)`, `flat = images.view(n, -1)`: a
+        view shares the pinned memory; a reshape or conversion that must copy gives pageable
+        memory, where the keyword is correct, only not faster), are changed. Never changed: device-to-host copies (`.cpu()`, `.to("cpu")`, or a copy from
         a name that may already hold a device tensor, since the host could read it before it
         lands; a batch name rebound only in the other branch of an `if`, as imagenet's
         `images = images.cuda(...)` / `else: images = images.to(device)`, still holds the

@@ -29,6 +29,16 @@ DTYPES = frozenset(
 # Tensor methods that may copy their tensor to another device: `.to(device)`, `.cuda()` and
 # `.type(torch.cuda.FloatTensor)` (places_on_accelerator says whether a call does).
 COPY_METHODS = frozenset({"to", "cuda", "type"})
+# Methods that give a tensor's values in another shape or dtype on the tensor's own device: of
+# a host batch, a host tensor. A view of a pinned batch is pinned, as is a conversion to the
+# dtype it has (`.float()` of a float batch returns it); one that must copy gives pageable
+# memory, where a non-blocking copy is still correct, only not faster. Never a copy to a
+# device, nor `type_as`, which follows its argument's device.
+HOST_VIEW_METHODS = frozenset(
+    "view view_as reshape reshape_as flatten unflatten squeeze unsqueeze transpose t permute "
+    "movedim narrow select expand expand_as unfold diagonal contiguous detach cpu float "
+    "double half bfloat16 long int bool".split()
+)
 FLOATING_KINDS = frozenset({"Float", "Double", "Half", "BFloat16"})
 ACCELERATOR_PREFIXES = ("cuda", "mps", "xpu", "hpu", "npu", "xla", "meta")
 # Calls that return plain Python values, whatever they are called on.
@@ -859,3 +869,17 @@ def _implies_available(facts: "ScriptFacts", test: cst.BaseExpression, depth: in
         not a.unpacked and not a.augmented and _implies_available(facts, a.value, depth + 1)
         for a in assignments
     )
+
+
+def under_views(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`images` for `images.reshape(n, -1).float()`: the tensor under a chain of
+    HOST_VIEW_METHODS, which the chain's result shares the device (and, for views, the
+    memory) of."""
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in HOST_VIEW_METHODS
+        and not any(arg.star for arg in node.args)
+    ):
+        node = node.func.value
+    return node

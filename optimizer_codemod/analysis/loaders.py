@@ -36,11 +36,11 @@ from optimizer_codemod.analysis.devices import (
     COPY_METHODS,
     may_live_on_accelerator,
     places_on_accelerator,
+    under_views,
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.batch_sources import batch_source, drawn_iterator
 from optimizer_codemod.analysis.calls import is_prepare
-from optimizer_codemod.analysis.mutation import VIEW_METHODS
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
@@ -1134,7 +1134,7 @@ def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
             if (
                 call.method in COPY_METHODS
                 and isinstance(func, cst.Attribute)
-                and facts.derives_from(_under_views(func.value), names)
+                and facts.derives_from(under_views(func.value), names)
                 and places_on_accelerator(facts, call.node)
             ):
                 return True
@@ -1163,18 +1163,6 @@ def drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], Set[int], 
             loaders.extend(source.loaders)
         memo[None] = list(drawn.values())
     return memo[None]
-
-
-def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
-    """The tensor under a chain of view methods (`images.reshape(n, -1)` gives `images`): a
-    view of a pinned batch is pinned too, so copying it gains from pinning as the batch does."""
-    while (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and node.func.attr.value in VIEW_METHODS - COPY_METHODS
-    ):
-        node = node.func.value
-    return node
 
 
 # Processes -----------------------------------------------------------------------------

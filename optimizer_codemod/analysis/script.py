@@ -17,6 +17,7 @@ from optimizer_codemod.analysis.collect import (
 )
 from optimizer_codemod.analysis.autocast_escapes import AutocastEscapes
 from optimizer_codemod.analysis.debugging import DebugSwitches
+from optimizer_codemod.analysis.devices import under_views
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
 from optimizer_codemod.analysis.nodes import is_docstring
@@ -420,14 +421,9 @@ class ScriptFacts:
         """`loader` for `loader`, `enumerate(loader)`, `tqdm(loader, ...)`."""
         return self._iterated_name(node)
 
-    def batch_names(self, loop: Loop) -> Set[str]:
-        """Names inside `loop` that hold (parts of) a batch from a DataLoader."""
-        if self.loader_of(loop) is None:
-            return set()
-        return self.names_derived_in(loop, set(loop.targets))
-
     def names_derived_in(self, loop: Loop, seeds: Set[str]) -> Set[str]:
-        """`seeds` and the names inside `loop` bound to parts of them (unpacking, indexing...)."""
+        """`seeds` and the names inside `loop` bound to parts of them (unpacking, indexing...)
+        or to views of those (`flat = images.view(n, -1)`: devices.HOST_VIEW_METHODS)."""
         names = set(seeds)
         inside = self.assignments_in(loop)
         comprehensions = self.comprehensions_in(loop)
@@ -435,7 +431,8 @@ class ScriptFacts:
         while changed:
             changed = False
             for assignment in inside:
-                if assignment.target not in names and self.derives_from(assignment.value, names):
+                value = under_views(assignment.value)
+                if assignment.target not in names and self.derives_from(value, names):
                     names.add(assignment.target)
                     changed = True
             for comprehension in comprehensions:

@@ -51,6 +51,7 @@ from optimizer_codemod.analysis.devices import (
     tensor_type_devices,
     tensor_types,
     type_conversion_target,
+    under_views,
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import (
@@ -405,19 +406,22 @@ def _batch_copy(
     if call.method not in COPY_METHODS or not isinstance(node.func, cst.Attribute):
         return None
     source = node.func.value
-    if not facts.derives_from(source, names) or not places_on_accelerator(facts, node):
+    batch_part = under_views(source)
+    if not facts.derives_from(batch_part, names) or not places_on_accelerator(facts, node):
         return None
     if not _plain_arguments(facts, node, call.method):
         if has_star_args(node) or has_double_star(node):
             return "the copy's arguments arrive through */**, which may set `non_blocking`"
         return None  # `non_blocking` chosen already, or options the fix does not know
     text = code_of(source).strip()
-    if custom_collate and not _element_of_batch(facts, source, loop, names):
+    if custom_collate and not _element_of_batch(facts, batch_part, loop, names):
         return (
             f"with a custom `collate_fn`, `{text}` may be an object of the user's class whose "
             "`.to` takes no `non_blocking`"
         )
-    chain = _host_chain(facts, source, loop, names, call.site.statement, node, drawn, call.site)
+    chain = _host_chain(
+        facts, batch_part, loop, names, call.site.statement, node, drawn, call.site
+    )
     if chain is None:
         return (
             f"`{text}` may hold a tensor already on the device (a name it comes from is bound "
@@ -582,7 +586,7 @@ def _host_chain(
                 continue
             if _other_branch(facts, loop, name, assignment.site.statement, statement):
                 continue
-            root = derived_root(assignment.value, names)
+            root = derived_root(under_views(assignment.value), names)
             if root is None:
                 return None
             pending.append(root)
