@@ -304,8 +304,8 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             self.report(
                 views[0],
                 message=f"Convolutional model `{model.name}` could train in channels_last, but "
-                f"`{shown}` would raise on a channels_last tensor: use `torch.flatten` or "
-                "`.reshape`, then convert the model with "
+                f"`{shown}` raises on a channels_last tensor unless its feature maps are 1x1: "
+                "use `torch.flatten` or `.reshape`, then convert the model with "
                 "`.to(memory_format=torch.channels_last)`",
             )
             return True
@@ -314,9 +314,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             self.report(
                 anchor,
                 message=f"Convolutional model `{model.name}` could train in channels_last, but "
-                f"`{elsewhere.view}` in {elsewhere.module} would raise on a channels_last "
-                "tensor: use `torch.flatten` or `.reshape` there, then convert the model with "
-                "`.to(memory_format=torch.channels_last)`",
+                f"`{elsewhere.view}` in {elsewhere.module} raises on a channels_last tensor unless "
+                "its feature maps are 1x1: use `torch.flatten` or `.reshape` there, then convert "
+                "the model with `.to(memory_format=torch.channels_last)`",
             )
             return True
         # In a model fed this one's output only a view that flattens the feature maps
