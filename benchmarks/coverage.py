@@ -773,7 +773,10 @@ def project_files(
 
 
 def materialise(root: Path, files: Dict[str, bytes]) -> Path:
-    """Write `files` (path inside the repository -> bytes) under `root`, in their layout."""
+    """Write `files` (path inside the repository -> bytes) under `root`, in their layout,
+    with an empty `.git` folder: a checkout's root, which the tool looks up an installed
+    project's packages from (`scripts/x.py` importing `pkg.module`), as in a user's clone."""
+    (root / ".git").mkdir(parents=True, exist_ok=True)
     for path, source in files.items():
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -813,8 +816,9 @@ def apply_project(
 
 
 def isolated_path(workdir: Path, entry: Entry) -> Path:
-    """Where apply_findings writes `entry`: in a folder of its own, in its layout."""
-    return workdir / entry.key / ("alone-" + entry.path.replace("/", "__")) / entry.path
+    """Where apply_findings writes `entry`: in a folder of its own, in its layout, outside
+    the materialised checkouts (whose root the tool would search for imports)."""
+    return workdir / "alone" / entry.key / entry.path.replace("/", "__") / entry.path
 
 
 def apply_findings(
