@@ -51,13 +51,21 @@ class ValidationStrandedAfterEpochLoop(Rule):
         save twice per epoch), and a block whose validation or saving calls the loop body
         already makes under a condition of its own (guided-diffusion's classifier_train.py
         saves every `save_interval` steps and once more after the loop: moved, it would save
-        on every step). A block with
+        on every step), and a block that runs only under a test holding at the loop's last
+        iteration alone (yolov5's `if RANK in {-1, 0} and final_epoch:` with `final_epoch =
+        epoch + 1 == epochs`, or `if epoch == epochs - 1:`): written for after training, and
+        inside the loop it would run at the same point. A block with
         `return`, `yield`, `break`, `continue`, `global`/`nonlocal` or a definition is not
         moved. Reported without a fix when the block calls `model.eval()` (directly or in a
         function of the file) and nothing in the loop calls `model.train()` again: the next
         epoch would train in eval mode; and when the loop's body has a `continue` of its
-        own, which would skip the block in some epochs. Only the loop nearest the training
-        loop counts as the epoch loop (not an outer loop over runs or folds). A
+        own, which would skip the block in some epochs. Only the loop nearest the loop that
+        steps the optimizer counts as the epoch loop (not an outer loop over runs or folds,
+        nor the step loop around a micro-step loop), or a loop that calls a function of the
+        file that trains: `train(...)`, or `trainer.fit(...)` where a method `fit` of a
+        class of the file does (never a call on an imported module, yolov5's
+        `validate.run(...)` beside its own `def run`, whose batch loop was taken for an
+        epoch loop and had the end-of-epoch block moved into it). A
         summary that reads the loop variable on purpose (`print(f"trained {epoch + 1}
         epochs")`) is found too: review the diff, or mark it `# noqa: OPT701`. Binding a
         name is not reading it: a later loop that binds the variable again (`for _ in
@@ -116,6 +124,14 @@ class ValidationStrandedAfterEpochLoop(Rule):
                     f"the epoch loop's body already calls `{block.repeats_call}` itself "
                     "(every iteration, or under a condition such as every N steps): after the "
                     "loop it is the final call, and moving it would make it on every iteration",
+                )
+                continue
+            if block.last_iteration_test is not None:
+                self.decline(
+                    first,
+                    f"the block runs only when `{block.last_iteration_test}`, which holds at "
+                    "the loop's last iteration alone: it is written for after training, and "
+                    "inside the loop it would run at the same point",
                 )
                 continue
             message = (

@@ -61,16 +61,21 @@ class StrandedBlock:
     # The loop body already makes the block's validation or saving call, under a condition
     # of its own (every N steps): what follows the loop is the final one. The call's code.
     repeats_call: Optional[str] = None
+    # The block runs only under a test that holds at the loop's last iteration alone
+    # (`if final_epoch:`, `final_epoch = epoch + 1 == epochs`): written for after training.
+    # The test's code.
+    last_iteration_test: Optional[str] = None
 
 
 def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
-    """`for` loops that run training once per iteration: they enclose a loop with a backward
-    call, or call a function of this file that reaches one; or, without an inner loop, they
-    call backward themselves and name their variable after epochs."""
+    """`for` loops that run training once per iteration: they enclose the loop that runs one
+    optimizer step per iteration (a micro-step loop's step loop is no epoch loop), or call a
+    function of this file that reaches backward; or, without an inner loop, they call
+    backward themselves and name their variable after epochs."""
     training = facts.training_loops
-    reaching = facts.functions_reaching_backward
     found = []
-    around_training = {id(inner.parent) for inner in training if inner.parent is not None}
+    steps = [step_loop_of(facts, inner) for inner in training]
+    around_training = {id(step.parent) for step in steps if step.parent is not None}
     training_ids = {id(inner) for inner in training}
     for loop in facts.records.loops:
         if not isinstance(loop.node, cst.For) or not loop.targets:
@@ -79,7 +84,7 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
         # an epoch loop.
         encloses = id(loop) in around_training
         calls_training = any(
-            callee_name(call.node) in reaching for call in facts.calls_directly_in(loop)
+            calls_training_function(facts, call.node) for call in facts.calls_directly_in(loop)
         )
         full_batch = id(loop) in training_ids and any(
             "epoch" in name.lower() for name in loop.targets
@@ -87,6 +92,35 @@ def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
         if encloses or calls_training or full_batch:
             found.append(loop)
     return found
+
+
+def calls_training_function(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`call` runs a function or method of this file that reaches backward: `train(...)`, or
+    `trainer.fit(...)` where a method `fit` of a class of the file does. Not a call on an
+    imported module or object (yolov5's `validate.run(...)`, `from classify import val as
+    validate`, beside its own `def run`), nor a method call that only a module-level function
+    of the file is named like (`callbacks.run(...)`)."""
+    name = callee_name(call)
+    if name not in facts.functions_reaching_backward:
+        return False
+    if isinstance(call.func, cst.Name):
+        return True
+    receiver = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    if receiver is not None and facts.imports.target_of(receiver.split(".")[0]) is not None:
+        return False
+    return name in _method_names(facts)
+
+
+def _method_names(facts: "ScriptFacts") -> Set[str]:
+    memo = facts.memo("method_names")
+    if None not in memo:
+        memo[None] = {
+            statement.name.value
+            for info in facts.classes.values()
+            for statement in info.node.body.body
+            if isinstance(statement, cst.FunctionDef)
+        }
+    return memo[None]
 
 
 def step_loops(facts: "ScriptFacts") -> List[Loop]:
@@ -175,7 +209,42 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
         problem = "the loop's `continue` would skip it in some epochs"
     repeated = _runs_in_body(facts.module, node.body, block)
     repeats_call = _action_call_made_in_body(facts, node.body, block)
-    return StrandedBlock(loop, block, variable, problem, repeated, repeats_call)
+    last = _last_iteration_test(facts, loop, block)
+    return StrandedBlock(loop, block, variable, problem, repeated, repeats_call, last)
+
+
+def _last_iteration_test(
+    facts: "ScriptFacts", loop: Loop, block: Sequence[cst.BaseStatement]
+) -> Optional[str]:
+    """The test every statement of `block` runs under, when it holds only at the loop's last
+    iteration: an equality with a loop variable (`epoch == epochs - 1`), or a name the loop
+    body binds to one (yolov5's `final_epoch = epoch + 1 == epochs`, then `if RANK in {-1, 0}
+    and final_epoch:` after the loop). Such a block was written for after training; inside
+    the loop it would run at the same point, so there is nothing to move."""
+    targets = set(loop.targets)
+    flags = {
+        assignment.target
+        for assignment in facts.assignments_in(loop)
+        if not assignment.augmented and _equality_with(assignment.value, targets)
+    }
+    tests = []
+    for statement in block:
+        if not isinstance(statement, cst.If) or statement.orelse is not None:
+            return None
+        test = statement.test
+        if not (_equality_with(test, targets) or _reads_and_binds(test)[0] & flags):
+            return None
+        tests.append(" ".join(facts.module.code_for_node(test).split()))
+    return tests[0] if tests else None
+
+
+def _equality_with(tree: cst.CSTNode, names: Set[str]) -> bool:
+    """`tree` holds an `==` comparison that reads one of `names`."""
+    return any(
+        any(isinstance(target.operator, cst.Equal) for target in comparison.comparisons)
+        and _reads_and_binds(comparison)[0] & names
+        for comparison in find_all(tree, cst.Comparison)
+    )
 
 
 def _runs_in_body(
