@@ -491,6 +491,15 @@ class _BreakBefore:
 
 
 @dataclass(frozen=True)
+class _ArgumentBreaks:
+    """Arguments packed several to a continuation line: a line break, at the line's own
+    indentation, before each argument listed (by position), where the line grew too long."""
+
+    indent: str
+    before: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class _Operands:
     """A parenthesised operation with one operand per line, each after the first led by its
     operator, between its parentheses' lines."""
@@ -542,7 +551,14 @@ class _Planner:
         conditionals: Dict[int, List[cst.IfExp]] = {}
         operations: Dict[int, List[cst.BinaryOperation]] = {}
         comprehensions: Dict[int, List[cst.CSTNode]] = {}
+        line_starts: Dict[int, cst.Arg] = {}  # an argument that begins a too-long line
         for node, where in self.positions.items():
+            if (
+                isinstance(node, cst.Arg)
+                and where.start.line in too_long
+                and where.start.column == len(self._indent(where.start.line))
+            ):
+                line_starts[where.start.line] = node
             if isinstance(node, _COMPREHENSIONS) and where.start.line in too_long:
                 comprehensions.setdefault(where.start.line, []).append(node)
             if isinstance(node, cst.BinaryOperation) and node.lpar and where.start.line in too_long:
@@ -570,6 +586,7 @@ class _Planner:
             found = found or self._ending_bracket(line, by_start.get(line, ()))
             found = found or self._parenthesised_operation(line, operations.get(line, ()), plan)
             found = found or self._comprehension(line, comprehensions.get(line, ()))
+            found = found or self._packed_arguments(line, line_starts.get(line))
             if found is not None:
                 plan[found[0]] = found[1]
         return plan
@@ -610,6 +627,44 @@ class _Planner:
                     plan[link] = _BreakBeforeOperator(indent + "    ")
             return node, _Operands(indent)
         return None
+
+    def _packed_arguments(
+        self, line: int, first: Optional[cst.Arg]
+    ) -> Optional[Tuple[cst.CSTNode, _ArgumentBreaks]]:
+        """A call's last line that begins with one of its arguments and holds several, with
+        `)` there too (`    num_workers=4, pin_memory=True, persistent_workers=True)`,
+        SimSiam's style, not black's): the arguments that no longer fit start a line of their
+        own at the same indentation, as the author broke the lines above."""
+        call = self.parents.get(first) if first is not None else None
+        text = self.lines[line - 1]
+        if (
+            not isinstance(call, cst.Call)
+            or self.positions[call].end.line != line
+            or self.positions[call].start.line == line
+            or "#" in text
+        ):
+            return None
+        args = list(call.args)
+        start = next(i for i, a in enumerate(args) if a is first)
+        on_line = args[start:]
+        where = [self.positions[a] for a in on_line]
+        if len(on_line) < 2 or any(w.start.line != line or w.end.line != line for w in where):
+            return None
+        columns = [w.start.column for w in where] + [len(text.rstrip())]
+        pieces = [text[a:b].rstrip() for a, b in zip(columns, columns[1:])]
+        indent = self._indent(line)
+        width, breaks = len(indent) + len(pieces[0]), []
+        for index, piece in enumerate(pieces[1:], 1):
+            if width + 1 + len(piece) <= self.limit:
+                width += 1 + len(piece)
+            else:
+                breaks.append(start + index)
+                width = len(indent) + len(piece)
+            if width > self.limit:
+                return None
+        if not breaks:
+            return None
+        return call, _ArgumentBreaks(indent, tuple(breaks))
 
     def joinable(self, changed) -> Dict[cst.CSTNode, str]:
         """Values wrapped in parentheses on their own line (`x = (\n    value\n)`) that a
@@ -1090,6 +1145,14 @@ class _Relayout(cst.CSTTransformer):
             )
         if isinstance(layout, _BreakBeforeOperator):
             return _operator_on_new_line(updated_node, layout.indent)
+        if isinstance(layout, _ArgumentBreaks):
+            args = list(updated_node.args)
+            for index in layout.before:
+                comma = args[index - 1].comma
+                args[index - 1] = args[index - 1].with_changes(
+                    comma=comma.with_changes(whitespace_after=_line_break(layout.indent))
+                )
+            return updated_node.with_changes(args=args)
         if isinstance(layout, _Operands):
             inner = layout.indent + "    "
             updated_node = _operator_on_new_line(updated_node, inner)

@@ -87,6 +87,31 @@ def test_without_black_a_file_written_wide_keeps_its_width() -> None:
     assert wrap_long_calls(old, new) == new
 
 
+PACKED_OLD = (
+    "def main(args):\n"
+    "    train_loader = torch.utils.data.DataLoader(\n"
+    "        train_dataset, batch_size=args.batch_size, shuffle=(train_sampler is None),\n"
+    "        num_workers=args.workers, pin_memory=True, sampler=train_sampler)\n"
+)
+
+
+def test_arguments_packed_several_to_a_line_continue_on_a_new_line_when_too_long() -> None:
+    """SimSiam's style: a keyword that no longer fits on the call's last line starts the
+    next one, at that line's indentation (black would put every argument on its own)."""
+    new = PACKED_OLD.replace("sampler)", "sampler, persistent_workers=True)")
+    wrapped = wrap_long_calls(PACKED_OLD, new)
+    assert wrapped == PACKED_OLD.replace("sampler)", "sampler,\n        persistent_workers=True)")
+    short = PACKED_OLD.replace("sampler)", "sampler, timeout=9)")
+    assert wrap_long_calls(PACKED_OLD, short) == short  # still fits: left as it is
+    commented = new.replace("(train_sampler is None),", "(train_sampler is None),  # one")
+    assert (
+        wrap_long_calls(PACKED_OLD.replace("None),", "None),  # one"), commented).count(
+            "persistent_workers"
+        )
+        == 1
+    )
+
+
 @pytest.mark.parametrize(
     "long_line",
     [
