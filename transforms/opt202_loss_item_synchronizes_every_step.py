@@ -13,7 +13,7 @@ from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
     LOSS_ACCUMULATION,
     device_total_term,
-    every_iteration,
+    every_iteration_of_some_process,
     helper_sync_message,
     helper_syncs,
     host_read,
@@ -59,7 +59,9 @@ class LossItemSynchronizesEveryStep(Rule):
         `Fabric`) runs backward on. With gradient accumulation (backward in an inner
         micro-step loop, the optimizer step after it), a read in the loop around it runs
         on every optimizer step: a total read there is left alone (reported), and a
-        `loss.item()` there is reported.
+        `loss.item()` there is reported. So is one under an `if` that only asks which
+        process this is (yolov5's `if RANK in {-1, 0}:`, `if master_process:`): that process
+        reads it on every step, and the others wait for it at the next all-reduce.
 
     Why is it slow:
         `.item()` copies the value to the host, so the host must wait until the device has
@@ -257,7 +259,8 @@ class LossItemSynchronizesEveryStep(Rule):
             for item in loss_items(self.facts, loop):
                 if item.node in handled:
                     continue
-                per_step = every_iteration(loop) if per_step is None else per_step
+                if per_step is None:
+                    per_step = every_iteration_of_some_process(loop)
                 if item.site.statement not in per_step:
                     continue
                 line = lines.get(item.site.statement)

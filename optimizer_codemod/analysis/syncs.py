@@ -531,6 +531,69 @@ def every_iteration(loop: Loop) -> Set[cst.CSTNode]:
     return found
 
 
+def every_iteration_of_some_process(loop: Loop) -> Set[cst.CSTNode]:
+    """every_iteration, and the statements under an `if` that only asks which process this
+    is (`if RANK in {-1, 0}:`, `if args.rank % ngpus_per_node == 0:`, `if master_process:`,
+    `if accelerator.is_main_process:`): the test is the same on every iteration, so that
+    process runs them on every step, and a host read there holds every process back at the
+    next all-reduce (yolov5's classify/train.py reads `loss.item()` so)."""
+    found = set(every_iteration(loop))
+    pending = [s for s in found if isinstance(s, cst.If)]
+    while pending:
+        branch = pending.pop()
+        if branch.orelse is not None or not is_process_check(branch.test):
+            continue
+        for statement in branch.body.body:
+            found.add(statement)
+            if isinstance(statement, cst.If):
+                pending.append(statement)
+    return found
+
+
+# Names that tell processes apart: a rank, or a flag that this is the main process.
+_RANK_NAMES = frozenset({"rank", "local_rank", "global_rank", "node_rank", "gpu_rank"})
+_MAIN_PROCESS_FLAGS = frozenset(
+    {"master_process", "is_master", "is_main_process", "main_process", "is_local_main_process"}
+)
+
+
+def is_process_check(test: cst.BaseExpression) -> bool:
+    """`test` only compares the process's rank with numbers, or reads a main-process flag
+    (`rank == 0`, `RANK in {-1, 0}`, `args.rank % n == 0`, `dist.get_rank() == 0`,
+    `master_process`, `utils.is_main_process()`), possibly several joined by `and`/`or`."""
+    if isinstance(test, cst.BooleanOperation):
+        return is_process_check(test.left) and is_process_check(test.right)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return is_process_check(test.expression)
+    if isinstance(test, cst.Comparison):
+        return _names_rank(test.left) and all(
+            _numbers(target.comparator) for target in test.comparisons
+        )
+    return _last_name(test) in _MAIN_PROCESS_FLAGS
+
+
+def _last_name(node: cst.BaseExpression) -> Optional[str]:
+    if isinstance(node, cst.Call) and not node.args:
+        node = node.func
+    name = dotted_name(node)
+    return name.rsplit(".", 1)[-1] if name is not None else None
+
+
+def _names_rank(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        return _names_rank(node.left)
+    name = _last_name(node)
+    return name is not None and (name.lower() in _RANK_NAMES or name == "get_rank")
+
+
+def _numbers(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Set, cst.List, cst.Tuple)):
+        return all(_numbers(element.value) for element in node.elements)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _numbers(node.expression)
+    return isinstance(node, cst.Integer)
+
+
 @dataclass(frozen=True)
 class NameUse:
     node: cst.Name
