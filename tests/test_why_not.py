@@ -470,4 +470,4 @@ def test_a_view_report_is_not_replaced_by_the_rules_own_conversion() -> None:
     result = rewrite(source, path="train.py", select=["OPT407"], why_not=True)
     flat = [d for d in result.diagnostics if d.code == "OPT407" and d.status is not Status.FIXED]
     assert [d.status for d in flat] == [Status.REPORTED], flat
-    assert "`out.view(out.size(0), -1)` would raise" in flat[0].message
+    assert "`out.view(out.size(0), -1)` raises on a channels_last tensor unless" in flat[0].message
