@@ -101,14 +101,24 @@ class Place:
     also: Tuple[int, ...] = ()
     cause: Optional[str] = None  # why the tool misses it, noted after a run (silent misses)
     source: str = "reading"  # "reading" (written from the file) or "review" (of a tool edit)
+    cell: Optional[int] = None  # in a notebook: the cell (1-based, as the tool reports it)
 
     @property
     def lines(self) -> Tuple[int, ...]:
         return (self.line, *self.also)
 
     @property
+    def where(self) -> str:
+        return f"{self.repo}:{self.path}:{_position(self.cell, self.line)}"
+
+    @property
     def key(self) -> str:
-        return f"{self.repo}:{self.path}:{self.line}:{self.rule}"
+        return f"{self.where}:{self.rule}"
+
+
+def _position(cell: Optional[int], line: int) -> str:
+    """`12`, or `cell 3:12` in a notebook (lines count within the cell)."""
+    return f"{line}" if cell is None else f"cell {cell}:{line}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class Reviewed:
     line: int
     verdict: str  # wrong | harmless
     why: str
+    cell: Optional[int] = None
 
 
 @dataclass
@@ -145,15 +156,26 @@ def parse_expected(document: dict) -> List[FileExpectation]:
                 tuple(int(x) for x in p.get("also", ())),
                 p.get("cause"),
                 p.get("source", "reading"),
+                _optional_int(p.get("cell")),
             )
             for p in item.get("place", [])
         ]
         reviewed = [
-            Reviewed(r["rule"], int(r["line"]), r["verdict"], r.get("why", ""))
+            Reviewed(
+                r["rule"],
+                int(r["line"]),
+                r["verdict"],
+                r.get("why", ""),
+                _optional_int(r.get("cell")),
+            )
             for r in item.get("reviewed", [])
         ]
         files.append(FileExpectation(repo, path, places, item.get("none"), reviewed))
     return files
+
+
+def _optional_int(value) -> Optional[int]:
+    return None if value is None else int(value)
 
 
 def load_expected(path: Path) -> List[FileExpectation]:
@@ -195,9 +217,11 @@ def check_expected(
                 problems.append(f"{place.key}: needs an anchor and a why")
             if place.source not in ("reading", "review"):
                 problems.append(f"{place.key}: source is `reading` or `review`")
-            if (place.repo, place.path, place.rule, place.line) in seen_places:
+            if place.path.endswith(".ipynb") != (place.cell is not None):
+                problems.append(f"{place.key}: a place in a notebook, and only there, has a cell")
+            if place.key in seen_places:
                 problems.append(f"{place.key}: listed twice")
-            seen_places.add((place.repo, place.path, place.rule, place.line))
+            seen_places.add(place.key)
         for review in item.reviewed:
             if review.verdict not in VERDICTS:
                 problems.append(f"{name}:{review.line}: verdict must be one of {VERDICTS}")
@@ -208,15 +232,35 @@ def check_expected(
     return problems
 
 
-def check_anchors(places: Sequence[Place], source: str) -> List[str]:
-    """Places whose anchor is not on their line of `source` (the file at the pinned commit)."""
-    lines = source.splitlines()
+def check_anchors(places: Sequence[Place], source: str, path: str = "") -> List[str]:
+    """Places whose anchor is not on their line of `source` (the file at the pinned commit;
+    in a notebook, the line of the place's cell)."""
+    lines = _lines_by_cell(source, path)
     problems = []
     for place in places:
-        text = lines[place.line - 1] if place.line <= len(lines) else ""
+        cell = lines.get(place.cell, [])
+        text = cell[place.line - 1] if place.line <= len(cell) else ""
         if place.anchor.strip() not in text:
-            problems.append(f"{place.key}: anchor {place.anchor!r} is not on line {place.line}")
+            problems.append(
+                f"{place.key}: anchor {place.anchor!r} is not on "
+                f"{_position(place.cell, place.line)}"
+            )
     return problems
+
+
+def _lines_by_cell(source: str, path: str) -> Dict[Optional[int], List[str]]:
+    """The lines of a file under None, or of each cell of a notebook under its number."""
+    if not path.endswith(".ipynb"):
+        return {None: source.splitlines()}
+    try:
+        cells = json.loads(source).get("cells", [])
+    except (ValueError, AttributeError):
+        return {}
+    found: Dict[Optional[int], List[str]] = {}
+    for number, cell in enumerate(cells, 1):
+        text = cell.get("source", "") if isinstance(cell, dict) else ""
+        found[number] = ("".join(text) if isinstance(text, list) else text).splitlines()
+    return found
 
 
 # -- matching -----------------------------------------------------------------------------------
@@ -229,6 +273,11 @@ class Finding:
     line: int
     end_line: int
     message: str = ""
+    cell: Optional[int] = None
+
+    @property
+    def position(self) -> str:
+        return _position(self.cell, self.line)
 
 
 def findings_from_report(report: dict) -> List[Finding]:
@@ -239,6 +288,7 @@ def findings_from_report(report: dict) -> List[Finding]:
             f["location"]["row"],
             f["end_location"]["row"],
             f.get("message") or "",
+            f.get("cell"),
         )
         for f in report.get("findings", [])
     ]
@@ -264,6 +314,8 @@ def _distance(place: Place, finding: Finding) -> Optional[int]:
     """How far the finding lies from the place (0: on a listed line), None when too far."""
     if place.rule in FILE_SCOPE_RULES:
         return 0
+    if place.cell != finding.cell:
+        return None
     best = None
     for line in place.lines:
         if finding.line <= line <= finding.end_line:
@@ -341,6 +393,7 @@ def match_file(
                 r
                 for r in reviewed
                 if r.rule == finding.code
+                and r.cell == finding.cell
                 and finding.line - TOLERANCE <= r.line <= finding.line + TOLERANCE
             ),
             None,
@@ -382,7 +435,7 @@ def summarise(matches: Sequence[FileMatch]) -> dict:
             }
         )
     wrong = [
-        f"{m.repo}:{m.path}:{f.line} {f.code}: {r.why}"
+        f"{m.repo}:{m.path}:{f.position} {f.code}: {r.why}"
         for m in matches
         for f, r in m.reviewed
         if r.verdict == "wrong"
@@ -573,7 +626,7 @@ def render_markdown(
         md.append("")
         for r in results:
             p = r.place
-            md.append(f"- {p.rule} {p.repo}:{p.path}:{p.line}: {_cell(p.why)}")
+            md.append(f"- {p.rule} {p.where}: {_cell(p.why)}")
         md.append("")
     declined: Dict[str, List[PlaceResult]] = defaultdict(list)
     for m in matches:
@@ -587,18 +640,18 @@ def render_markdown(
         for r in declined[code]:
             p = r.place
             md.append(
-                f"- {r.outcome} {p.repo}:{p.path}:{p.line}: {_cell(r.finding.message)}"
+                f"- {r.outcome} {p.where}: {_cell(r.finding.message)}"
                 if r.finding
-                else f"- {p.repo}:{p.path}:{p.line}"
+                else f"- {p.where}"
             )
         md.append("")
     md += ["## Fixes at places not in the list", ""]
     rows = [
-        f"- **unreviewed** {f.code} {m.repo}:{m.path}:{f.line}: {_cell(f.message)}"
+        f"- **unreviewed** {f.code} {m.repo}:{m.path}:{f.position}: {_cell(f.message)}"
         for m in matches
         for f in m.unlisted
     ] + [
-        f"- **{r.verdict}** {f.code} {m.repo}:{m.path}:{f.line}: {_cell(r.why)}"
+        f"- **{r.verdict}** {f.code} {m.repo}:{m.path}:{f.position}: {_cell(r.why)}"
         for m in matches
         for f, r in m.reviewed
     ]
@@ -613,7 +666,8 @@ def render_markdown(
             "",
         ]
         md += [
-            f"- {c.finding.code} {c.repo}:{c.path}:{c.finding.line}: {_cell(c.finding.message)}"
+            f"- {c.finding.code} {c.repo}:{c.path}:{c.finding.position}: "
+            f"{_cell(c.finding.message)}"
             for c in context_fixes
         ] or ["None."]
         md += ["", "Modules read for context, per repository:", ""]
@@ -1010,7 +1064,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"cannot read {item.repo}:{item.path}: {origin}", file=sys.stderr)
                 return 2
             sources[(item.repo, item.path)] = source
-            problems += check_anchors(item.places, source.decode("utf-8", errors="replace"))
+            text = source.decode("utf-8", errors="replace")
+            problems += check_anchors(item.places, text, item.path)
         if problems:
             print("anchors do not match:", *problems, sep="\n  ", file=sys.stderr)
             return 2

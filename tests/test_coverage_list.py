@@ -252,6 +252,57 @@ def test_the_benchmark_matches_the_tools_own_findings_on_a_synthetic_script(tmp_
     assert "fused=True" in rewritten
 
 
+NOTEBOOK = {
+    "cells": [
+        {"cell_type": "markdown", "source": ["# Train\n"]},
+        {"cell_type": "code", "source": ["import torch\n", "model = torch.nn.Linear(4, 2)"]},
+        {
+            "cell_type": "code",
+            "source": "optimizer = torch.optim.Adam(model.parameters())\nfor step in range(3):\n"
+            "    model(torch.randn(8, 4)).sum().backward()\n    optimizer.step()\n",
+        },
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def test_places_in_a_notebook_are_found_by_cell_and_line(tmp_path):
+    import json
+
+    source = json.dumps(NOTEBOOK, indent=1)
+    place = Place("o/r", "nb.ipynb", "OPT501", 1, "optimizer = torch.optim.Adam(", "fused", cell=3)
+    assert coverage.check_anchors([place], source, "nb.ipynb") == []
+    other_cell = Place("o/r", "nb.ipynb", "OPT501", 1, "optimizer = torch.optim.Adam(", "x", cell=2)
+    assert len(coverage.check_anchors([other_cell], source, "nb.ipynb")) == 1
+    entry = Entry("o/r", "0" * 40, "nb.ipynb")
+    findings, error = coverage.apply_findings(
+        entry, source.encode(), tmp_path, coverage.DEFAULT_COMMAND
+    )
+    assert error is None
+    [fused] = [f for f in findings if f.code == "OPT501"]
+    assert (fused.cell, fused.line, fused.status) == (3, 1, "fixed")
+    # the same line number in another cell is another place
+    match = coverage.match_file([other_cell], [fused], (), "o/r", "nb.ipynb")
+    assert [r.outcome for r in match.results] == ["silent"]
+    assert coverage.match_file([place], [fused]).results[0].outcome == "applied"
+    # a notebook's place must say its cell, and only a notebook's
+    document = {
+        "file": [
+            {
+                "repo": "o/r",
+                "path": "nb.ipynb",
+                "place": [{"rule": "OPT501", "line": 1, "anchor": "o", "why": "w"}],
+            }
+        ]
+    }
+    problems = coverage.check_expected(
+        coverage.parse_expected(document), [entry], coverage.known_rule_codes()
+    )
+    assert any("has a cell" in p for p in problems)
+
+
 def test_local_imports_follow_the_projects_own_modules_only():
     paths = {
         "train.py",
