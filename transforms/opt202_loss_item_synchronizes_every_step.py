@@ -43,7 +43,8 @@ class LossItemSynchronizesEveryStep(Rule):
         Rewrites the accumulation of a loss's `.item()` in a training loop
         (`running += loss.item()`, `total += loss.item() * n`,
         `running = running + loss.item()`, where `loss.backward()` is called in the same
-        loop) into an accumulation on the device, `running += loss.detach().float()`, and
+        loop; `loss.detach().item()` alike) into an accumulation on the device, `running +=
+        loss.detach().float()`, and
         turns every place that reads the total into `float(running)`. A `.item()` of the loss
         that runs on every step for another reason (`print(loss.item())`,
         `losses.append(loss.item())`) is reported, not rewritten, with one exception: a

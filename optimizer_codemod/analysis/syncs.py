@@ -806,17 +806,34 @@ def _is_backward_runner(facts: "ScriptFacts", receiver: cst.BaseExpression) -> b
 
 
 def loss_items(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
-    """`loss.item()` calls in `loop` (its own body) on a name it calls `backward()` on."""
+    """`loss.item()` (or `loss.detach().item()`) calls in `loop` (its own body) on a name it
+    calls `backward()` on."""
     losses = backward_losses(facts, loop)
     return [
         call
         for call in facts.calls_directly_in(loop)
-        if call.method == "item"
-        and not call.node.args
-        and call.receiver in losses
-        and isinstance(call.node.func, cst.Attribute)
-        and isinstance(call.node.func.value, cst.Name)
+        if call.method == "item" and not call.node.args and item_of(call.node) in losses
     ]
+
+
+def item_of(item: cst.Call) -> Optional[str]:
+    """`loss` for `loss.item()` and `loss.detach().item()` (diffusers' and Hugging Face's
+    habit): the name whose value `.item()` reads; None for anything else."""
+    if not isinstance(item.func, cst.Attribute):
+        return None
+    value = item.func.value
+    if _is_detach(value):
+        value = value.func.value
+    return value.value if isinstance(value, cst.Name) else None
+
+
+def _is_detach(node: cst.BaseExpression) -> bool:
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "detach"
+        and not node.args
+    )
 
 
 # Syncs in functions that every step runs --------------------------------------------------
@@ -1074,7 +1091,7 @@ def step_loss_items(facts: "ScriptFacts") -> List[CallSite]:
             for call in facts.calls_directly_in(step)
             if call.method == "item"
             and not call.node.args
-            and call.receiver in losses
+            and item_of(call.node) in losses
             and call.site.statement in per_step
             and call not in found
         )
@@ -1319,6 +1336,8 @@ def device_total_term(item: cst.Call, converter: str = "float") -> cst.BaseExpre
     value = item.func.value
     if converter == "int":
         return value.with_changes(lpar=[*item.lpar, *value.lpar], rpar=[*value.rpar, *item.rpar])
+    if _is_detach(value):  # `loss.detach().item()`: detached already
+        return item.with_changes(func=item.func.with_changes(attr=cst.Name("float")))
     detach = cst.Call(func=item.func.with_changes(attr=cst.Name("detach")))
     if _float32_reduction(value):
         return item.with_changes(func=detach.func)
