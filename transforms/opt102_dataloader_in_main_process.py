@@ -13,6 +13,7 @@ from optimizer_codemod.analysis.loaders import (
     dataset_classes,
     dataset_kind,
     dataset_mutated,
+    in_memory_dataset_class,
     module_name,
     opens_handles_when_built,
     by_options_dict,
@@ -87,8 +88,9 @@ class DataloaderInMainProcess(Rule):
         with the files rewritten together, also in a module without one whose classes and
         functions the other files of the run call only under their own guard
         (docs/projects.md); and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
-        `TensorDataset` or a dataset of device tensors (workers add only overhead, or would
-        touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
+        `TensorDataset`, a dataset class of the file whose `__getitem__` only reads tensors it
+        holds at the index (`self.x[i]`, as OPT104 derives it), or a dataset of device tensors
+        (workers add only overhead, or would touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
         whole stream unless it shards by worker), a `collate_fn` that moves batches to the
         device, a `collate_fn`, `worker_init_fn` or dataset class that workers started by
         spawn cannot unpickle (a lambda, or a function or class defined inside a function), a
@@ -177,6 +179,14 @@ class DataloaderInMainProcess(Rule):
             collate = collate_places_on_accelerator(facts, call)
             if kind not in (DatasetKind.PER_ITEM, DatasetKind.UNKNOWN) or collate is True:
                 self.decline(call, _NO_WORK_FOR_WORKERS.get(kind, _NO_WORK_FOR_WORKERS[None]))
+                continue
+            in_memory = in_memory_dataset_class(facts, site)
+            if in_memory is not None:
+                self.decline(
+                    call,
+                    f"`{in_memory}.__getitem__` only reads tensors the dataset holds in memory "
+                    "at the index: workers would only add inter-process copies",
+                )
                 continue
             if not runs_only_under_main_guard(facts, site):
                 unguarded = unguarded_callers(facts)

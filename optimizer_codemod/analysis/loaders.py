@@ -40,6 +40,7 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.batch_sources import batch_source, drawn_iterator
+from optimizer_codemod.analysis.batched_items import BatchedItems, batched_items
 from optimizer_codemod.analysis.calls import is_prepare
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
@@ -335,6 +336,17 @@ def _class_kind(facts: "ScriptFacts", name: str, depth: int, classes: List[str])
         if base in facts.classes:
             return _class_kind(facts, base, depth + 1, classes)
     return DatasetKind.UNKNOWN
+
+
+def in_memory_dataset_class(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
+    """A dataset class of this file the loader's dataset is built from whose `__getitem__`
+    only reads tensors the instance holds, at the index (`self.x[i]`, a window of it,
+    arithmetic with numbers: batched_items.py derives its batched form): its items cost
+    nothing to prepare, as a TensorDataset's (LLMs-from-scratch's ToyDataset)."""
+    for name in dataset_classes(facts, site):
+        if name in facts.classes and isinstance(batched_items(facts, name), BatchedItems):
+            return name
+    return None
 
 
 def dataset_classes(facts: "ScriptFacts", site: CallSite) -> List[str]:
