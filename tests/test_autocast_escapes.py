@@ -111,6 +111,9 @@ metric({read})
         ("t = torch.randn_like(out)", "t", True),
         ("y = y.to(out)", "y", True),
         ("t = helper(x)", "t", True),
+        # A list of Python numbers is no tensor to cast back (`.float()` of a list raises).
+        ("t = [out.mean().item()]", "t", False),
+        ("t = (out.argmax(1), 0)", "t", False),
     ],
 )
 def test_values_bound_in_the_forward(bound: str, read: str, escapes: bool) -> None:
@@ -201,6 +204,11 @@ def sample(model, samples, outputs):
         ("out = model(x)", None),
         ("out, features = model(x)", None),
         ("outputs.append(model(helper(x)).argmax(1))", None),
+        # Grown by a list written out: kept there as it is, or a Python number
+        # (cleanrl's `clipfracs += [....mean().item()]`, then `np.mean(clipfracs)`).
+        ("outputs += [model(x)]", "[model(x)]"),
+        ("outputs += [model(x).float().mean().item()]", None),
+        ("outputs += [model(x).mean().item()]", "model(x)"),  # a 16-bit mean
     ],
 )
 def test_escape_within_the_wrapped_statement(use: str, leaving) -> None:

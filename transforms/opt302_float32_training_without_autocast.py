@@ -9,7 +9,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
-from optimizer_codemod.analysis.precision import uses_reduced_precision
+from optimizer_codemod.analysis.precision import environment_step, uses_reduced_precision
 from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -129,6 +129,11 @@ class Float32TrainingWithoutAutocast(Rule):
         logits and use `BCEWithLogitsLoss`) instead of writing a script that crashes; custom
         autograd Functions are reported too (they need `torch.amp.custom_fwd`). GPUs without
         bfloat16 (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
+        Not applied to reinforcement learning (a file that imports gym, gymnasium, envpool...
+        and steps an environment, `envs.step(action)`, as cleanrl does): its value and Q
+        networks regress returns of a hundred or more, where bfloat16 keeps under 3 digits,
+        and PPO's ratios of log-probabilities and its KL early stop, or SAC's tanh-squash
+        correction `log(1 - tanh(x)**2 + 1e-6)`, need float32; the networks are small.
         A model with an `nn.RNN`, `nn.LSTM` or `nn.GRU` layer is left alone under bfloat16:
         CUDA autocast casts cuDNN RNNs to float16 whatever dtype it was asked for (ATen
         `aten/src/ATen/cudnn/AutocastRNN.cpp`, `_cudnn_rnn_cast_reflatten` casts to `kHalf`),
@@ -241,6 +246,17 @@ class Float32TrainingWithoutAutocast(Rule):
             return
         steps, owners = found
         anchor = steps[0].forward[0]
+        environment = environment_step(facts)
+        if environment is not None:
+            self.decline(
+                anchor,
+                f"the script trains on a reinforcement-learning environment "
+                f"(`{excerpt(environment.node)}`): value and Q regressions of returns, and "
+                "the log-probabilities whose ratios and KL estimates drive the update, need more "
+                "than bfloat16's 8 significant bits, and the small networks used there gain "
+                "nothing from autocast",
+            )
+            return
         if self._reports_hazard(anchor) or any(
             self._reports_hazard_elsewhere(model, anchor) for model in models
         ):

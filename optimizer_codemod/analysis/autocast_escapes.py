@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _SUITES = (cst.IndentedBlock, cst.Module, cst.SimpleStatementSuite)
+_DISPLAYS = (cst.List, cst.Tuple, cst.Set)
 MAX_DEPTH = 3
 
 # Methods whose result is no 16-bit float tensor (an index, a mask, a size, a 32-bit cast),
@@ -208,6 +209,10 @@ class AutocastEscapes:
         index = self._index(scope)
         narrow = set(self._narrow_names(statements))
         for statement in statements:
+            for grown in find_all(statement, cst.AugAssign):
+                # `outs += [model(x)]`: kept in a container, which no cast after the block fits
+                if isinstance(grown.value, _DISPLAYS) and not self._is_wide(grown.value):
+                    return grown.value
             for node in find_all(statement, cst.Call, cst.Name):
                 if isinstance(node, cst.Name):
                     start = node.value in narrow  # a binding target stops at its statement
@@ -262,9 +267,15 @@ class AutocastEscapes:
         ]
 
     def _is_wide(self, value: cst.BaseExpression) -> bool:
-        """`value` is a 32-bit tensor or no float tensor at all, even under autocast."""
+        """`value` is a 32-bit tensor or no float tensor at all, even under autocast (a list
+        or tuple written out of such values: cleanrl's `clipfracs += [x.mean().item()]`)."""
         if isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.Comparison)):
             return True
+        if isinstance(value, _DISPLAYS):
+            return all(
+                not isinstance(element, cst.StarredElement) and self._is_wide(element.value)
+                for element in value.elements
+            )
         if not isinstance(value, cst.Call):
             return False
         method = method_name(value)

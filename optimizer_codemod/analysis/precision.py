@@ -462,3 +462,22 @@ def _pads_to_longest(call: "CallSite", qualname: str) -> bool:
         return True
     name = callee_name(call.node) or ""
     return value is True and (call.method == "pad" or "token" in name.lower())
+
+
+# Packages whose environments a reinforcement-learning script steps.
+RL_ENVIRONMENT_PACKAGES = ("gym", "gymnasium", "envpool", "pettingzoo", "dm_env", "procgen")
+
+
+def environment_step(facts: "ScriptFacts") -> Optional["CallSite"]:
+    """A step of a reinforcement-learning environment: `envs.step(action)` on a name with
+    "env" in it, in a file that imports one of RL_ENVIRONMENT_PACKAGES (cleanrl's
+    `envs.step(action.cpu().numpy())`). Such training regresses returns (values, Q) and
+    scores actions by log-probabilities whose ratios and KL estimates drive the update."""
+    packages = {binding.target.split(".")[0] for binding in facts.imports.bindings}
+    if not packages & set(RL_ENVIRONMENT_PACKAGES):
+        return None
+    for call in facts.records.calls:
+        receiver = (call.receiver or "").rsplit(".", 1)[-1].lower()
+        if call.method == "step" and "env" in receiver:
+            return call
+    return None
