@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, literal
+from optimizer_codemod.analysis.devices import mentions_accelerator
 from optimizer_codemod.analysis.precision import (
     convolution_sites,
     cudnn_benchmark_choice,
@@ -102,10 +103,12 @@ class CudnnBenchmarkDisabled(Rule):
     process_wide = True
     examples = (
         Example(
-            "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n",
+            "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n",
             "import torch\n\ntorch.backends.cudnn.benchmark = True\n\n"
-            "model = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n",
+            "model = torch.nn.Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n",
         ),
+        # Trained on the CPU (nlp-tutorial's TextCNN): cuDNN is never called.
+        Example("import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n"),
         Example(
             "import torch\n\ntorch.backends.cudnn.benchmark = False\n"
             "model = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n"
@@ -167,6 +170,14 @@ class CudnnBenchmarkDisabled(Rule):
                 first,
                 message="Convolutional training in an importable module; set "
                 "`torch.backends.cudnn.benchmark = True` in the script that runs it",
+            )
+            return
+        if elsewhere is None and not mentions_accelerator(facts):
+            self.decline(
+                first,
+                "this script never places a tensor or module on an accelerator nor names one "
+                "(no `.cuda()`, `.to(device)`, `device=`, device API or launcher): it trains "
+                "on the CPU, where cuDNN is never called",
             )
             return
         imported_by = imported_by_others(facts)
