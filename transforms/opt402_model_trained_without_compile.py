@@ -15,6 +15,7 @@ from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
     backward_runs_once,
+    class_without_forward,
     compiles,
     each_trained_model,
     imported_layer,
@@ -78,7 +79,10 @@ class ModelTrainedWithoutCompile(Rule):
         `model.compile()` compiles the module in place, so `state_dict()` keys keep their
         names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
-        graphs break on changing shapes and on outputs kept across steps). Compiling happens
+        graphs break on changing shapes and on outputs kept across steps). Not for a model
+        whose class defines no `forward` (cleanrl's PPO `Agent`, used through
+        `get_action_and_value`): `compile()` compiles the module's own call only, so nothing
+        would run compiled. Compiling happens
         before a DistributedDataParallel wrapper is built, and before Hugging Face
         Accelerate's `model, opt = accelerator.prepare(model, opt)`, which places the model
         on `accelerator.device` (unless the `Accelerator` is built with `device_placement`)
@@ -259,6 +263,13 @@ class ModelTrainedWithoutCompile(Rule):
     def _why_compile_would_not_pay(self, model) -> "str | None":
         """Dynamo graph-breaks around what it cannot trace, leaving most of the step eager;
         and compiling costs seconds that a single step never earns back."""
+        unused = class_without_forward(self.facts, model)
+        if unused is not None:
+            return (
+                f"`{unused}` defines no `forward`: `{model.name}` runs through its other "
+                "methods (and its submodules), which `Module.compile()` leaves eager, so "
+                "nothing would be compiled"
+            )
         once = backward_runs_once(self.facts)
         if once is not None:
             return (

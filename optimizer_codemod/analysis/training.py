@@ -1607,6 +1607,42 @@ def _may_build_other_modules(facts: "ScriptFacts", call: cst.Call) -> bool:
     return not head or head == "self" or facts.imports.is_bound(head)
 
 
+def class_without_forward(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
+    """The class of this file every construction of `model` calls (`Agent(envs).to(device)`)
+    when neither it nor a base of this file defines `forward` and every other base is
+    `torch.nn.Module`: the model is used through its other methods only (cleanrl's
+    `agent.get_action_and_value(x)`), which `Module.compile()` leaves eager."""
+    built = set()
+    for expression in _model_expressions(facts, model):
+        calls = [
+            call.func.value
+            for call in find_all(expression, cst.Call)
+            if isinstance(call.func, cst.Name) and call.func.value in facts.classes
+        ]
+        built.update(calls)  # (the device and other names it is built from call none)
+    if len(built) != 1:
+        return None
+    name = built.pop()
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        info = facts.classes[current]
+        if any(
+            isinstance(s, cst.FunctionDef) and s.name.value in ("forward", "__call__")
+            for s in info.node.body.body
+        ):
+            return None
+        for base in info.bases:
+            if base in facts.classes:
+                pending.append(base)
+            elif base != "torch.nn.Module":
+                return None
+    return name
+
+
 def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
     """Classes of this file that `model` is built from: those its construction calls, their
     bases of this file, and the classes of this file they build in turn (any method)."""
