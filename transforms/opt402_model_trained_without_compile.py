@@ -46,7 +46,8 @@ for x, y in loader:
 
 
 class Net(torch.nn.Module):
-    pass
+    def forward(self, x):
+        return x
 """
 
 
