@@ -179,8 +179,9 @@ def _runs_loops_elsewhere(project: Any) -> bool:
 
 def _imported_layers(project: Any) -> bytes:
     """The layers of the model classes this file imports from other modules of the run
-    (project.ImportedClass), and the shape-varying calls of the functions it imports
-    (project.ImportedFunction), as text a rule's triggers may match: `GeneratorResNet()` from
+    (project.ImportedClass), the shape-varying calls of the functions it imports
+    (project.ImportedFunction), and DataLoaders other modules pass it, as text a rule's
+    triggers may match: `GeneratorResNet()` from
     models.py is a convolution the file's own text never spells, and `get_data()` from
     data.py pads with `pad_sequence`."""
     if project is None:
@@ -189,6 +190,13 @@ def _imported_layers(project: Any) -> bytes:
     layers = [layer for c in classes for layer in c.possible_layers]
     for function in getattr(project, "imported_functions", ()):
         layers.extend((function.call, function.code))
+    # A DataLoader another module hands to a function of this file (UNet's evaluate.py
+    # never spells the word, and loops over the pinned loader train.py passes it).
+    for call in getattr(project, "calls", ()):
+        arguments = (*call.positional, *(argument for _, argument in call.keywords))
+        if any(getattr(argument, "loader", "") for argument in arguments):
+            layers.append("DataLoader")
+            break
     return "\n".join(layers).encode()
 
 

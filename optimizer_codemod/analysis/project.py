@@ -106,6 +106,10 @@ class Argument:
     dataset: str  # loaders.DatasetKind value of it as a dataset
     changed: bool  # the caller changes it after building it (`ds.set_epoch(...)`)
     handles: bool  # a dataset class of the caller that keeps an open file handle
+    # A DataLoader of the caller: "pinned", "unpinned" or "unknown" (options it cannot
+    # read), "" for anything else; and whether it has a collate_fn of its own.
+    loader: str = ""
+    loader_collate: bool = False
 
     def same_as(self, other: "Argument") -> bool:
         return replace(self, text="") == replace(other, text="")
@@ -1443,6 +1447,7 @@ def _loops_elsewhere(module: _Module, files: Dict[str, _Module]) -> Optional[Loo
 # Modules whose parameters a rule may follow: they build a DataLoader or train.
 _USES_ARGUMENTS = re.compile(rb"DataLoader|" + BACKWARD_CALL.encode())
 _NO_GRAD_DECORATOR = re.compile(NO_GRAD_DECORATOR.encode())
+_COPIES_TO_DEVICE = re.compile(rb"\.(?:to|cuda)\(")
 
 
 def _trains_or_loads(src: bytes) -> bool:
@@ -1484,10 +1489,16 @@ def _reads_a_root_name(code: types.CodeType) -> bool:
 
 def _wanting_calls(parsed: List[_Module], files: Dict[str, _Module]) -> Set[str]:
     """The files whose incoming calls are worth reading: those that build a DataLoader or
-    train, or define a function decorated with `no_grad` (what it returns is followed to its
-    callers), and those that call into such a file (their parameters are passed on)."""
+    train, copy tensors to a device (a loop over a loader it is handed: UNet's
+    `evaluate(net, dataloader, device)`), or define a function decorated with `no_grad` (what
+    it returns is followed to its callers), and those that call into such a file (their
+    parameters are passed on)."""
     wanted = {
-        m.path for m in parsed if _USES_ARGUMENTS.search(m.src) or _NO_GRAD_DECORATOR.search(m.src)
+        m.path
+        for m in parsed
+        if _USES_ARGUMENTS.search(m.src)
+        or _NO_GRAD_DECORATOR.search(m.src)
+        or _COPIES_TO_DEVICE.search(m.src)
     }
     importers: Dict[str, Set[str]] = {}
     for module in parsed:
@@ -1643,13 +1654,18 @@ def _argument(facts, node: cst.BaseExpression, function) -> Argument:
     from optimizer_codemod.analysis import loaders
     from optimizer_codemod.analysis.training import builds_module
 
+    from optimizer_codemod.analysis.transfers import passed_loader
+
     classes: List[str] = []
     kind = loaders.value_kind(facts, node, function, classes)
     name = dotted_name(node)
+    pinning, collate = passed_loader(facts, node)
     return Argument(
         text=excerpt(node),
         module=builds_module(facts, node, 0, function),
         dataset=kind.value,
         changed=bool(name) and loaders.names_changed(facts, {name}),
         handles=any(loaders.opens_handles_when_built(facts, c) for c in classes),
+        loader=pinning,
+        loader_collate=collate,
     )

@@ -61,9 +61,15 @@ from optimizer_codemod.analysis.loaders import (
     option_values,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
-from optimizer_codemod.analysis.values import ACCELERATOR, parameter_names, parameter_values
+from optimizer_codemod.analysis.values import (
+    ACCELERATOR,
+    outside_argument,
+    parameter_names,
+    parameter_values,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.project import Argument
     from optimizer_codemod.analysis.script import ScriptFacts
 
 # Device types to which an asynchronous copy from the host is sound without synchronising.
@@ -123,12 +129,20 @@ def blocking_batch_copies(
     """
     found: List[BatchCopy] = []
     examined: Set[int] = set()
-    for loop, loaders, pinned, seeds, drawn in _batch_loops(facts) + _drawn_batch_loops(facts):
+    for loop, loaders, pinned, seeds, drawn, *elsewhere in _batch_loops(facts) + _drawn_batch_loops(
+        facts
+    ):
         if not pinned and declined is None:
             continue
         names = facts.names_derived_in(loop, set(loop.targets) | seeds)
-        custom_collate = any(_custom_collate(facts, loader) for loader in loaders)
-        unpinned = NOT_PINNED if pinned else _not_pinned(facts, loaders)
+        passed = elsewhere[0] if elsewhere else None
+        custom_collate = any(_custom_collate(facts, loader) for loader in loaders) or (
+            passed is not None and passed.loader_collate
+        )
+        if passed is not None and passed.loader == "unknown":
+            unpinned = UNKNOWN_PINNING
+        else:
+            unpinned = NOT_PINNED if pinned else _not_pinned(facts, loaders)
         for call in facts.loop_calls(loop):
             if id(call.node) in examined:
                 continue
@@ -311,15 +325,25 @@ NOT_PINNED = (
 
 # A loop that takes batches from loaders: the loop, the loaders, whether all are pinned, the
 # names bound to batches besides the loop's targets, and the `next(it)` calls that give them.
-BatchLoop = Tuple[Loop, List[CallSite], bool, FrozenSet[str], FrozenSet[int]]
+# (the loop, its loaders, all pinned, names bound to its batches, ids of the `next(it)` calls
+# drawing them[, what other modules pass for the loader it iterates, when they do])
+BatchLoop = Tuple  # see above
 
 
 def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
     """Loops over loaders in a script that trains (its training loops and its evaluation
     loops: each copy runs once per batch either way), and whether every loader they iterate
-    is pinned: found by name (loaders.loops_over) or followed further (batch_sources.py)."""
+    is pinned: found by name (loaders.loops_over) or followed further (batch_sources.py);
+    and, in a module of the run that does not train itself, loops over a loader the modules
+    that train hand to it (an `evaluate(net, dataloader)` called from train.py)."""
     if not facts.trains:
-        return []
+        return [
+            (loop, [], passed.loader == "pinned", NO_NAMES, NO_CALLS, passed)
+            for loop in facts.records.loops
+            if isinstance(loop.node, cst.For)
+            for passed in (_loader_passed_from_elsewhere(facts, loop),)
+            if passed is not None
+        ]
     loaders_of: Dict[int, Tuple[Loop, List[CallSite]]] = {}
     for site in facts.dataloader_constructions():
         for loop in loops_over(facts, site):
@@ -337,7 +361,22 @@ def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
             if source is not None and source.loaders and not source.prepared:
                 pinned = all(facts.is_pinned(loader) for loader in source.loaders)
                 found.append((loop, list(source.loaders), pinned, NO_NAMES, NO_CALLS))
+                continue
+            passed = _loader_passed_from_elsewhere(facts, loop)
+            if passed is not None:
+                found.append((loop, [], passed.loader == "pinned", NO_NAMES, NO_CALLS, passed))
     return found
+
+
+def _loader_passed_from_elsewhere(facts: "ScriptFacts", loop: Loop) -> Optional["Argument"]:
+    """What the other modules of the run pass for the parameter this loop iterates (UNet's
+    `def evaluate(net, dataloader, ...)` called from train.py with its pinned `val_loader`),
+    when every such call passes a DataLoader and the file itself never calls the function."""
+    name = facts.iterated_name(loop.iter)
+    if name is None or loop.function is None:
+        return None
+    argument, _why = outside_argument(facts, loop.function, name)
+    return argument if argument is not None and argument.loader else None
 
 
 NO_NAMES: FrozenSet[str] = frozenset()
@@ -383,6 +422,23 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
     return True
 
 
+def passed_loader(facts: "ScriptFacts", node: cst.BaseExpression) -> Tuple[str, bool]:
+    """For an argument a call hands to another module: whether it is a DataLoader of this
+    file that pins ("pinned"), does not ("unpinned") or may ("unknown": options it cannot
+    read), "" when it is no DataLoader; and whether it has a collate_fn of its own."""
+    site = facts.call_site_of.get(node)
+    if site is None or site.qualname != DATALOADER:
+        name = dotted_name(node)
+        site = facts.loader_named(name) if name is not None else None
+    if site is None:
+        return "", False
+    if facts.is_pinned(site):
+        pinning = "pinned"
+    else:
+        pinning = "unknown" if option_values(facts, site.node, "pin_memory") is None else "unpinned"
+    return pinning, _custom_collate(facts, site)
+
+
 def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
     values = option_values(facts, loader.node, "collate_fn")
     if values is None:
@@ -419,9 +475,7 @@ def _batch_copy(
             f"with a custom `collate_fn`, `{text}` may be an object of the user's class whose "
             "`.to` takes no `non_blocking`"
         )
-    chain = _host_chain(
-        facts, batch_part, loop, names, call.site.statement, node, drawn, call.site
-    )
+    chain = _host_chain(facts, batch_part, loop, names, call.site.statement, node, drawn, call.site)
     if chain is None:
         return (
             f"`{text}` may hold a tensor already on the device (a name it comes from is bound "

@@ -466,8 +466,9 @@ def outside_calls(facts: "ScriptFacts", called: str) -> List["IncomingCall"]:
 
 def _called_name(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
     """The name a call of `function` spells: its class for `__init__`, its own name for a
-    module-level function; None for other methods, decorated or nested functions."""
-    if function.decorators:
+    module-level function; None for other methods, nested functions, and functions with a
+    decorator that may change how they are called (torch's grad-mode decorators do not)."""
+    if any(not _keeps_the_call(facts, d.decorator) for d in function.decorators):
         return None
     if function.name.value == "__init__":
         owner = method_class(facts, function)
@@ -475,6 +476,15 @@ def _called_name(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[st
             return None
         return owner
     return function.name.value if id(function) in _module_functions(facts) else None
+
+
+# Decorators that run the function as it is, only in another autograd mode.
+_GRAD_MODE_DECORATORS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.enable_grad"})
+
+
+def _keeps_the_call(facts: "ScriptFacts", decorator: cst.BaseExpression) -> bool:
+    target = decorator.func if isinstance(decorator, cst.Call) else decorator
+    return facts.qualified_name(target) in _GRAD_MODE_DECORATORS
 
 
 def outside_argument(
