@@ -40,7 +40,11 @@ class BlockingHostToDeviceCopy(Rule):
         method of a wrapper class of the file returns when each of its returns draws from
         an iterator of a DataLoader the class builds (makemore's InfiniteDataLoader:
         `return next(self.data_iter)`), the loader's options read from the `**kwargs` the
-        class's one caller passes (`InfiniteDataLoader(ds, pin_memory=True)`). Where the device
+        class's one caller passes (`InfiniteDataLoader(ds, pin_memory=True)`); so are the
+        batches of a loop over a parameter for which every call from the other modules of the
+        run passes a pinned DataLoader (UNet's `evaluate(net, dataloader, device)`, which
+        train.py calls with its pinned `val_loader`; a function the file never calls itself,
+        decorated with nothing but a grad mode). Where the device
         may also be MPS or another accelerator but always holds a `torch.device`
         (`torch.device(...)`, or `torch.accelerator.current_accelerator()` in a branch taken
         only when `torch.accelerator.is_available()`, as in pytorch/examples), the keyword
