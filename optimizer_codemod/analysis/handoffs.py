@@ -145,7 +145,7 @@ def _handed_away(facts, key_of, elsewhere) -> Dict[str, set]:
             continue
         if callee_summary(facts, call, {}, elsewhere) is not None:
             continue
-        if callee_key(facts, call) in key_of.values():
+        if callee_key(facts, call) in found:
             continue  # a function of this file: its own summary says what it does
         own = parameter_names(call.site.function)
         found[key].update(
