@@ -9,6 +9,7 @@ import libcst as cst
 from optimizer_codemod.analysis.batched_items import BatchedItems, batched_items
 from optimizer_codemod.analysis.calls import (
     as_keyword,
+    bare_line_break,
     code_of,
     is_literal,
     literal,
@@ -283,6 +284,10 @@ class TensorDatasetFetchedItemByItem(Rule):
             bound = imports.name_for_module(f"{module}.{obj}")
             if bound is not None:
                 return bound, None
+        # The module under a name of its own (`import torch.utils.data as Data`): `Data.obj`.
+        alias = imports.name_for_module(DATA)
+        if alias is not None and alias != "torch":
+            return f"{alias}.{obj}", None
         if imports.is_bound(obj):
             return None
         return obj, ImportSpec(DATA, obj)
@@ -363,9 +368,9 @@ def _rewrite(call: cst.Call, batch: str, sampler: str, shuffled: bool) -> cst.Ca
         inner_args.append(_keyword("generator", generator.value.deep_clone()))
     drop = drop_last.value.deep_clone() if drop_last is not None else cst.Name("False")
     value = cst.Call(
-        func=cst.Name(batch),
+        func=cst.parse_expression(batch),
         args=[
-            cst.Arg(cst.Call(func=cst.Name(sampler), args=inner_args)),
+            cst.Arg(cst.Call(func=cst.parse_expression(sampler), args=inner_args)),
             cst.Arg(size.value.deep_clone()),
             _keyword("drop_last", drop),
         ],
@@ -380,8 +385,15 @@ def _rewrite(call: cst.Call, batch: str, sampler: str, shuffled: bool) -> cst.Ca
             positional += 1
         if original is size:
             comma = arg.comma
+            # The comment ending `batch_size`'s line stays there; the sampler's line gets the
+            # one of a removed `shuffle` (below), not a copy of it.
+            sampler_comma = (
+                comma.with_changes(whitespace_after=bare_line_break(comma.whitespace_after))
+                if isinstance(comma, cst.Comma)
+                else comma
+            )
             sampler_arg = _keyword("sampler", value).with_changes(
-                comma=comma, whitespace_after_arg=arg.whitespace_after_arg
+                comma=sampler_comma, whitespace_after_arg=arg.whitespace_after_arg
             )
             arg = arg.with_changes(
                 value=cst.Name("None"),

@@ -65,7 +65,7 @@ def excerpt(node: cst.CSTNode, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _bare_line_break(whitespace: cst.BaseParenthesizableWhitespace):
+def bare_line_break(whitespace: cst.BaseParenthesizableWhitespace):
     """A line break copied for a new line: without the comment or the spaces that ended the
     line it was copied from (`batch_size=64, ` would give `shuffle=True, ` a trailing space)."""
     if isinstance(whitespace, cst.ParenthesizedWhitespace):
@@ -120,7 +120,7 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
         new_arg = new_arg.with_changes(
             comma=cst.Comma(
                 whitespace_before=last.comma.whitespace_before,
-                whitespace_after=_bare_line_break(trailing),
+                whitespace_after=bare_line_break(trailing),
             )
         )
     elif (
@@ -138,13 +138,13 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
             ),
             whitespace_after_arg=cst.SimpleWhitespace(""),
         )
-        new_arg = new_arg.with_changes(whitespace_after_arg=_bare_line_break(closing))
+        new_arg = new_arg.with_changes(whitespace_after_arg=bare_line_break(closing))
     elif len(args) > 1 and _indent_before(call, len(args) - 1) is not None:
         # One argument per line, `)` hugging the last one (`    momentum=0.9)`,
         # PyTorch-YOLOv3's train.py): the new one gets its own line and `)` follows it.
         line_break = args[-2].comma.whitespace_after
         args[-1] = last.with_changes(
-            comma=cst.Comma(whitespace_after=_bare_line_break(line_break)),
+            comma=cst.Comma(whitespace_after=bare_line_break(line_break)),
             whitespace_after_arg=cst.SimpleWhitespace(""),
         )
         new_arg = new_arg.with_changes(whitespace_after_arg=last.whitespace_after_arg)
@@ -244,7 +244,7 @@ def with_first_argument(call: cst.Call, value: cst.BaseExpression) -> cst.Call:
         return call.with_changes(args=[cst.Arg(value=value)])
     before = call.whitespace_before_args
     after_comma = (
-        _bare_line_break(before)
+        bare_line_break(before)
         if isinstance(before, cst.ParenthesizedWhitespace)  # one argument per line
         else cst.SimpleWhitespace(" ")
     )
