@@ -13,10 +13,11 @@ no third-party code lives in this repository. Each file is read from a local cop
 - or a cache dir of checkouts at the pinned commit, `CACHE/<owner>+<name>/PATH`.
 
 Repositories found in neither are listed with the commands that fetch them, and skipped. The
-files are all copied into a temporary folder first (keeping their paths inside the repository,
-under a root marked as a checkout by an empty `.git`), so that a module a file imports is there
-as in the project, and each is rewritten there on its own, serially (`-j 1`), beside the others
-as they were, as a user runs `optcodemod apply train.py`.
+files are all copied into a temporary folder first, with the local modules they import
+(keeping their paths inside the repository, under a root marked as a checkout by an empty
+`.git`), so that a module a file imports is there as in a clone, and each is rewritten there
+on its own, serially (`-j 1`), beside the others as they were, as a user runs `optcodemod
+apply train.py`.
 
 For every file it records and checks:
 - the exit status: 0 or 1 is fine; a traceback, a signal or any other status is a crash; exit 2
@@ -42,10 +43,12 @@ logic on a local fake corpus.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import os
 import platform
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -54,7 +57,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 try:
     import tomllib
@@ -132,6 +135,153 @@ def fetch_hint(repo: str, commit: str, caches: Sequence[Path]) -> str:
         f"git clone https://github.com/{repo} {target} && "
         f"git -C {target} checkout {commit}   (then pass --cache {cache})"
     )
+
+
+# -- the local modules a pinned file imports ---------------------------------------------------
+
+
+MAX_CONTEXT_FILES = 80  # local modules read beside a repository's pinned files, at most
+
+
+class RepoFiles:
+    """The files of one repository at its pinned commit: a git mirror, or a checkout cache."""
+
+    def __init__(self, entry: Entry, mirrors: Sequence[Path], caches: Sequence[Path]):
+        self.entry, self.caches = entry, caches
+        self.git_dir: Optional[Path] = None
+        self.paths: Set[str] = set()
+        for cache in caches:
+            root = cache / entry.key
+            if root.is_dir():
+                self.paths = {
+                    p.relative_to(root).as_posix() for p in root.rglob("*.py") if p.is_file()
+                }
+                return
+        for git_dir in _git_dirs(entry, mirrors):
+            listing = subprocess.run(
+                [
+                    "git",
+                    f"--git-dir={_dot_git(git_dir)}",
+                    "ls-tree",
+                    "-r",
+                    "--name-only",
+                    entry.commit,
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if listing.returncode == 0:
+                self.git_dir = git_dir
+                self.paths = {p for p in listing.stdout.splitlines() if p.endswith(".py")}
+                return
+
+    def read(self, path: str) -> Optional[bytes]:
+        for cache in self.caches:
+            candidate = cache / self.entry.key / path
+            if candidate.is_file():
+                return candidate.read_bytes()
+        if self.git_dir is None:
+            return None
+        shown = subprocess.run(
+            [
+                "git",
+                f"--git-dir={_dot_git(self.git_dir)}",
+                "show",
+                f"{self.entry.commit}:{path}",
+            ],
+            capture_output=True,
+        )
+        return shown.stdout if shown.returncode == 0 else None
+
+
+def _module_files(base: str, parts: Sequence[str], paths: Set[str]) -> List[str]:
+    """The files an import of `parts` from folder `base` runs: the packages on the way
+    (their `__init__.py`; a folder without one is a namespace package) and the module
+    itself, when it is a file of the repository."""
+    found = []
+    for i in range(1, len(parts) + 1):
+        stem = posixpath.join(base, *parts[:i])
+        init = posixpath.join(stem, "__init__.py")
+        if i == len(parts) and stem + ".py" in paths:
+            found.append(stem + ".py")
+        elif init in paths:
+            found.append(init)
+        elif not any(p.startswith(stem + "/") for p in paths):
+            return []
+    return found
+
+
+def _search_bases(path: str, paths: Set[str]) -> List[str]:
+    """Where an absolute import in `path` is looked up: its own folder (a script's folder is
+    on sys.path), the folder above its top package, and the repository root (a project
+    installed with `pip install -e .` or run from its root)."""
+    folder = posixpath.dirname(path)
+    top = folder
+    while top and posixpath.join(top, "__init__.py") in paths:
+        top = posixpath.dirname(top)
+    return list(dict.fromkeys([folder, top, ""]))
+
+
+def local_imports(path: str, source: bytes, paths: Set[str]) -> List[str]:
+    """The files of the repository (`paths`) that the imports of `path` name; imports of
+    anything else (the standard library, torch, other packages) are left out."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    found: List[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                for base in _search_bases(path, paths):
+                    files = _module_files(base, parts, paths)
+                    if files:
+                        found += files
+                        break
+        elif isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".") if node.module else []
+            if node.level:
+                base = posixpath.dirname(path)
+                for _ in range(node.level - 1):
+                    base = posixpath.dirname(base)
+                bases = [base]
+            else:
+                bases = _search_bases(path, paths)
+            for base in bases:
+                files = _module_files(base, parts, paths) if parts else []
+                package = posixpath.join(base, *parts)
+                submodules = [
+                    f
+                    for alias in node.names
+                    if alias.name != "*"
+                    for f in _module_files(package, [alias.name], paths)
+                ]
+                if files or submodules:
+                    found += files + submodules
+                    break
+    return list(dict.fromkeys(f for f in found if f != path))
+
+
+def project_files(
+    repo: RepoFiles, pinned: Dict[str, bytes], limit: int = MAX_CONTEXT_FILES
+) -> Tuple[Dict[str, bytes], bool]:
+    """The repository's local modules that its pinned files import, transitively (pinned
+    files left out), at most `limit` of them; and whether the limit cut the search short."""
+    context: Dict[str, bytes] = {}
+    pending = list(pinned.items())
+    while pending:
+        path, source = pending.pop(0)
+        for imported in local_imports(path, source, repo.paths):
+            if imported in pinned or imported in context:
+                continue
+            if len(context) >= limit:
+                return context, True
+            text = repo.read(imported)
+            if text is not None:
+                context[imported] = text
+                pending.append((imported, text))
+    return context, False
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -345,9 +495,10 @@ def _materialise(
     workdir: Path,
     missing: Dict[str, str],
 ) -> Dict[Entry, bytes]:
-    """Every listed file written into `workdir` before any is checked, so that a module a
-    file imports is there (a user rewrites a file inside its project); what is missing goes
-    into `missing`."""
+    """Every listed file written into `workdir` before any is checked, with the local modules
+    the listed files of its repository import (project_files; read, never checked), so that a
+    module a file imports is there as in a clone (a user rewrites a file inside its
+    project); what is missing goes into `missing`."""
     sources: Dict[Entry, bytes] = {}
     for entry in entries:
         if entry.repo in missing:
@@ -365,6 +516,16 @@ def _materialise(
         target = workdir / entry.key / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(source)
+    by_repo: Dict[str, List[Entry]] = {}
+    for entry in sources:
+        by_repo.setdefault(entry.repo, []).append(entry)
+    for listed in by_repo.values():
+        pinned = {entry.path: sources[entry] for entry in listed}
+        context, _cut = project_files(RepoFiles(listed[0], mirrors, caches), pinned)
+        for path, text in context.items():
+            target = workdir / listed[0].key / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(text)
     return sources
 
 

@@ -273,3 +273,24 @@ def test_a_file_is_checked_beside_the_modules_it_imports(tmp_path, script, helpe
     assert "gradient_as_bucket_view" not in rewritten
     assert "fused=True" in rewritten  # kept as the tool left it: the check did rewrite it
     assert (kept / "someone+ddp" / helpers).read_bytes() == HELPERS
+
+
+def test_a_module_a_pinned_file_imports_is_there_without_being_pinned(tmp_path):
+    # consistency_models' cm/train_util.py imports cm/fp16_util.py, which is not pinned:
+    # the check reads it from the repository as a clone has it, so OPT605 declines.
+    repo = tmp_path / "cache" / "someone+ddp"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "__init__.py").write_text("")
+    (repo / "pkg" / "train.py").write_bytes(DDP_SCRIPT.replace(b"from helpers", b"from .helpers"))
+    (repo / "pkg" / "helpers.py").write_bytes(HELPERS)
+    corpus = tmp_path / "corpus.toml"
+    corpus.write_text(
+        f'[[repo]]\nname = "someone/ddp"\ncommit = "{"c" * 40}"\npaths = ["pkg/train.py"]\n'
+    )
+    kept = tmp_path / "kept"
+    code = ecosystem.main(
+        ["--corpus", str(corpus), "--cache", str(tmp_path / "cache"), "--keep", str(kept)]
+    )
+    assert code == 0
+    assert "gradient_as_bucket_view" not in (kept / "someone+ddp" / "pkg" / "train.py").read_text()
+    assert (kept / "someone+ddp" / "pkg" / "helpers.py").read_bytes() == HELPERS
