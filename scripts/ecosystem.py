@@ -372,7 +372,44 @@ def _line_end(line: bytes) -> Tuple[bytes, bytes]:
     it added (`shuffle=True)` -> `shuffle=True, `)."""
     body = line.rstrip(b"\r\n")
     text = body.rstrip()
+    if not text:  # a line of spaces only: re-indented with its block, it keeps being one
+        return (b"", b" ")
     return (text[-1:], body[len(text) :])
+
+
+def check_notebook(before: bytes, after: bytes) -> LineCheck:
+    """check_lines over the code of a notebook's cells, each cell's source after a marker
+    line, so that a block wrapped in a `with` counts as re-indented there as in a script (in
+    the JSON the indentation sits inside the strings); every other part of the notebook (its
+    metadata, each cell's outputs, type and count) must be unchanged, else the check fails at
+    (0, cell number). Findings in notebooks are placed by cell, so no hunk is matched to one:
+    every hunk is listed for review."""
+    try:
+        old, new = json.loads(before), json.loads(after)
+    except ValueError:
+        return check_lines(before, after, [])
+
+    def code(notebook) -> bytes:
+        parts = []
+        for number, cell in enumerate(notebook.get("cells", []), 1):
+            text = cell.get("source", "") if cell.get("cell_type") == "code" else ""
+            text = "".join(text) if isinstance(text, list) else text
+            parts.append(f"# cell {number}\n{text}\n")
+        return "".join(parts).encode()
+
+    def rest(notebook):
+        cells = [{k: v for k, v in c.items() if k != "source"} for c in notebook.get("cells", [])]
+        return cells, {k: v for k, v in notebook.items() if k != "cells"}
+
+    lines = check_lines(code(old), code(new), [])
+    old_cells, old_top = rest(old)
+    new_cells, new_top = rest(new)
+    if old_top != new_top or len(old_cells) != len(new_cells):
+        lines.whitespace_changes.append((0, 0))
+    else:
+        changed = [n for n, (a, b) in enumerate(zip(old_cells, new_cells), 1) if a != b]
+        lines.whitespace_changes.extend((0, n) for n in changed)
+    return lines
 
 
 def check_lines(before: bytes, after: bytes, spans: Sequence[Tuple[str, int, int]]) -> LineCheck:
@@ -589,7 +626,10 @@ def check_file(
             result.second_run_detail = ", ".join(
                 f"{f['code']}@{f['location']['row']}" for f in fixed_again
             )
-    lines = check_lines(source, after, spans)
+    if entry.path.endswith(".ipynb"):
+        lines = check_notebook(source, after)
+    else:
+        lines = check_lines(source, after, spans)
     result.hunks = [asdict(h) for h in lines.hunks]
     result.whitespace_changes = lines.whitespace_changes
     result.reindented_lines = len(lines.reindented)

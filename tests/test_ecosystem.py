@@ -294,3 +294,40 @@ def test_a_module_a_pinned_file_imports_is_there_without_being_pinned(tmp_path):
     assert code == 0
     assert "gradient_as_bucket_view" not in (kept / "someone+ddp" / "pkg" / "train.py").read_text()
     assert (kept / "someone+ddp" / "pkg" / "helpers.py").read_bytes() == HELPERS
+
+
+def _notebook(*sources: str, outputs=()) -> bytes:
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# title\n"]},
+        *(
+            {
+                "cell_type": "code",
+                "execution_count": 1,
+                "metadata": {},
+                "outputs": list(outputs),
+                "source": source.splitlines(True),
+            }
+            for source in sources
+        ),
+    ]
+    return json.dumps({"cells": cells, "metadata": {}, "nbformat": 4}, indent=1).encode()
+
+
+def test_a_notebook_block_wrapped_in_a_with_is_reindented_not_changed():
+    # udacity's notebooks: the JSON puts the indentation inside the strings.
+    before = _notebook("for x in loader:\n    out = model(x)\n    \n    total += out\n")
+    after = _notebook(
+        "with torch.inference_mode():\n    for x in loader:\n        out = model(x)\n"
+        "        \n        total += out\n"
+    )
+    check = ecosystem.check_notebook(before, after)
+    assert check.whitespace_changes == [] and check.trailing_whitespace == []
+    assert len(check.reindented) == 3
+
+
+def test_a_notebook_whose_outputs_changed_fails_at_that_cell():
+    before = _notebook("x = 1\n", "y = 2\n")
+    after = json.loads(_notebook("x = 1\n", "y = 3\n"))
+    after["cells"][1]["outputs"] = [{"output_type": "stream", "text": ["1\n"]}]
+    check = ecosystem.check_notebook(before, json.dumps(after).encode())
+    assert check.whitespace_changes == [(0, 2)]
