@@ -164,9 +164,19 @@ class DataloaderInMainProcess(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if self.context.path.endswith(NOTEBOOK_SUFFIX):
-            return
         facts = self.facts
+        if self.context.path.endswith(NOTEBOOK_SUFFIX):
+            for site in facts.dataloader_constructions():
+                workers = option_values(facts, site.node, "num_workers")
+                if not workers or all(is_literal(value, 0) for value in workers):
+                    self.decline(
+                        site.node,
+                        "a notebook: worker processes started with spawn (macOS, Windows, and "
+                        "Linux from Python 3.14) cannot import what its cells define, and the "
+                        "analysis does not prove the loader needs none of it; set "
+                        "`num_workers` by hand if its dataset and transforms are all imported",
+                    )
+            return
         fixable = []
         for site in facts.dataloader_constructions():
             call = site.node
