@@ -105,10 +105,17 @@ class Place:
     cause: Optional[str] = None  # why the tool misses it, noted after a run (silent misses)
     source: str = "reading"  # "reading" (written from the file) or "review" (of a tool edit)
     cell: Optional[int] = None  # in a notebook: the cell (1-based, as the tool reports it)
+    # In a notebook, lines of other cells that identify the same place ((cell, line): a model
+    # built in one cell and moved to the device in the next).
+    also_cells: Tuple[Tuple[int, int], ...] = ()
 
     @property
     def lines(self) -> Tuple[int, ...]:
         return (self.line, *self.also)
+
+    def positions(self) -> Tuple[Tuple[Optional[int], int], ...]:
+        """(cell, line) of every line that identifies the place."""
+        return (*((self.cell, line) for line in self.lines), *self.also_cells)
 
     @property
     def where(self) -> str:
@@ -156,10 +163,11 @@ def parse_expected(document: dict) -> List[FileExpectation]:
                 int(p["line"]),
                 p.get("anchor", ""),
                 p.get("why", ""),
-                tuple(int(x) for x in p.get("also", ())),
+                tuple(int(x) for x in p.get("also", ()) if not isinstance(x, list)),
                 p.get("cause"),
                 p.get("source", "reading"),
                 _optional_int(p.get("cell")),
+                tuple((int(x[0]), int(x[1])) for x in p.get("also", ()) if isinstance(x, list)),
             )
             for p in item.get("place", [])
         ]
@@ -317,10 +325,10 @@ def _distance(place: Place, finding: Finding) -> Optional[int]:
     """How far the finding lies from the place (0: on a listed line), None when too far."""
     if place.rule in FILE_SCOPE_RULES:
         return 0
-    if place.cell != finding.cell:
-        return None
     best = None
-    for line in place.lines:
+    for cell, line in place.positions():
+        if cell != finding.cell:
+            continue
         if finding.line <= line <= finding.end_line:
             gap = 0
         else:
