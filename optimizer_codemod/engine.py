@@ -194,7 +194,7 @@ def _imported_layers(project: Any) -> bytes:
     # never spells the word, and loops over the pinned loader train.py passes it).
     for call in getattr(project, "calls", ()):
         arguments = (*call.positional, *(argument for _, argument in call.keywords))
-        if any(getattr(argument, "loader", "") for argument in arguments):
+        if any(argument.loader for argument in arguments):
             layers.append("DataLoader")
             break
     return "\n".join(layers).encode()

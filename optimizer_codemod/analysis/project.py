@@ -1653,7 +1653,6 @@ def _guarded(facts, call) -> bool:
 def _argument(facts, node: cst.BaseExpression, function) -> Argument:
     from optimizer_codemod.analysis import loaders
     from optimizer_codemod.analysis.training import builds_module
-
     from optimizer_codemod.analysis.transfers import passed_loader
 
     classes: List[str] = []

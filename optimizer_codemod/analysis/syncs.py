@@ -587,11 +587,10 @@ def _names_rank(node: cst.BaseExpression) -> bool:
 
 
 def _numbers(node: cst.BaseExpression) -> bool:
-    if isinstance(node, (cst.Set, cst.List, cst.Tuple)):
-        return all(_numbers(element.value) for element in node.elements)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        return _numbers(node.expression)
-    return isinstance(node, cst.Integer)
+    """An integer literal, or a set, list or tuple of them (`{-1, 0}`)."""
+    value = literal(node, None)
+    values = value if isinstance(value, (set, list, tuple)) else [value]
+    return bool(values) and all(type(v) is int for v in values)
 
 
 @dataclass(frozen=True)
@@ -828,12 +827,7 @@ def item_of(item: cst.Call) -> Optional[str]:
 
 
 def _is_detach(node: cst.BaseExpression) -> bool:
-    return (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and node.func.attr.value == "detach"
-        and not node.args
-    )
+    return isinstance(node, cst.Call) and method_name(node) == "detach" and not node.args
 
 
 # Syncs in functions that every step runs --------------------------------------------------

@@ -129,13 +129,12 @@ def blocking_batch_copies(
     """
     found: List[BatchCopy] = []
     examined: Set[int] = set()
-    for loop, loaders, pinned, seeds, drawn, *elsewhere in _batch_loops(facts) + _drawn_batch_loops(
+    for loop, loaders, pinned, seeds, drawn, passed in _batch_loops(facts) + _drawn_batch_loops(
         facts
     ):
         if not pinned and declined is None:
             continue
         names = facts.names_derived_in(loop, set(loop.targets) | seeds)
-        passed = elsewhere[0] if elsewhere else None
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders) or (
             passed is not None and passed.loader_collate
         )
@@ -324,10 +323,9 @@ NOT_PINNED = (
 
 
 # A loop that takes batches from loaders: the loop, the loaders, whether all are pinned, the
-# names bound to batches besides the loop's targets, and the `next(it)` calls that give them.
-# (the loop, its loaders, all pinned, names bound to its batches, ids of the `next(it)` calls
-# drawing them[, what other modules pass for the loader it iterates, when they do])
-BatchLoop = Tuple  # see above
+# names bound to batches besides the loop's targets, the `next(it)` calls that give them, and
+# what other modules pass for the loader it iterates, when that is where it comes from.
+BatchLoop = Tuple[Loop, List[CallSite], bool, FrozenSet[str], FrozenSet[int], Optional["Argument"]]
 
 
 def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
@@ -349,7 +347,14 @@ def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
         for loop in loops_over(facts, site):
             loaders_of.setdefault(id(loop), (loop, []))[1].append(site)
     found = [
-        (loop, loaders, all(facts.is_pinned(loader) for loader in loaders), NO_NAMES, NO_CALLS)
+        (
+            loop,
+            loaders,
+            all(facts.is_pinned(loader) for loader in loaders),
+            NO_NAMES,
+            NO_CALLS,
+            None,
+        )
         for loop, loaders in loaders_of.values()
         if facts.loader_of(loop) is not None or _only_loaders_passed(facts, loop)
     ]
@@ -360,7 +365,7 @@ def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
             source = batch_source(facts, loop.iter, loop.function)
             if source is not None and source.loaders and not source.prepared:
                 pinned = all(facts.is_pinned(loader) for loader in source.loaders)
-                found.append((loop, list(source.loaders), pinned, NO_NAMES, NO_CALLS))
+                found.append((loop, list(source.loaders), pinned, NO_NAMES, NO_CALLS, None))
                 continue
             passed = _loader_passed_from_elsewhere(facts, loop)
             if passed is not None:
@@ -396,6 +401,7 @@ def _drawn_batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
             all(facts.is_pinned(l) for l in loaders),
             frozenset(seeds),
             frozenset(calls),
+            None,
         )
         for loop, seeds, calls, loaders in drawing_loops(facts)
     ]
