@@ -180,7 +180,7 @@ def _runs_loops_elsewhere(project: Any) -> bool:
 def _imported_layers(project: Any) -> bytes:
     """The layers of the model classes this file imports from other modules of the run
     (project.ImportedClass), the shape-varying calls of the functions it imports
-    (project.ImportedFunction), and DataLoaders other modules pass it, as text a rule's
+    (project.ImportedFunction), and DataLoaders other modules pass or return it, as text a rule's
     triggers may match: `GeneratorResNet()` from
     models.py is a convolution the file's own text never spells, and `get_data()` from
     data.py pads with `pad_sequence`."""
@@ -191,8 +191,11 @@ def _imported_layers(project: Any) -> bytes:
     for function in getattr(project, "imported_functions", ()):
         layers.extend((function.call, function.code))
     # A DataLoader another module hands to a function of this file (UNet's evaluate.py
-    # never spells the word, and loops over the pinned loader train.py passes it).
-    for call in getattr(project, "calls", ()):
+    # never spells the word, and loops over the pinned loader train.py passes it), or builds
+    # and returns to it (`get_loader(...)` from data_loader.py).
+    if getattr(project, "imported_loaders", ()):
+        layers.append("DataLoader")
+    for call in () if "DataLoader" in layers else getattr(project, "calls", ()):
         arguments = (*call.positional, *(argument for _, argument in call.keywords))
         if any(argument.loader for argument in arguments):
             layers.append("DataLoader")

@@ -91,3 +91,40 @@ def test_a_loader_passed_in_unpinned_or_unknown_is_declined_with_why(
 def test_the_module_alone_knows_no_caller_and_says_nothing(tmp_path: Path) -> None:
     outcome = run(tmp_path, ", pin_memory=True", files=("evaluate.py",))["evaluate.py"]
     assert not outcome.diagnostics
+
+
+EVALUATE_THROUGH_A_HELPER = """\
+import torch
+
+
+def _run(net, loader, device):
+    total = 0.0
+    for (x,) in loader:
+        total += float(net(x.to(device)).sum())
+    return total
+
+
+@torch.inference_mode()
+def evaluate(net, dataloader, device):
+    return _run(net, dataloader, device)
+"""
+
+
+@pytest.mark.parametrize(
+    "options, status", [(", pin_memory=True", Status.REPORTED), ("", Status.DECLINED)]
+)
+def test_a_loader_handed_on_to_a_helper_of_the_module_is_followed(
+    tmp_path: Path, options: str, status: Status
+) -> None:
+    """mrdbourke's engine.py: `train(...)`, called from train.py, passes its loader parameter
+    on to `train_step(model, dataloader=...)`, whose loop copies the batches."""
+    (tmp_path / "train.py").write_text(TRAIN.replace("{options}", options))
+    (tmp_path / "evaluate.py").write_text(EVALUATE_THROUGH_A_HELPER)
+    [outcome] = runner.run(
+        [str(tmp_path / "train.py"), str(tmp_path / "evaluate.py")],
+        Settings(root=str(tmp_path), why_not=True, select=("OPT201",)),
+        runner.Mode(write=False),
+    )[1:]
+    [message] = messages_by_code(outcome, status)["OPT201"]
+    expected = "comes from a pinned DataLoader" if options else "not built with `pin_memory"
+    assert expected in message

@@ -10,6 +10,7 @@ from optimizer_codemod.analysis.loaders import (
     batch_loops,
     by_options_dict,
     collate_places_on_accelerator,
+    copied_by_callers,
     copies_batches_to_accelerator,
     dataset_kind,
     dataset_parameter,
@@ -75,6 +76,11 @@ class DataloaderWithoutPinnedMemory(Rule):
         is read from the project index's summary of it: fixed when its every base is torch's
         or found in the run and nothing its methods reach (calls by name in its file, a few
         files deep, and its file's top level) or the driver passes it may be on the device.
+        A loader that a function of a module without a training loop builds and returns
+        (data_loader.py's `get_loader`, alone or in a tuple) is pinned when a module of the
+        run that calls it copies the batches of a loop over what it returns to an
+        accelerator (the project index tells the builder); given alone, or when no caller
+        copies them, it is left alone.
         Declined, with the reason, in a script that trains in another module of the run and
         hands its loaders there (`train_one_epoch(model, loader, ...)` from engine.py): the
         copies, and whether a custom batch type from `collate_fn` can be pinned at all
@@ -133,8 +139,13 @@ class DataloaderWithoutPinnedMemory(Rule):
     )
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        sites = self.facts.dataloader_constructions()
         if not self.facts.trains:
+            # A data module: only the loaders it returns to scripts that copy their batches.
+            sites = [site for site in sites if copied_by_callers(self.facts, site)]
             for call, runner, trains in loaders_run_elsewhere(self.facts):
+                if any(call is site for site in sites):
+                    continue
                 if not option_values(self.facts, call.node, "pin_memory"):
                     modules = ", ".join(loops_elsewhere(self.facts).modules)
                     where = f"a training loop in {modules}" if trains else "an imported function"
@@ -147,31 +158,31 @@ class DataloaderWithoutPinnedMemory(Rule):
                         "method); add `pin_memory=torch.cuda.is_available()` by hand if both "
                         "hold",
                     )
-            return
         fixable = []
-        for site in self.facts.dataloader_constructions():
+        for site in sites:
             call = site.node
             # Chosen on some path (`if use_cuda: options.update(pin_memory=True)` counts).
             if option_values(self.facts, call, "pin_memory") or keyword(call, "pin_memory_device"):
                 continue
-            if not batch_loops(self.facts, site) and zipped_with_other_iterables(self.facts, site):
-                self.decline(
-                    call,
-                    "its loop iterates it together with other iterables through `zip(...)`, "
-                    "and the analysis does not follow which batch comes from which loader: "
-                    "whether its batches are copied to an accelerator is unknown; add "
-                    "`pin_memory=torch.cuda.is_available()` by hand if they are",
-                )
-                continue
-            if not batch_loops(self.facts, site):
-                self.decline(
-                    call,
-                    "no loop over this loader is found (a loop through a call the analysis "
-                    "does not follow, such as `metric_logger.log_every(data_loader)` from "
-                    "another module, is not seen): whether its batches are copied to an "
-                    "accelerator is unknown; add `pin_memory=torch.cuda.is_available()` by "
-                    "hand if they are",
-                )
+            # A loader returned to another module's loop that copies its batches needs no
+            # loop here (data_loader.py's `get_loader`).
+            if not batch_loops(self.facts, site) and not copied_by_callers(self.facts, site):
+                if zipped_with_other_iterables(self.facts, site):
+                    reason = (
+                        "its loop iterates it together with other iterables through `zip(...)`, "
+                        "and the analysis does not follow which batch comes from which loader: "
+                        "whether its batches are copied to an accelerator is unknown; add "
+                        "`pin_memory=torch.cuda.is_available()` by hand if they are"
+                    )
+                else:
+                    reason = (
+                        "no loop over this loader is found (a loop through a call the analysis "
+                        "does not follow, such as `metric_logger.log_every(data_loader)` from "
+                        "another module, is not seen): whether its batches are copied to an "
+                        "accelerator is unknown; add `pin_memory=torch.cuda.is_available()` by "
+                        "hand if they are"
+                    )
+                self.decline(call, reason)
                 continue
             if not copies_batches_to_accelerator(self.facts, site):
                 self.decline(

@@ -34,7 +34,9 @@ class BlockingHostToDeviceCopy(Rule):
         at all in a run that requires CUDA before the loop (`torch.cuda.set_device(...)`,
         `init_process_group("nccl")`, `assert torch.cuda.is_available()`). The loader is
         followed through `self.train_data` set from a parameter, a parameter every call
-        binds to a loader, `enumerate`/`iter`, a helper that returns the DataLoader, and a
+        binds to a loader, `enumerate`/`iter`, `tqdm` (also through a name,
+        `batch_iterator = tqdm(loader)`), a helper that returns the DataLoader (alone, or in a
+        tuple every `return` of it gives: `train_dl, val_dl, tokenizer = get_ds(config)`), and a
         generator of the file that only yields the items of a loop over its argument
         (`cycle(dl)`); batches drawn with `batch = next(it)` count as well, and so do those a
         method of a wrapper class of the file returns when each of its returns draws from
@@ -44,7 +46,11 @@ class BlockingHostToDeviceCopy(Rule):
         batches of a loop over a parameter for which every call from the other modules of the
         run passes a pinned DataLoader (UNet's `evaluate(net, dataloader, device)`, which
         train.py calls with its pinned `val_loader`; a function the file never calls itself,
-        decorated with nothing but a grad mode). Where the device
+        decorated with nothing but a grad mode; also when that function hands the loader on
+        to a function of its file that loops over it: engine.py's `train` passing its
+        `train_dataloader` to `train_step`), and of a loop over a loader that a function of
+        another module of the run builds and returns (`data_loader = get_loader(...)` from
+        data_loader.py, alone or in a tuple). Where the device
         may also be MPS or another accelerator but always holds a `torch.device`
         (`torch.device(...)`, or `torch.accelerator.current_accelerator()` in a branch taken
         only when `torch.accelerator.is_available()`, as in pytorch/examples), the keyword

@@ -79,6 +79,9 @@ class Assignment:
     site: Site
     statement_node: cst.CSTNode  # the Assign/AnnAssign/AugAssign small statement
     augmented: bool = False
+    # For an unpacked name at the top level of a flat target, its position counted from the
+    # front (`a, b, *rest = f()`: 0 and 1), the element of `value` it receives.
+    index: Optional[int] = None
 
 
 @dataclass
@@ -365,19 +368,24 @@ class Collector(cst.CSTVisitor):
         if isinstance(target, (cst.Tuple, cst.List)):
             elements = [e.value for e in target.elements]
             values = None
+            starred_target = any(isinstance(e, cst.StarredElement) for e in target.elements)
             if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(elements):
-                if not any(isinstance(e, cst.StarredElement) for e in value.elements):
+                if not starred_target and not any(
+                    isinstance(e, cst.StarredElement) for e in value.elements
+                ):
                     values = [e.value for e in value.elements]
+            starred = False
             for index, element in enumerate(elements):
-                if isinstance(element, cst.StarredElement):
-                    element = element.value
+                starred = starred or isinstance(target.elements[index], cst.StarredElement)
                 if values is not None:
                     self._record_assignment(element, values[index], statement, site)
                 else:
+                    single = isinstance(element, (cst.Name, cst.Attribute))
+                    position = index if single and not starred else None
                     for name in target_names(element):
                         self._bind(name)
                         self.records.assignments.append(
-                            Assignment(name, value, True, site, statement)
+                            Assignment(name, value, True, site, statement, index=position)
                         )
                     self._stores.add(element)
             return

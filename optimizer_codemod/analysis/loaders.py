@@ -1037,18 +1037,68 @@ def _loader_value(facts, node, local) -> Tuple[Optional[CallSite], Tuple[Loop, .
 
 
 def _returned_loader(facts: "ScriptFacts", call: CallSite) -> Optional[CallSite]:
-    """The DataLoader construction a function of this file returns, when every `return` of
-    it returns that one call: `def _prepare_dataloader(self, ds): return DataLoader(ds, ...)`."""
+    """The DataLoader construction a function of this file returns on every path, whole:
+    `def _prepare_dataloader(self, ds): return DataLoader(ds, ...)`."""
+    return returned_loader_at(facts, call, -1)
+
+
+def returned_loader_at(facts: "ScriptFacts", call: CallSite, index: int) -> Optional[CallSite]:
+    """The DataLoader construction a function of this file returns at position `index` of
+    the tuple every `return` of it gives (`return train_dataloader, val_dataloader, tokenizer`
+    unpacked as `train_dl, val_dl, tok = get_ds(config)`)."""
     key = callee_key(facts, call)
-    memo = facts.memo("returned_loader")
-    if key not in memo:
+    memo = facts.memo("returned_loader_at")
+    if (key, index) not in memo:
         function = _function_named(facts, key)
-        returns = find_all(function.body, cst.Return) if function is not None else []
-        made = [facts.call_site_of.get(r.value) if r.value is not None else None for r in returns]
-        first = made[0] if made else None
-        same = first is not None and all(m is first for m in made)
-        memo[key] = first if same and first.qualname == DATALOADER else None
-    return memo[key]
+        memo[(key, index)] = dict(returned_loaders(facts, function)).get(index)
+    return memo[(key, index)]
+
+
+def returned_loaders(
+    facts: "ScriptFacts", function: Optional[cst.FunctionDef]
+) -> List[Tuple[int, CallSite]]:
+    """The DataLoader constructions `function` returns on every path, with their positions:
+    -1 for a loader every `return` gives as the whole value, else the index it has in the
+    tuple every `return` gives (`return train_dl, test_dl, class_names`: 0 and 1)."""
+    if function is None:
+        return []
+    memo = facts.memo("returned_loaders")
+    if id(function) not in memo:
+        values = [r.value for r in find_all(function.body, cst.Return)]
+        found = []
+        if values and not find_all(function.body, cst.FunctionDef, cst.ClassDef):
+            widths = {len(v.elements) if isinstance(v, cst.Tuple) else -1 for v in values}
+            positions = range(widths.pop()) if len(widths) == 1 else ()
+            for index in [-1, *positions]:
+                made = [_loader_returned_at(facts, v, index, function) for v in values]
+                first = made[0]
+                if first is not None and all(m is first for m in made):
+                    found.append((index, first))
+        memo[id(function)] = found
+    return memo[id(function)]
+
+
+def _loader_returned_at(facts, value, index, function) -> Optional[CallSite]:
+    """The DataLoader construction `value` (a returned expression) gives, whole (index -1) or
+    at `index` of the tuple it is."""
+    if index >= 0:
+        if not isinstance(value, cst.Tuple) or len(value.elements) <= index:
+            return None
+        if any(isinstance(e, cst.StarredElement) for e in value.elements[: index + 1]):
+            return None
+        value = value.elements[index].value
+    if value is None:
+        return None
+    direct = facts.call_site_of.get(value)
+    if direct is not None:
+        return direct if direct.qualname == DATALOADER else None
+    if not isinstance(value, cst.Name):
+        return None
+    bound = facts.assignments_in_scope(value.value, function)
+    sites = {id(facts.call_site_of.get(a.value)): facts.call_site_of.get(a.value) for a in bound}
+    site = next(iter(sites.values())) if len(sites) == 1 and bound else None
+    unpacked = any(a.unpacked or a.augmented for a in bound)
+    return site if site is not None and not unpacked and site.qualname == DATALOADER else None
 
 
 def _function_named(facts: "ScriptFacts", key: Optional[str]) -> Optional[cst.FunctionDef]:
@@ -1138,8 +1188,77 @@ def batch_loops(facts: "ScriptFacts", site: CallSite) -> List[Tuple[Loop, Set[st
 def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
     """Some loop over this loader copies (parts of) its batches to an accelerator (`.to(device)`,
     `.cuda()`, `.type(torch.cuda.FloatTensor)`), or a loop that draws them with
-    `batch = next(it)` from an iterator of it (`it = iter(loader)`)."""
-    for loop, seeds in batch_loops(facts, site):
+    `batch = next(it)` from an iterator of it (`it = iter(loader)`); or, for a loader a
+    function returns to other modules of the run, a loop of theirs does."""
+    return _loops_copy_batches(facts, batch_loops(facts, site)) or bool(
+        copied_by_callers(facts, site)
+    )
+
+
+def copied_by_callers(facts: "ScriptFacts", site: CallSite) -> List[str]:
+    """The files of the run that call the function returning this loader and copy its batches
+    to an accelerator in a loop over what it returns (project.IncomingCall.returned)."""
+    function = site.site.function
+    project = getattr(facts, "project", None)
+    if project is None or not project.calls or not isinstance(function, cst.FunctionDef):
+        return []
+    if not any(statement is function for statement in facts.module.body):
+        return []  # a method: its callers are not told apart from other classes' methods
+    indexes = [index for index, made in returned_loaders(facts, function) if made is site]
+    return sorted(
+        {
+            call.caller
+            for call in project.calls_to(function.name.value)
+            if any((index, "copied") in call.returned for index in indexes)
+        }
+    )
+
+
+def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> str:
+    """What this file does with the DataLoader a call of another module's function returns
+    (whole, index -1, or at `index` of its tuple): "copied" when a loop over it, in the
+    calling function, copies its batches to an accelerator; "iterated" when loops over it
+    copy nothing; "" when no loop over it is found here (it is passed on, stored...)."""
+    bound = {
+        a.target
+        for a in _assignments_by_value(facts).get(id(call.node), ())
+        if (a.index if a.unpacked else -1) == index and not a.augmented
+    }
+    if not bound:
+        return ""
+    function = call.site.function
+    wrapped = {
+        a.target
+        for a in facts.records.assignments
+        if a.site.function is function
+        and isinstance(a.value, cst.Call)
+        and not a.unpacked
+        and facts.iterated_name(a.value) in bound
+    }
+    loops = [
+        (loop, set(loop.targets))
+        for loop in facts.records.loops
+        if isinstance(loop.node, cst.For)
+        and loop.function is function
+        and facts.iterated_name(loop.iter) in bound | wrapped
+    ]
+    if not loops:
+        return ""
+    return "copied" if _loops_copy_batches(facts, loops) else "iterated"
+
+
+def _assignments_by_value(facts: "ScriptFacts") -> Dict[int, List[Assignment]]:
+    memo = facts.memo("assignments_by_value")
+    if None not in memo:
+        table: Dict[int, List[Assignment]] = {}
+        for assignment in facts.records.assignments:
+            table.setdefault(id(assignment.value), []).append(assignment)
+        memo[None] = table
+    return memo[None]
+
+
+def _loops_copy_batches(facts: "ScriptFacts", loops: List[Tuple[Loop, Set[str]]]) -> bool:
+    for loop, seeds in loops:
         names = facts.names_derived_in(loop, seeds)
         for call in facts.loop_calls(loop):
             func = call.node.func

@@ -130,6 +130,10 @@ class IncomingCall:
     # for autograd or change it in place (escapes.result_escape), "" when it only reads it;
     # None when not asked (a class, another function).
     result: Optional[str] = None
+    # For a function returning DataLoaders (loaders.returned_loaders): (index, use) for each,
+    # what the caller does with it: "copied" (a loop of its copies batches to an
+    # accelerator), "iterated" (loops over it, none copies), "" (not followed).
+    returned: Tuple[Tuple[int, str], ...] = ()
 
     def argument(self, name: str, index: Optional[int]) -> Optional[Argument]:
         for keyword, argument in self.keywords:
@@ -239,6 +243,20 @@ class ImportedDataset:
 
 
 @dataclass(frozen=True)
+class ImportedLoader:
+    """A function of another module of the run, imported by this one, that returns a
+    DataLoader it builds: whole on every path (`data_loader = get_loader(...)`, index -1) or
+    at `index` of the tuple every `return` gives (`train_dl, test_dl, class_names =
+    data_setup.create_dataloaders(...)`): what the loader rules ask of a loader of their own."""
+
+    name: str  # as this module spells it: `get_loader`, `data_setup.create_dataloaders`
+    module: str  # the file that defines it
+    index: int
+    loader: str  # "pinned", "unpinned" or "unknown", as Argument.loader
+    collate: bool  # built with a collate_fn of its own
+
+
+@dataclass(frozen=True)
 class ProjectFacts:
     """What the other modules of the run tell one file (picklable, part of its cache key)."""
 
@@ -253,6 +271,7 @@ class ProjectFacts:
     looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
     imported_datasets: Tuple[ImportedDataset, ...] = ()  # their dataset classes, summarised
     imported_registries: Tuple[ImportedRegistry, ...] = ()  # their model builders by name
+    imported_loaders: Tuple[ImportedLoader, ...] = ()  # their functions returning DataLoaders
     # (name, file) for each class or function of it that a file of the run imports and uses
     # otherwise than by calling it (passes it around, stores it): its calls are not all seen.
     used_otherwise: Tuple[Tuple[str, str], ...] = ()
@@ -283,6 +302,9 @@ class ProjectFacts:
     def imported_registry(self, name: str) -> Optional[ImportedRegistry]:
         return next((r for r in self.imported_registries if r.name == name), None)
 
+    def imported_loader(self, name: str, index: int) -> Optional[ImportedLoader]:
+        return next((l for l in self.imported_loaders if l.name == name and l.index == index), None)
+
 
 # Stored as JSON (the results cache keeps the index of an unchanged run) ----------------------
 def to_json(facts: Dict[str, ProjectFacts]) -> dict:
@@ -305,6 +327,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             guarded=record["guarded"],
             passed_around=record["passed_around"],
             result=record.get("result"),
+            returned=tuple((index, use) for index, use in record.get("returned", ())),
         )
 
     def loops(record) -> Optional[LoopsElsewhere]:
@@ -346,6 +369,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             imported_registries=tuple(
                 imported_class(r, ImportedRegistry) for r in record.get("imported_registries", ())
             ),
+            imported_loaders=tuple(ImportedLoader(**l) for l in record.get("imported_loaders", ())),
             used_otherwise=tuple(tuple(u) for u in record.get("used_otherwise", ())),
             imported=Settings(**record.get("imported", {})),
             decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
@@ -389,6 +413,8 @@ class _Module:
     dict_registries: Optional[Dict[str, Tuple[Set[str], Set[str], str]]] = None  # once asked
     top_level_places: Optional[bool] = None  # a call at its top level places on an accelerator
     settings: Optional[Settings] = None  # what it decides (precision.py's questions), once asked
+    # (index, pinning, own collate_fn) of the DataLoaders its functions return, once asked.
+    returned_loaders: Dict[str, List[Tuple[int, str, bool]]] = field(default_factory=dict)
 
 
 # What marks the root of a checkout: an absolute import the project's scripts make of its
@@ -999,6 +1025,16 @@ def _own_facts(
             found = _dataset_summary(owner, name, files, 0)
             if found is not None:
                 datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found))
+    loaders = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        for summary in _returned_loaders(*defined) if defined is not None else ():
+            loaders.append(ImportedLoader(name, defined[0].label, *summary))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        for name in owner.facts.top_level_definitions if owner is not None else ():
+            for summary in _returned_loaders(owner, name):
+                loaders.append(ImportedLoader(f"{spelling}.{name}", owner.label, *summary))
     loops = _loops_elsewhere(module, files)
     imported, decided_in = _imported_settings(module, files)
     registries = _imported_registries(module, files)
@@ -1015,9 +1051,26 @@ def _own_facts(
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
         imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
+        imported_loaders=tuple(sorted(loaders, key=lambda l: (l.name, l.index))),
         imported=imported,
         decided_in=decided_in,
     )
+
+
+def _returned_loaders(owner: _Module, name: str) -> List[Tuple[int, str, bool]]:
+    """(index, pinning, own collate_fn) of each DataLoader the function `name` of `owner`
+    returns on every path (loaders.returned_loaders), memoised per module."""
+    from optimizer_codemod.analysis.loaders import returned_loaders
+    from optimizer_codemod.analysis.transfers import passed_loader
+
+    if name not in owner.returned_loaders:
+        function = owner.facts.top_level_definitions.get(name) if owner.facts else None
+        found = []
+        if isinstance(function, cst.FunctionDef):
+            for index, site in returned_loaders(owner.facts, function):
+                found.append((index, *passed_loader(owner.facts, site.node)))
+        owner.returned_loaders[name] = found
+    return owner.returned_loaders[name]
 
 
 def _imported_settings(
@@ -1516,6 +1569,8 @@ def _wanting_calls(parsed: List[_Module], files: Dict[str, _Module]) -> Set[str]
 def _outgoing_calls(module: _Module, files: Dict[str, _Module], wanted: Set[str]):
     """(file called, IncomingCall) for each call of a class or function of another module
     whose incoming calls are `wanted`."""
+    from optimizer_codemod.analysis.loaders import returned_loader_use
+
     facts = module.facts
     uses: Optional[Set[str]] = None
     for call in facts.records.calls:
@@ -1545,6 +1600,10 @@ def _outgoing_calls(module: _Module, files: Dict[str, _Module], wanted: Set[str]
             guarded=_guarded(facts, call),
             passed_around=_passed_around(module, dotted_name(call.node.func), uses, owner, name),
             result=_result_use(facts, call, owner, name),
+            returned=tuple(
+                (index, returned_loader_use(facts, call, index))
+                for index, _, _ in _returned_loaders(owner, name)
+            ),
         )
 
 

@@ -20,7 +20,7 @@ from optimizer_codemod.analysis.debugging import DebugSwitches
 from optimizer_codemod.analysis.devices import under_views
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
-from optimizer_codemod.analysis.nodes import is_docstring
+from optimizer_codemod.analysis.nodes import is_docstring, is_name
 from optimizer_codemod.analysis.walk import parents
 from optimizer_codemod.analysis.periodic import LogLines
 from optimizer_codemod.analysis.syncs import HostSyncs
@@ -402,15 +402,25 @@ class ScriptFacts:
         return memo[key]
 
     def _loader_named(self, name: str, depth: int) -> Optional[CallSite]:
+        from optimizer_codemod.analysis.loaders import returned_loader_at
+
         found = None
         for assignment in self.assignments_to(name):
-            if assignment.unpacked:
-                return None
             site = self.call_site_of.get(assignment.value)
-            if site is not None and site.qualname == DATALOADER:
+            if assignment.unpacked:
+                # `train_dl, val_dl, tokenizer = get_ds(config)`: a tuple built by this file.
+                if site is None or assignment.index is None:
+                    return None
+                candidate = returned_loader_at(self, site, assignment.index)
+            elif site is not None and site.qualname == DATALOADER:
                 candidate = site
             else:
-                other = dotted_name(assignment.value)
+                # `batch_iterator = tqdm(train_loader, desc=...)`, iterated later.
+                wrapped = isinstance(assignment.value, cst.Call) and not is_name(
+                    assignment.value.func, "iter"
+                )
+                other = self._iterated_name(assignment.value) if wrapped else None
+                other = other or dotted_name(assignment.value)
                 candidate = self.loader_named(other, depth + 1) if other else None
             if candidate is None or (found is not None and found is not candidate):
                 return None

@@ -63,8 +63,11 @@ from optimizer_codemod.analysis.loaders import (
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
+    imported_loader_named,
+    locally_assigned,
     outside_argument,
     parameter_names,
+    parameter_sources,
     parameter_values,
 )
 
@@ -367,7 +370,9 @@ def _batch_loops(facts: "ScriptFacts") -> List[BatchLoop]:
                 pinned = all(facts.is_pinned(loader) for loader in source.loaders)
                 found.append((loop, list(source.loaders), pinned, NO_NAMES, NO_CALLS, None))
                 continue
-            passed = _loader_passed_from_elsewhere(facts, loop)
+            passed = _loader_passed_from_elsewhere(facts, loop) or _loader_from_elsewhere(
+                facts, loop
+            )
             if passed is not None:
                 found.append((loop, [], passed.loader == "pinned", NO_NAMES, NO_CALLS, passed))
     return found
@@ -380,8 +385,43 @@ def _loader_passed_from_elsewhere(facts: "ScriptFacts", loop: Loop) -> Optional[
     name = facts.iterated_name(loop.iter)
     if name is None or loop.function is None:
         return None
-    argument, _why = outside_argument(facts, loop.function, name)
-    return argument if argument is not None and argument.loader else None
+    return _outside_loader(facts, loop.function, name, 0)
+
+
+def _outside_loader(facts: "ScriptFacts", function, name: str, depth: int):
+    """What other modules pass for parameter `name` of `function`, when it is a DataLoader:
+    directly, or through this file's calls that hand on a parameter of their own
+    (engine.py's `train(model, train_dataloader, ...)`, called from train.py, passes it to
+    `train_step(model, dataloader=train_dataloader)`, which loops over it)."""
+    argument, _why = outside_argument(facts, function, name)
+    if argument is not None:
+        return argument if argument.loader else None
+    if depth >= 2 or name not in parameter_names(function):
+        return None
+    found = None
+    for source in parameter_sources(facts, function, name) or ():
+        passed = dotted_name(source.value)
+        caller = source.function
+        if passed is None or caller is None or locally_assigned(facts, passed, caller):
+            return None
+        argument = _outside_loader(facts, caller, passed, depth + 1)
+        if argument is None or (found is not None and not argument.same_as(found)):
+            return None
+        found = argument
+    return found
+
+
+def _loader_from_elsewhere(facts: "ScriptFacts", loop: Loop) -> Optional["Argument"]:
+    """The loader this loop iterates, when a function of another module of the run builds
+    and returns it (yunjey's `data_loader = get_loader(...)` from data_loader.py), described
+    as an argument passed in would be."""
+    from optimizer_codemod.analysis.project import Argument
+
+    name = facts.iterated_name(loop.iter)
+    loader = imported_loader_named(facts, name)
+    if loader is None:
+        return None
+    return Argument(name or "", False, "", False, False, loader.loader, loader.collate)
 
 
 NO_NAMES: FrozenSet[str] = frozenset()
@@ -437,6 +477,9 @@ def passed_loader(facts: "ScriptFacts", node: cst.BaseExpression) -> Tuple[str, 
         name = dotted_name(node)
         site = facts.loader_named(name) if name is not None else None
     if site is None:
+        built_elsewhere = imported_loader_named(facts, dotted_name(node))
+        if built_elsewhere is not None:
+            return built_elsewhere.loader, built_elsewhere.collate
         return "", False
     if facts.is_pinned(site):
         pinning = "pinned"

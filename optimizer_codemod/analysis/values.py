@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.project import (
         Argument,
         ImportedDataset,
+        ImportedLoader,
         ImportedRegistry,
         IncomingCall,
     )
@@ -588,6 +589,31 @@ def imported_dataset(facts: "ScriptFacts", name: Optional[str]) -> Optional["Imp
     if _rebound(facts, name) or root in facts.classes or root in facts.records.functions:
         return None
     return project.imported_dataset(name)
+
+
+def imported_loader_named(facts: "ScriptFacts", name: Optional[str]) -> Optional["ImportedLoader"]:
+    """The project index's summary of the DataLoader that `name` holds when every assignment
+    to it takes one that a function of another module of the run returns: `data_loader =
+    get_loader(...)`, or unpacked from the tuple it returns (`train_dl, test_dl, names =
+    data_setup.create_dataloaders(...)`)."""
+    project = getattr(facts, "project", None)
+    if project is None or not project.imported_loaders or not name:
+        return None
+    found = None
+    for assignment in facts.assignments_to(name):
+        value = assignment.value
+        spelled = dotted_name(value.func) if isinstance(value, cst.Call) else None
+        index = assignment.index if assignment.unpacked else -1
+        if spelled is None or index is None or assignment.augmented:
+            return None
+        root = spelled.split(".")[0]
+        if _rebound(facts, spelled) or root in facts.classes or root in facts.records.functions:
+            return None
+        loader = project.imported_loader(spelled, index)
+        if loader is None or (found is not None and loader != found):
+            return None
+        found = loader
+    return found
 
 
 def _rebound(facts: "ScriptFacts", name: str) -> bool:

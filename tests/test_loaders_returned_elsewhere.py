@@ -1,0 +1,136 @@
+"""A DataLoader built and returned by a function of another module of the run (yunjey's
+`data_loader = get_loader(...)` from data_loader.py; mrdbourke's `train_dl, test_dl, names =
+data_setup.create_dataloaders(...)`): the caller's OPT201 knows whether it pins (project.
+ImportedLoader), and the builder's OPT101 knows the caller copies its batches to the device
+(project.IncomingCall.returned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Sequence
+
+import pytest
+
+from conftest import messages_by_code
+from optimizer_codemod import runner
+from optimizer_codemod.analysis.project import project_facts
+from optimizer_codemod.config import Settings
+from optimizer_codemod.diagnostics import FileOutcome, Status
+
+DATA = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_loader(n, batch_size):
+    data = TensorDataset(torch.randn(n, 4), torch.randint(0, 2, (n,)))
+    loader = DataLoader(data, batch_size=batch_size, shuffle=True{options})
+    return loader
+
+
+def create_dataloaders(n):
+    train = DataLoader(TensorDataset(torch.randn(n, 4)), batch_size=4{options})
+    test = DataLoader(TensorDataset(torch.randn(n, 4)), batch_size=4{options})
+    return train, test, ["a", "b"]
+"""
+TRAIN = """\
+import torch
+import torch.nn.functional as F
+
+import data
+from data import get_loader
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def main():
+    loader = get_loader(64, 16)
+    train_dl, test_dl, names = data.create_dataloaders(64)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        for (x,) in train_dl:
+            model(x.to(device)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        for (x,) in test_dl:
+            print(model(x).sum())
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def run(
+    tmp_path: Path,
+    options: str,
+    files: Sequence[str] = ("train.py", "data.py"),
+    code: str = "OPT201",
+    train: str = TRAIN,
+) -> Dict[str, FileOutcome]:
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "data.py").write_text(DATA.replace("{options}", options))
+    outcomes = runner.run(
+        [str(tmp_path / name) for name in files],
+        Settings(root=str(tmp_path), why_not=True, select=(code,)),
+        runner.Mode(write=False, keep_text=True),
+    )
+    return {Path(o.path).name: o for o in outcomes}
+
+
+def test_the_index_summarises_each_returned_loader(tmp_path: Path) -> None:
+    run(tmp_path, ", pin_memory=True")
+    facts = project_facts([str(tmp_path / "train.py"), str(tmp_path / "data.py")])
+    train = facts[str(tmp_path / "train.py")]
+    assert [(l.name, l.index, l.loader) for l in train.imported_loaders] == [
+        ("data.create_dataloaders", 0, "pinned"),
+        ("data.create_dataloaders", 1, "pinned"),
+        ("data.get_loader", -1, "pinned"),
+        ("get_loader", -1, "pinned"),
+    ]
+    uses = {c.target: c.returned for c in facts[str(tmp_path / "data.py")].calls}
+    # test_dl's batches stay on the host: iterated, never copied
+    assert uses == {
+        "get_loader": ((-1, "copied"),),
+        "create_dataloaders": ((0, "copied"), (1, "iterated")),
+    }
+
+
+def test_copies_of_a_pinned_loader_built_elsewhere_are_made_asynchronous(tmp_path: Path) -> None:
+    outcome = run(tmp_path, ", pin_memory=True")["train.py"]
+    fixed = messages_by_code(outcome, Status.FIXED)["OPT201"]
+    assert len(fixed) == 3  # x and y of `loader`, x of `train_dl`
+    assert outcome.new_text.decode().count("non_blocking=True") == 3
+
+
+def test_copies_of_an_unpinned_loader_built_elsewhere_are_declined_with_why(tmp_path: Path) -> None:
+    outcome = run(tmp_path, "")["train.py"]
+    declined = messages_by_code(outcome, Status.DECLINED)["OPT201"]
+    assert len(declined) == 3
+    assert all("not built with `pin_memory=True`" in message for message in declined)
+
+
+def test_the_builder_pins_the_loaders_whose_batches_the_caller_copies(tmp_path: Path) -> None:
+    outcome = run(tmp_path, "", code="OPT101")["data.py"]
+    fixed = messages_by_code(outcome, Status.FIXED)["OPT101"]
+    # get_loader's loader and create_dataloaders' train loader; the test loader is never copied
+    assert len(fixed) == 2
+    assert not messages_by_code(outcome, Status.DECLINED).get("OPT101")
+
+
+@pytest.mark.parametrize(
+    "files, train",
+    [
+        (("data.py",), TRAIN),  # given alone: no caller is known
+        (("train.py", "data.py"), TRAIN.replace(".to(device)", "")),  # batches stay on the host
+    ],
+)
+def test_without_a_copying_caller_the_builder_is_left_alone(tmp_path: Path, files, train) -> None:
+    outcome = run(tmp_path, "", files=files, code="OPT101", train=train)["data.py"]
+    assert not outcome.diagnostics
