@@ -97,8 +97,8 @@ def test_the_index_summarises_each_returned_loader(tmp_path: Path) -> None:
     uses = {c.target: c.returned for c in facts[str(tmp_path / "data.py")].calls}
     # test_dl's batches stay on the host: iterated, never copied
     assert uses == {
-        "get_loader": ((-1, "copied"),),
-        "create_dataloaders": ((0, "copied"), (1, "iterated")),
+        "get_loader": ((-1, "copied", True),),
+        "create_dataloaders": ((0, "copied", True), (1, "iterated", True)),
     }
 
 
@@ -134,3 +134,55 @@ def test_the_builder_pins_the_loaders_whose_batches_the_caller_copies(tmp_path: 
 def test_without_a_copying_caller_the_builder_is_left_alone(tmp_path: Path, files, train) -> None:
     outcome = run(tmp_path, "", files=files, code="OPT101", train=train)["data.py"]
     assert not outcome.diagnostics
+
+
+WORKERS_DATA = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_loader(n, num_workers):
+    data = TensorDataset(torch.randn(n, 4))
+    return DataLoader(data, batch_size=4, num_workers=num_workers)
+"""
+WORKERS_TRAIN = """\
+from data import get_loader
+
+
+def main(epochs):
+    loader = get_loader(64, num_workers=2)
+    {extra}
+    for epoch in range(epochs):
+        for (x,) in loader:
+            print(x.sum())
+
+
+if __name__ == "__main__":
+    main(3)
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, fixed",
+    [
+        ("pass", True),  # iterated every epoch: the builder keeps its workers
+        ("loader.dataset.tensors = ()", False),  # the caller changes the dataset
+    ],
+)
+def test_the_builder_keeps_workers_of_a_loader_a_caller_iterates_every_epoch(
+    tmp_path: Path, extra: str, fixed: bool
+) -> None:
+    (tmp_path / "train.py").write_text(WORKERS_TRAIN.replace("{extra}", extra))
+    (tmp_path / "data.py").write_text(WORKERS_DATA)
+    outcomes = runner.run(
+        [str(tmp_path / "train.py"), str(tmp_path / "data.py")],
+        Settings(root=str(tmp_path), why_not=True, select=("OPT103",), unsafe_fixes=True),
+        runner.Mode(write=False, keep_text=True),
+    )
+    data = {Path(o.path).name: o for o in outcomes}["data.py"]
+    assert bool(messages_by_code(data, Status.FIXED).get("OPT103")) is fixed
+    if fixed:
+        assert "persistent_workers=num_workers > 0" in data.new_text.decode()
+    else:
+        [why] = messages_by_code(data, Status.DECLINED)["OPT103"]
+        assert "returned by `get_loader()`" in why

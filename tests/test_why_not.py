@@ -199,6 +199,20 @@ for (images_A, labels_A), (images_B, _) in zip(loader_A, loader_B):
             "the DataLoader is not built with `pin_memory=True`",
         ),
         (
+            (ROOT / "fixtures/OPT302/keep_half_precision_on_one_path.py").read_text(),
+            "OPT302",
+            22,
+            "already computes in another precision (`model.half()`)",
+        ),
+        (  # the model is rebound by `.half()`, so its step is not followed: said at the backward
+            (ROOT / "fixtures/OPT302/keep_half_precision_on_one_path.py")
+            .read_text()
+            .replace("    model.half()", "    model = model.half()"),
+            "OPT302",
+            24,
+            "already computes in another precision (`model.half()`)",
+        ),
+        (
             (ROOT / "fixtures/OPT201/keep_loader_not_pinned.py").read_text(),
             "OPT201",
             20,

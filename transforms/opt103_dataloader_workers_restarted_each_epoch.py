@@ -52,6 +52,13 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         accelerator.prepare(model, loader)`, prepared once): `prepare` builds a new
         DataLoader with every argument of the original, `persistent_workers` among them
         (`prepare_data_loader` in accelerate's data_loader.py, read at commit 16cb6eb).
+        And when a helper returns it, alone or in a tuple, and the caller loops over it inside
+        its epoch loop without calling the helper again: a helper of the same file (`loader =
+        get_loader(...)` before the loop), or of another module of the run (data_loader.py's
+        `get_loader`, which the project index tells what its callers do with the loader;
+        a caller that reads the loader's `.dataset` may change it, and keeps it declined).
+        The dataset counts as changed only through the builder's own variable: a method's
+        local of the same name (`coco = self.coco` in `__getitem__`) is another object.
 
     Why is it slow:
         Without `persistent_workers`, every `for batch in loader` starts `num_workers` new

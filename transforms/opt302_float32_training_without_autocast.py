@@ -9,7 +9,11 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
-from optimizer_codemod.analysis.precision import environment_step, uses_reduced_precision
+from optimizer_codemod.analysis.precision import (
+    AUTOCAST,
+    environment_step,
+    reduced_precision_use,
+)
 from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -120,7 +124,9 @@ class Float32TrainingWithoutAutocast(Rule):
         `numerics`: matrix products round to bfloat16 (8 bits of mantissa); PyTorch's autocast
         keeps precision-sensitive operations in float32, and bfloat16 has float32's range so
         no loss scaling is needed. Backward stays outside the autocast region. Not applied
-        when the script already chose a precision (autocast, `.half()`, 16-bit dtypes), when
+        when the script already chose a precision (autocast, `.half()`, 16-bit dtypes; other
+        than its own autocast, `--why-not` says so at the training step, even where the choice
+        is made on one path only, as DALLE-pytorch's `--fp16`), when
         the model is never placed on a device (a CPU-only script), or when the loss is not
         computed in the same block as backward. An evaluation forward in a function where the
         device variable is not bound (a sampler that only receives the model) stays in
@@ -233,7 +239,9 @@ class Float32TrainingWithoutAutocast(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        if uses_reduced_precision(facts, count_grad_scalers=False):
+        reduced = reduced_precision_use(facts, count_grad_scalers=False)
+        if reduced is not None:
+            self._decline_chosen_precision(reduced)
             return
         models = each_trained_model(facts)
         if not models:
@@ -326,6 +334,33 @@ class Float32TrainingWithoutAutocast(Rule):
             message=f"{names} {'is' if len(models) == 1 else 'are'} trained in float32 without "
             "autocast",
             fix_title=f"Wrap forward and loss in `torch.autocast(..., dtype=torch.{dtype})`",
+        )
+
+    def _decline_chosen_precision(self, reduced: cst.CSTNode) -> None:
+        """Say, at the first training step, that the script chose a precision of its own
+        (DALLE-pytorch's `--fp16` path calls `dalle.half()`): autocast is left to it even on
+        the paths that train in float32. Nothing is said where no step is found."""
+        facts = self.facts
+        site = facts.call_site_of.get(reduced)
+        if reduced is facts.module or (
+            site is not None and (site.qualname in AUTOCAST or site.method == "autocast")
+        ):
+            return  # it autocasts already (maybe this rule's fix, in an earlier pass)
+        steps = [
+            step for model in each_trained_model(facts) for step in training_steps(facts, model)
+        ]
+        if steps and steps[0].forward:
+            anchor = steps[0].forward[0]
+        else:  # the step of a model the analysis does not follow (DALLE's `dalle = dalle.half()`)
+            missing = why_no_trained_model(facts)
+            if missing is None:
+                return
+            anchor = missing[0]
+        self.decline(
+            anchor,
+            f"the script already computes in another precision (`{excerpt(reduced)}`), even if "
+            "only in some runs: it chose its precision, and where to add autocast beside that "
+            "choice is the script's to decide",
         )
 
     def _steps_of(

@@ -15,8 +15,12 @@ from optimizer_codemod.analysis.escapes import (
 )
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.loaders import module_name
-from optimizer_codemod.analysis.model_calls import trained_classes_keep_nothing
+from optimizer_codemod.analysis.model_calls import (
+    trained_classes_keep_nothing,
+    training_may_follow,
+)
 from optimizer_codemod.analysis.nodes import find_all, under_with
+from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, no_grad_regions
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
@@ -30,6 +34,13 @@ _TRAIN = (
     "for x, y in loader:\n"
     "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
     "    loss.backward()\n"
+)
+
+
+# Why a forward under inference_mode must not keep what it makes when training follows.
+_KEPT_TENSOR = (
+    "a tensor the model's forward makes under `inference_mode` and keeps would be saved for "
+    "backward at a later training step, which raises"
 )
 
 
@@ -119,7 +130,14 @@ class EvaluationUnderNoGrad(Rule):
         other), none of whose methods but `__init__` stores on `self` (a forward that keeps
         its hidden state would hand an inference tensor to the next step's backward, which
         raises); buffers updated in place, as batch norm's running statistics, stay ordinary
-        tensors (tests/test_inference_mode_claims.py). Never in a callback that the file hands to a trainer of another module
+        tensors (tests/test_inference_mode_claims.py). The same holds for a block that a
+        training step may follow (an "initial loss" before the loop, an evaluation at the
+        start of each epoch, or a function called there): its forward may be the model's
+        first, which builds what the model caches (a `self.cache` made on first use would be
+        an inference tensor, and the first training step would raise saving it for
+        backward; tests/test_inference_mode_before_training.py runs it). A script whose
+        training loop is in another module of the run keeps its blocks, with the reason.
+        Never in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
         out of sight; the decline says so. The model's own `forward` is assumed not to
         keep its inputs.
@@ -176,6 +194,8 @@ class EvaluationUnderNoGrad(Rule):
     # modules hold `generate`/`evaluate` functions that training scripts call.
     # Callbacks handed to a trainer of another module are examined too (and explained).
     requires = (BACKWARD_CALL + "|" + NO_GRAD_DECORATOR + "|callback",)
+    # A script whose loop is in another module is examined too, to say why its blocks stay.
+    examines_entry_points = True
     examples = (
         Example(
             _TRAIN + "correct = 0\n"
@@ -203,6 +223,7 @@ class EvaluationUnderNoGrad(Rule):
             # A library module, or a script whose training loop is in another module: only
             # its decorated functions, and blocks in callbacks it hands over, are examined.
             self._blocks_in_callbacks()
+            self._blocks_beside_loops_elsewhere()
             return
         training = set(map(id, self.facts.training_loops))
         self._evaluation_without_no_grad(training)
@@ -217,15 +238,14 @@ class EvaluationUnderNoGrad(Rule):
                 continue
             scope = site.function if site.function is not None else self.facts.module
             reason = block_escape(self.facts, site.statement, scope)
-            if reason is None and any(id(loop) in training for loop in site.loops):
+            inside = any(id(loop) in training for loop in site.loops)
+            if reason is None and (
+                inside or training_may_follow(self.facts, site.function, site.order)
+            ):
                 kept = trained_classes_keep_nothing(self.facts)
                 if kept is not None:
-                    self.decline(
-                        call,
-                        f"the block is inside the training loop, and {kept}: a tensor the "
-                        "model's forward makes under `inference_mode` and keeps would be saved "
-                        "for backward at the next step, which raises",
-                    )
+                    where = "inside the training loop" if inside else "run before a training step"
+                    self.decline(call, f"the block is {where}, and {kept}: {_KEPT_TENSOR}")
                     continue
             if reason is not None:
                 self.decline(
@@ -263,6 +283,31 @@ class EvaluationUnderNoGrad(Rule):
                 "analysis cannot tell whether tensors it makes meet the graph",
             )
 
+    def _blocks_beside_loops_elsewhere(self) -> None:
+        """`with torch.no_grad():` in a script that trains through a loop of another module
+        of the run (LLMs-from-scratch ch07 computes its initial losses with
+        previous_chapters.py's `calc_loss_loader`, then trains with its
+        `train_model_simple`): what the model keeps from a forward there is not followed into
+        that loop."""
+        loops = loops_elsewhere(self.facts)
+        if loops is None:
+            return
+        for item, site in self.facts.records.with_items:
+            call = item.item
+            if (
+                isinstance(call, cst.Call)
+                and not call.args
+                and self.facts.qualified_name(call.func) in NO_GRAD
+                and isinstance(site.statement, cst.With)
+            ):
+                self.decline(
+                    call,
+                    f"the script trains its model through a loop of {', '.join(loops.modules)}, "
+                    "which the analysis does not follow from here: whether the model's forward "
+                    f"keeps a tensor it makes in the block for that training is unknown, and "
+                    f"{_KEPT_TENSOR}",
+                )
+
     def _decorated_functions(self, module: cst.Module) -> None:
         """`@torch.no_grad()` on a function: `@torch.inference_mode()` when its body is a
         block whose tensors cannot leave it, and it returns only plain Python values."""
@@ -296,6 +341,9 @@ class EvaluationUnderNoGrad(Rule):
                 continue
             scope = loop.function if loop.function is not None else facts.module
             reason = block_escape(facts, loop.node, scope)
+            if reason is None and training_may_follow(facts, loop.function, loop.start):
+                kept = trained_classes_keep_nothing(facts)
+                reason = f"it runs before a training step, and {kept}" if kept else None
             if reason is not None:
                 self.decline(
                     loop.node,

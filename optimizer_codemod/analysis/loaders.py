@@ -607,7 +607,28 @@ def names_changed(
         )
 
     changes = _changes_by_name(facts)
-    return any(counts(where) for name in names for where in changes.get(name, ()))
+    for name in names:
+        owner = _owner(facts, name, built)
+        for where in changes.get(name, ()):
+            if (owner is None or where.function is owner) and counts(where):
+                return True
+    return False
+
+
+def _owner(facts: "ScriptFacts", name: str, built: Optional[Site]) -> Optional[cst.CSTNode]:
+    """The function whose local variable `name` (its first part) is where the loader is
+    built, when no function nested in it could see that variable: only changes made there
+    are changes of that object (`coco = self.coco` in a dataset's `__getitem__` is another
+    variable than get_loader's `coco = CocoDataset(...)`). None: any change counts."""
+    function = built.function if built is not None else None
+    if not isinstance(function, cst.FunctionDef):
+        return None
+    root = name.split(".")[0]
+    if root == "self" or _visible_in(facts, root, function) is not function:
+        return None
+    if find_all(function.body, cst.FunctionDef, cst.ClassDef):
+        return None
+    return function
 
 
 def _changes_by_name(facts: "ScriptFacts") -> Dict[str, List[Site]]:
@@ -880,7 +901,7 @@ def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
     a function that loops over it (handoffs.py: of this file or of another module of the
     run) from such a place, or to one that loops over it inside a loop of its own.
     """
-    if handoffs_of(facts, site).repeated:
+    if handoffs_of(facts, site).repeated or repeated_by_callers(facts, site):
         return True
     copies = prepared_copies(facts, site)
     if copies is not None and copies.repeated and copies.problem is None:
@@ -1198,6 +1219,16 @@ def copies_batches_to_accelerator(facts: "ScriptFacts", site: CallSite) -> bool:
 def copied_by_callers(facts: "ScriptFacts", site: CallSite) -> List[str]:
     """The files of the run that call the function returning this loader and copy its batches
     to an accelerator in a loop over what it returns (project.IncomingCall.returned)."""
+    return _callers_using(facts, site, lambda use, repeated: use == "copied")
+
+
+def repeated_by_callers(facts: "ScriptFacts", site: CallSite) -> List[str]:
+    """The files of the run that call the function returning this loader and loop over what
+    it returns inside another loop (once per epoch), never reading its `.dataset`."""
+    return _callers_using(facts, site, lambda use, repeated: repeated)
+
+
+def _callers_using(facts: "ScriptFacts", site: CallSite, wanted) -> List[str]:
     function = site.site.function
     project = getattr(facts, "project", None)
     if project is None or not project.calls or not isinstance(function, cst.FunctionDef):
@@ -1209,23 +1240,27 @@ def copied_by_callers(facts: "ScriptFacts", site: CallSite) -> List[str]:
         {
             call.caller
             for call in project.calls_to(function.name.value)
-            if any((index, "copied") in call.returned for index in indexes)
+            for index, use, repeated in call.returned
+            if index in indexes and wanted(use, repeated)
         }
     )
 
 
-def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> str:
+def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> Tuple[str, bool]:
     """What this file does with the DataLoader a call of another module's function returns
     (whole, index -1, or at `index` of its tuple): "copied" when a loop over it, in the
     calling function, copies its batches to an accelerator; "iterated" when loops over it
-    copy nothing; "" when no loop over it is found here (it is passed on, stored...)."""
+    copy nothing; "" when no loop over it is found here (it is passed on, stored...). With
+    whether such a loop runs inside another loop that does not also make the call (once per
+    epoch), the function never reading the loader's `.dataset` (which workers kept alive
+    across epochs would not see change)."""
     bound = {
         a.target
         for a in _assignments_by_value(facts).get(id(call.node), ())
         if (a.index if a.unpacked else -1) == index and not a.augmented
     }
     if not bound:
-        return ""
+        return "", False
     function = call.site.function
     wrapped = {
         a.target
@@ -1243,8 +1278,19 @@ def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> str
         and facts.iterated_name(loop.iter) in bound | wrapped
     ]
     if not loops:
-        return ""
-    return "copied" if _loops_copy_batches(facts, loops) else "iterated"
+        return "", False
+    use = "copied" if _loops_copy_batches(facts, loops) else "iterated"
+    built_in = {id(loop) for loop in call.site.loops}
+    nested = any(id(outer) not in built_in for loop, _ in loops for outer in loop.ancestors)
+    uses = _name_uses(facts, function if function is not None else facts.module)
+    dataset_read = any(
+        isinstance(parent, cst.Attribute)
+        and parent.value is node
+        and parent.attr.value == "dataset"
+        for name in bound | wrapped
+        for node, parent, _ in uses.get(name, ())
+    )
+    return use, nested and not dataset_read
 
 
 def _assignments_by_value(facts: "ScriptFacts") -> Dict[int, List[Assignment]]:

@@ -8,7 +8,7 @@ anything else may keep or replace tensors (escapes.block_escape).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional, Set
 
 import libcst as cst
 
@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.values import (
     attribute_assignments,
     locally_assigned,
     method_class,
+    calls_named,
     outside_calls,
     parameter_names,
     parameter_sources,
@@ -369,3 +370,69 @@ def _rooted_at_self(node: cst.BaseExpression) -> bool:
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
     return isinstance(node, cst.Name) and node.value == "self"
+
+
+def training_may_follow(facts: "ScriptFacts", function: Optional[cst.CSTNode], order: int) -> bool:
+    """A training step of this file may first run after the code at visit `order` in
+    `function` (None: the module's top level): later in the same scope (an "initial loss"
+    evaluated before the loop, or at the start of each epoch), or so for a call of the
+    function holding it (`evaluate()` called before the epoch's steps). Training is a loop
+    with a backward call, or a call of a function of this file that runs one. A model's
+    forward run there under `inference_mode` and keeping a tensor it made (a lazily built
+    cache) would hand that inference tensor to the next training step, which raises when it
+    saves it for backward."""
+    return _followed_by_training(facts, function, order, 0, set())
+
+
+def _followed_by_training(facts, function, order, depth, seen) -> bool:
+    # Only training that may come first counts: a lazily built tensor is made by the first
+    # forward. (A block between epochs, after the steps of its loop, meets a cache built in
+    # training; one that grows it again, for a longer sequence, is not followed.)
+    for where in _training_sites(facts):
+        if where.function is function and where.order > order:
+            return True
+    if not isinstance(function, cst.FunctionDef) or depth > MAX_DEPTH or id(function) in seen:
+        return False
+    seen.add(id(function))
+    return any(
+        _followed_by_training(facts, call.site.function, call.site.order, depth + 1, seen)
+        for call in calls_named(facts, function.name.value)
+    )
+
+
+class _Where(NamedTuple):
+    function: Optional[cst.CSTNode]
+    order: int
+
+
+def _training_sites(facts: "ScriptFacts") -> List[_Where]:
+    """Where training runs: each training loop's outermost loop, and each call of a function
+    of this file that runs one (found once per pass, a few calls deep)."""
+    memo = facts.memo("training_sites")
+    if None in memo:
+        return memo[None]
+    sites = []
+    functions: Set[str] = set()
+    for loop in facts.training_loops:
+        outer = (loop, *loop.ancestors)[-1]
+        sites.append(_Where(outer.function, outer.start))
+        if isinstance(loop.function, cst.FunctionDef):
+            functions.add(loop.function.name.value)
+    counted: Set[int] = set()
+    for _ in range(MAX_DEPTH):
+        added = False
+        for call in facts.records.calls:
+            func = call.node.func
+            name = func.value if isinstance(func, cst.Name) else call.method
+            if name not in functions or id(call) in counted:
+                continue
+            counted.add(id(call))
+            sites.append(_Where(call.site.function, call.site.order))
+            caller = call.site.function
+            if isinstance(caller, cst.FunctionDef) and caller.name.value not in functions:
+                functions.add(caller.name.value)
+                added = True
+        if not added:
+            break
+    memo[None] = sites
+    return sites

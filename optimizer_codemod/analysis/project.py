@@ -130,10 +130,12 @@ class IncomingCall:
     # for autograd or change it in place (escapes.result_escape), "" when it only reads it;
     # None when not asked (a class, another function).
     result: Optional[str] = None
-    # For a function returning DataLoaders (loaders.returned_loaders): (index, use) for each,
-    # what the caller does with it: "copied" (a loop of its copies batches to an
-    # accelerator), "iterated" (loops over it, none copies), "" (not followed).
-    returned: Tuple[Tuple[int, str], ...] = ()
+    # For a function returning DataLoaders (loaders.returned_loaders): (index, use, repeated)
+    # for each, what the caller does with it: "copied" (a loop of its copies batches to an
+    # accelerator), "iterated" (loops over it, none copies), "" (not followed); and whether
+    # a loop over it runs inside another loop (once per epoch) while the caller never reads
+    # its `.dataset`.
+    returned: Tuple[Tuple[int, str, bool], ...] = ()
 
     def argument(self, name: str, index: Optional[int]) -> Optional[Argument]:
         for keyword, argument in self.keywords:
@@ -327,7 +329,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             guarded=record["guarded"],
             passed_around=record["passed_around"],
             result=record.get("result"),
-            returned=tuple((index, use) for index, use in record.get("returned", ())),
+            returned=tuple(tuple(entry) for entry in record.get("returned", ())),
         )
 
     def loops(record) -> Optional[LoopsElsewhere]:
@@ -1601,7 +1603,7 @@ def _outgoing_calls(module: _Module, files: Dict[str, _Module], wanted: Set[str]
             passed_around=_passed_around(module, dotted_name(call.node.func), uses, owner, name),
             result=_result_use(facts, call, owner, name),
             returned=tuple(
-                (index, returned_loader_use(facts, call, index))
+                (index, *returned_loader_use(facts, call, index))
                 for index, _, _ in _returned_loaders(owner, name)
             ),
         )

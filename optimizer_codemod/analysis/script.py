@@ -407,13 +407,18 @@ class ScriptFacts:
         found = None
         for assignment in self.assignments_to(name):
             site = self.call_site_of.get(assignment.value)
+            # A helper of this file that builds the loader, called once: `loader =
+            # get_loader(...)`, or unpacked from its tuple (`train_dl, val_dl, tokenizer =
+            # get_ds(config)`). Called in a loop, each call builds another loader.
+            helper = site is not None and site.qualname != DATALOADER and not site.site.loops
             if assignment.unpacked:
-                # `train_dl, val_dl, tokenizer = get_ds(config)`: a tuple built by this file.
-                if site is None or assignment.index is None:
+                if not helper or assignment.index is None:
                     return None
                 candidate = returned_loader_at(self, site, assignment.index)
             elif site is not None and site.qualname == DATALOADER:
                 candidate = site
+            elif helper and returned_loader_at(self, site, -1) is not None:
+                candidate = returned_loader_at(self, site, -1)
             else:
                 # `batch_iterator = tqdm(train_loader, desc=...)`, iterated later.
                 wrapped = isinstance(assignment.value, cst.Call) and not is_name(
