@@ -61,6 +61,16 @@ def rewrite(source: str):
     [
         (MODEL + "print(evaluate(model, x))\n" + TRAIN, False),  # the first forward: no
         (MODEL + TRAIN + "print(evaluate(model, x))\n", True),  # after training: yes
+        (  # pytorch/examples' imagenet: an evaluation-only run returns before training
+            MODEL
+            + "def main(evaluate_only):\n"
+            + "    if evaluate_only:\n"
+            + "        print(evaluate(model, x))\n"
+            + "        return\n"
+            + "".join("    " + line + "\n" for line in TRAIN.splitlines())
+            + "main(False)\n",
+            True,
+        ),
     ],
 )
 def test_an_evaluation_before_training_keeps_no_grad(tmp_path: Path, source, fixed) -> None:

@@ -240,7 +240,7 @@ class EvaluationUnderNoGrad(Rule):
             reason = block_escape(self.facts, site.statement, scope)
             inside = any(id(loop) in training for loop in site.loops)
             if reason is None and (
-                inside or training_may_follow(self.facts, site.function, site.order)
+                inside or training_may_follow(self.facts, site.statement, site.function, site.order)
             ):
                 kept = trained_classes_keep_nothing(self.facts)
                 if kept is not None:
@@ -341,7 +341,7 @@ class EvaluationUnderNoGrad(Rule):
                 continue
             scope = loop.function if loop.function is not None else facts.module
             reason = block_escape(facts, loop.node, scope)
-            if reason is None and training_may_follow(facts, loop.function, loop.start):
+            if reason is None and training_may_follow(facts, loop.node, loop.function, loop.start):
                 kept = trained_classes_keep_nothing(facts)
                 reason = f"it runs before a training step, and {kept}" if kept else None
             if reason is not None:

@@ -14,6 +14,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.devices import HOST_METHODS
+from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_docstring
 from optimizer_codemod.analysis.values import (
     attribute_assignments,
@@ -372,15 +373,19 @@ def _rooted_at_self(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "self"
 
 
-def training_may_follow(facts: "ScriptFacts", function: Optional[cst.CSTNode], order: int) -> bool:
-    """A training step of this file may first run after the code at visit `order` in
-    `function` (None: the module's top level): later in the same scope (an "initial loss"
+def training_may_follow(
+    facts: "ScriptFacts", statement: cst.CSTNode, function: Optional[cst.CSTNode], order: int
+) -> bool:
+    """A training step of this file may first run after `statement`, at visit `order` in
+    `function` (None: the module's top level), unless its block returns right after it: later in the same scope (an "initial loss"
     evaluated before the loop, or at the start of each epoch), or so for a call of the
     function holding it (`evaluate()` called before the epoch's steps). Training is a loop
     with a backward call, or a call of a function of this file that runs one. A model's
     forward run there under `inference_mode` and keeping a tensor it made (a lazily built
     cache) would hand that inference tensor to the next training step, which raises when it
     saves it for backward."""
+    if id(statement) in _statements_before_leaving(facts):
+        return False
     return _followed_by_training(facts, function, order, 0, set())
 
 
@@ -394,10 +399,46 @@ def _followed_by_training(facts, function, order, depth, seen) -> bool:
     if not isinstance(function, cst.FunctionDef) or depth > MAX_DEPTH or id(function) in seen:
         return False
     seen.add(id(function))
+    leaving = _statements_before_leaving(facts)
     return any(
         _followed_by_training(facts, call.site.function, call.site.order, depth + 1, seen)
         for call in calls_named(facts, function.name.value)
+        if id(call.site.statement) not in leaving
     )
+
+
+def _statements_before_leaving(facts: "ScriptFacts") -> Set[int]:
+    """Statements after which their block leaves the function or the program (`return`,
+    `raise`, `sys.exit()`): pytorch/examples' imagenet `if args.evaluate: validate(...);
+    return` runs no training after that call. One walk per pass, kept as ids."""
+    memo = facts.memo("statements_before_leaving")
+    if None not in memo:
+        found: Set[int] = set()
+        for suite in find_all(facts.module, cst.IndentedBlock, cst.Module):
+            leaves = False
+            for statement in reversed(suite.body):
+                if leaves:
+                    found.add(id(statement))
+                elif _leaves(facts, statement):
+                    leaves = True
+        memo[None] = found
+    return memo[None]
+
+
+def _leaves(facts: "ScriptFacts", statement: cst.CSTNode) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, (cst.Return, cst.Raise)):
+            return True
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            if facts.qualified_name(func) in _EXITS or dotted_name(func) in ("exit", "quit"):
+                return True
+    return False
+
+
+_EXITS = frozenset({"sys.exit", "os._exit"})
 
 
 class _Where(NamedTuple):
