@@ -9,7 +9,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.debugging import DebugSite
 from optimizer_codemod.analysis.periodic import every_nth_step, step_counter
-from optimizer_codemod.analysis.epochs import containing_body
+from optimizer_codemod.analysis.epochs import body_holding
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import EMPTY_CACHE, SYNCHRONIZE
 from optimizer_codemod.rule import Edit, Example, Fix, Replace, Rule, Safety
@@ -204,7 +204,7 @@ class DebugOrCleanupCallInTrainingStep(Rule):
         if site.kind == "anomaly-context":
             return (_unwrapped(site),), "Take the step out of anomaly detection"
         title = self.fix_title if site.kind == "anomaly" else "Remove it"
-        return _deleted(self.facts.module, site.statement), title
+        return _deleted(self.facts, site.statement), title
 
 
 def _unwrapped(site: DebugSite) -> Replace:
@@ -219,12 +219,12 @@ def _unwrapped(site: DebugSite) -> Replace:
     return Replace(statement, cst.FlattenSentinel(body))
 
 
-def _deleted(module: cst.Module, line: cst.BaseStatement) -> Tuple[Edit, ...]:
+def _deleted(facts, line: cst.BaseStatement) -> Tuple[Edit, ...]:
     """Delete `line`. Comments above it go with it when they stand apart (a blank line or the
     block's end follows it); when the next statement follows directly, they head a group
     and stay, with the blank lines above them, on the next statement."""
     edits: Tuple[Edit, ...] = (Replace(line, cst.RemovalSentinel.REMOVE),)
-    body = containing_body(module, line)
+    body = body_holding(facts, line)
     statements = list(body.body) if body is not None else []
     index = next((i for i, s in enumerate(statements) if s is line), None)
     if index is None or index + 1 >= len(statements) or not line.leading_lines:

@@ -34,13 +34,14 @@ from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
 from optimizer_codemod.analysis.nodes import find_all, is_name
-from optimizer_codemod.analysis.walk import children
+from optimizer_codemod.analysis.walk import children, type_test
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_is_nested = type_test(*_NESTED)
 _SUITES = (cst.IndentedBlock, cst.Module, cst.SimpleStatementSuite)
 _DISPLAYS = (cst.List, cst.Tuple, cst.Set)
 MAX_DEPTH = 3
@@ -147,7 +148,7 @@ class _ScopeIndex:
                 self.parents[node] = parent
             count += 1
             self.order[node] = count
-            if node is not scope and isinstance(node, _NESTED):
+            if node is not scope and _is_nested(node):
                 continue
             for target in binding_targets(node):
                 region = node.body if isinstance(node, cst.For) else None

@@ -145,12 +145,27 @@ def target_names(node: cst.BaseExpression) -> Tuple[str, ...]:
     return (name,) if name else ()
 
 
+# The nodes names_bound_otherwise reads (find_all tests each node's type once).
+_BINDING_OTHERWISE = (
+    cst.For,
+    cst.CompFor,
+    cst.NamedExpr,
+    cst.AsName,
+    cst.ImportAlias,
+    cst.Del,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.Global,
+    cst.Nonlocal,
+)
+
+
 def names_bound_otherwise(root: cst.CSTNode) -> Set[str]:
     """Names bound under `root` other than by an assignment statement: loop and comprehension
     targets, `:=`, `as` names (`with`, `except`, `import`), plain imports, `del` (of a name or
     a part of it), nested `def`/`class` names, `global`/`nonlocal`."""
     bound: Set[str] = set()
-    for node in find_all(root):
+    for node in find_all(root, *_BINDING_OTHERWISE):
         if isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
             bound.update(target_names(node.target))
         elif isinstance(node, cst.AsName):

@@ -174,13 +174,26 @@ def containing_body(root: cst.CSTNode, statement: cst.BaseStatement) -> Optional
     return None
 
 
+def body_holding(facts: "ScriptFacts", statement: cst.BaseStatement) -> Optional[Body]:
+    """containing_body(facts.module, statement), from a table of every statement's body built
+    once per pass: asked per epoch loop, a walk of the module each time was quadratic."""
+    memo = facts.memo("bodies_by_statement")
+    if None not in memo:
+        table = {}
+        for body in find_all(facts.module, cst.IndentedBlock, cst.Module):
+            for held in body.body:
+                table[id(held)] = body
+        memo[None] = table
+    return memo[None].get(id(statement))
+
+
 def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]:
     node = loop.node
     if not isinstance(node.body, cst.IndentedBlock) or node.asynchronous is not None:
         return None  # `for epoch in ...: train()` on one line; `async for`
     if node.orelse is not None or _breaks_out(node.body):
         return None  # `for ... else` and early stopping: what follows is meant to follow
-    body = containing_body(facts.module, node)
+    body = body_holding(facts, node)
     if body is None:
         return None
     statements = list(body.body)

@@ -53,7 +53,7 @@ from optimizer_codemod.analysis.values import (
     outside_calls,
     parameter_names,
 )
-from optimizer_codemod.analysis.walk import children, parents
+from optimizer_codemod.analysis.walk import children, parents, type_test
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Loop
@@ -61,6 +61,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+_is_nested = type_test(*_NESTED)
+# The nodes host_names reads bindings from.
+_HOST_BINDINGS = type_test(
+    cst.Assign,
+    cst.AugAssign,
+    cst.AnnAssign,
+    cst.For,
+    cst.CompFor,
+    cst.AsName,
+    cst.NamedExpr,
+    cst.Param,
+)
 KEEPING_METHODS = frozenset({"append", "extend", "insert", "add", "update"})
 # Methods of a trained module that neither make nor replace its tensors: mode switches and
 # iterators over its parameters (what is done with a parameter is checked where it is done).
@@ -146,6 +158,8 @@ def host_names(scope: Scope, facts: Optional["ScriptFacts"] = None) -> Set[str]:
                     bind_target(inner, values[index])
 
     for node in _scope_nodes(scope):
+        if not _HOST_BINDINGS(node):
+            continue
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 bind_target(target.target, node.value)
@@ -180,7 +194,7 @@ def _scope_nodes(scope: Scope) -> Iterable[cst.CSTNode]:
         node = stack.pop()
         yield node
         for child in children(node):
-            if isinstance(child, _NESTED):
+            if _is_nested(child):
                 continue
             stack.append(child)
 

@@ -41,10 +41,13 @@ CANONICAL = {
 def dotted_name(node: cst.BaseExpression) -> Optional[str]:
     """`a.b.c` for a chain of Name/Attribute nodes, else None."""
     parts: List[str] = []
-    while isinstance(node, cst.Attribute):
+    # `type(node) is` first: the same answers, without ABCMeta's check for the usual nodes.
+    while type(node) is cst.Attribute or (
+        type(node) is not cst.Name and isinstance(node, cst.Attribute)
+    ):
         parts.append(node.attr.value)
         node = node.value
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name or isinstance(node, cst.Name):
         parts.append(node.value)
         return ".".join(reversed(parts))
     return None

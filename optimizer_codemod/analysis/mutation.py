@@ -21,7 +21,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import keyword, literal, method_name
 from optimizer_codemod.analysis.nodes import parameters_of
-from optimizer_codemod.analysis.walk import children
+from optimizer_codemod.analysis.walk import children, type_test
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -519,7 +519,21 @@ def _pairs(target: cst.CSTNode, value: cst.BaseExpression) -> List[Tuple[str, cs
     return [(name, value) for name in _target_names(target)]
 
 
+_BINDS = type_test(
+    cst.Assign,
+    cst.AnnAssign,
+    cst.AugAssign,
+    cst.For,
+    cst.CompFor,
+    cst.NamedExpr,
+    cst.WithItem,
+    cst.ExceptHandler,
+)
+
+
 def binding_targets(node: cst.CSTNode) -> List[cst.CSTNode]:
+    if not _BINDS(node):
+        return []  # called for every node of a scope: most bind nothing
     if isinstance(node, cst.Assign):
         return [t.target for t in node.targets]
     if isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):

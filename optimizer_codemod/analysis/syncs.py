@@ -50,7 +50,7 @@ from optimizer_codemod.analysis.values import (
     declares_global,
     local_function,
 )
-from optimizer_codemod.analysis.walk import children, walk
+from optimizer_codemod.analysis.walk import children, type_test, walk
 from optimizer_codemod.analysis.walk import parents as walk_parents
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +58,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Scope = Union[cst.Module, cst.FunctionDef]
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+_is_nested = type_test(*_NESTED)
+# The nodes HostSyncs._classify looks at.
+_CLASSIFIED = type_test(cst.Call, cst.FormattedString, cst.BinaryOperation, cst.Assert, cst.IfExp)
 
 
 # Calls that copy a device tensor to the host, so the host waits for the device: methods
@@ -220,6 +223,8 @@ class HostSyncs:
         return bool(found)
 
     def _classify(self, loop, node, statement, add, accelerated: bool) -> None:
+        if not _CLASSIFIED(node):
+            return  # called for every node of a loop's body
         facts = self.facts
         if isinstance(node, cst.Call):
             method = method_name(node)
@@ -494,7 +499,7 @@ def _walk(root: cst.CSTNode) -> List[cst.CSTNode]:
     while stack:
         node = stack.pop()
         found.append(node)
-        if isinstance(node, _NESTED):
+        if _is_nested(node):
             continue
         stack.extend(reversed(children(node)))
     return found

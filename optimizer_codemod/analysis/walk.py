@@ -102,6 +102,25 @@ def _getter(node_type: type) -> Callable[[cst.CSTNode], tuple]:
     return getter
 
 
+def type_test(*types: type) -> Callable[[object], bool]:
+    """`isinstance(value, types)`, answered once per type of value.
+
+    Node classes derive from abstract base classes: `isinstance` against a class that is not
+    the node's own type runs ABCMeta's check, in Python, once per class of `types`. A loop
+    that tests every node of a tree against a few classes spent more there than in the rest
+    of its work."""
+    answers: Dict[type, bool] = {}
+
+    def test(value: object) -> bool:
+        value_type = type(value)
+        answer = answers.get(value_type)
+        if answer is None:
+            answer = answers[value_type] = issubclass(value_type, types)
+        return answer
+
+    return test
+
+
 def children(node: cst.CSTNode) -> List[cst.CSTNode]:
     """`node.children`: the nodes directly under `node`, in source order."""
     node_type = type(node)
