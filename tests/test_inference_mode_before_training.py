@@ -121,3 +121,25 @@ def test_a_block_in_a_script_training_through_another_module_says_why(tmp_path: 
     main = {Path(o.path).name: o for o in outcomes}["main.py"]
     [why] = messages_by_code(main, Status.DECLINED)["OPT403"]
     assert "through a loop of loops.py" in why
+
+
+def test_an_evaluation_loop_before_training_is_not_wrapped(tmp_path: Path) -> None:
+    """The `behavior` wrap of a loop after `.eval()` (autograd on) gets the same check."""
+    source = (
+        MODEL
+        + "model.eval()\n"
+        + "for batch in [x, x]:\n"
+        + "    print(float(model(batch).sum()))\n"
+        + "model.train()\n"
+        + TRAIN
+    )
+    settings = Settings(select=("OPT403",), why_not=True, unsafe_fixes=True)
+    result = rewrite_source(source.encode(), "train.py", settings.options_for("train.py"))
+    assert b"inference_mode():\n    for batch" not in result.new
+    [why] = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    assert "it runs before a training step" in why and "`self.cache`" in why
+    after = (
+        MODEL + TRAIN + "model.eval()\nfor batch in [x, x]:\n    print(float(model(batch).sum()))\n"
+    )
+    fixed = rewrite_source(after.encode(), "train.py", settings.options_for("train.py"))
+    assert b"with torch.inference_mode():\n    for batch in" in fixed.new
