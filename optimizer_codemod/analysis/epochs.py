@@ -174,16 +174,20 @@ def containing_body(root: cst.CSTNode, statement: cst.BaseStatement) -> Optional
     return None
 
 
+def statement_bodies(facts: "ScriptFacts") -> List[Body]:
+    """The module and every indented block of it, found once per pass."""
+    memo = facts.memo("statement_bodies")
+    if None not in memo:
+        memo[None] = find_all(facts.module, cst.IndentedBlock, cst.Module)
+    return memo[None]
+
+
 def body_holding(facts: "ScriptFacts", statement: cst.BaseStatement) -> Optional[Body]:
     """containing_body(facts.module, statement), from a table of every statement's body built
     once per pass: asked per epoch loop, a walk of the module each time was quadratic."""
     memo = facts.memo("bodies_by_statement")
     if None not in memo:
-        table = {}
-        for body in find_all(facts.module, cst.IndentedBlock, cst.Module):
-            for held in body.body:
-                table[id(held)] = body
-        memo[None] = table
+        memo[None] = {id(held): body for body in statement_bodies(facts) for held in body.body}
     return memo[None].get(id(statement))
 
 

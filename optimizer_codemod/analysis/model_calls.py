@@ -14,6 +14,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
 from optimizer_codemod.analysis.devices import HOST_METHODS
+from optimizer_codemod.analysis.epochs import calls_training_function, statement_bodies
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_docstring
 from optimizer_codemod.analysis.values import (
@@ -377,13 +378,14 @@ def training_may_follow(
     facts: "ScriptFacts", statement: cst.CSTNode, function: Optional[cst.CSTNode], order: int
 ) -> bool:
     """A training step of this file may first run after `statement`, at visit `order` in
-    `function` (None: the module's top level), unless its block returns right after it: later in the same scope (an "initial loss"
+    `function` (None: the module's top level): later in the same scope (an "initial loss"
     evaluated before the loop, or at the start of each epoch), or so for a call of the
-    function holding it (`evaluate()` called before the epoch's steps). Training is a loop
-    with a backward call, or a call of a function of this file that runs one. A model's
-    forward run there under `inference_mode` and keeping a tensor it made (a lazily built
-    cache) would hand that inference tensor to the next training step, which raises when it
-    saves it for backward."""
+    function holding it (`evaluate()` called before the epoch's steps); not when its block
+    returns right after it. Training is a loop with a backward call, or a call of a function
+    of this file that reaches one (epochs.calls_training_function). A model's forward run
+    there under `inference_mode` and keeping a tensor it made (a lazily built cache) would
+    hand that inference tensor to the next training step, which raises when it saves it for
+    backward."""
     if id(statement) in _statements_before_leaving(facts):
         return False
     return _followed_by_training(facts, function, order, 0, set())
@@ -410,13 +412,13 @@ def _followed_by_training(facts, function, order, depth, seen) -> bool:
 def _statements_before_leaving(facts: "ScriptFacts") -> Set[int]:
     """Statements after which their block leaves the function or the program (`return`,
     `raise`, `sys.exit()`): pytorch/examples' imagenet `if args.evaluate: validate(...);
-    return` runs no training after that call. One walk per pass, kept as ids."""
+    return` runs no training after that call. Found once per pass, kept as ids."""
     memo = facts.memo("statements_before_leaving")
     if None not in memo:
         found: Set[int] = set()
-        for suite in find_all(facts.module, cst.IndentedBlock, cst.Module):
+        for body in statement_bodies(facts):
             leaves = False
-            for statement in reversed(suite.body):
+            for statement in reversed(body.body):
                 if leaves:
                     found.add(id(statement))
                 elif _leaves(facts, statement):
@@ -448,32 +450,13 @@ class _Where(NamedTuple):
 
 def _training_sites(facts: "ScriptFacts") -> List[_Where]:
     """Where training runs: each training loop's outermost loop, and each call of a function
-    of this file that runs one (found once per pass, a few calls deep)."""
+    of this file that reaches backward. Found once per pass."""
     memo = facts.memo("training_sites")
-    if None in memo:
-        return memo[None]
-    sites = []
-    functions: Set[str] = set()
-    for loop in facts.training_loops:
-        outer = (loop, *loop.ancestors)[-1]
-        sites.append(_Where(outer.function, outer.start))
-        if isinstance(loop.function, cst.FunctionDef):
-            functions.add(loop.function.name.value)
-    counted: Set[int] = set()
-    for _ in range(MAX_DEPTH):
-        added = False
-        for call in facts.records.calls:
-            func = call.node.func
-            name = func.value if isinstance(func, cst.Name) else call.method
-            if name not in functions or id(call) in counted:
-                continue
-            counted.add(id(call))
-            sites.append(_Where(call.site.function, call.site.order))
-            caller = call.site.function
-            if isinstance(caller, cst.FunctionDef) and caller.name.value not in functions:
-                functions.add(caller.name.value)
-                added = True
-        if not added:
-            break
-    memo[None] = sites
-    return sites
+    if None not in memo:
+        outermost = [(loop, *loop.ancestors)[-1] for loop in facts.training_loops]
+        memo[None] = [_Where(loop.function, loop.start) for loop in outermost] + [
+            _Where(call.site.function, call.site.order)
+            for call in facts.records.calls
+            if calls_training_function(facts, call.node)
+        ]
+    return memo[None]
