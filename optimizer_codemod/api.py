@@ -108,12 +108,12 @@ def rewrite_source(
         return settled
     # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive
     # visitors need more than Python's default recursion limit.
-    with recursion_headroom(), _cyclic_gc_paused():
+    with recursion_headroom(), cyclic_gc_paused():
         return _rewrite_parsed(src, path, options, formatted)
 
 
 @contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
+def cyclic_gc_paused() -> Iterator[None]:
     """Python's cyclic collector off while one file is rewritten.
 
     A parse allocates a million nodes for a 30,000-line file, and each time the heap grows

@@ -193,13 +193,13 @@ def _imported_layers(project: Any) -> bytes:
     # A DataLoader another module hands to a function of this file (UNet's evaluate.py
     # never spells the word, and loops over the pinned loader train.py passes it), or builds
     # and returns to it (`get_loader(...)` from data_loader.py).
-    if getattr(project, "imported_loaders", ()):
+    calls = getattr(project, "calls", ())
+    if getattr(project, "imported_loaders", ()) or any(
+        argument.loader
+        for call in calls
+        for argument in (*call.positional, *(argument for _, argument in call.keywords))
+    ):
         layers.append("DataLoader")
-    for call in () if "DataLoader" in layers else getattr(project, "calls", ()):
-        arguments = (*call.positional, *(argument for _, argument in call.keywords))
-        if any(argument.loader for argument in arguments):
-            layers.append("DataLoader")
-            break
     return "\n".join(layers).encode()
 
 

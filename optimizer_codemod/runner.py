@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from optimizer_codemod.api import (
-    _cyclic_gc_paused,
     SourceRewrite,
+    cyclic_gc_paused,
     format_rewrite,
     is_notebook,
     rewrite_source,
@@ -415,7 +415,7 @@ def _project_index(paths: Sequence[str], cache: Optional[Cache]) -> Dict[str, An
     # The index parses every importing module and keeps each tree until it is done: with
     # the cyclic collector on, the growing heap is walked again and again (a quarter of the
     # index's time on the benchmark corpus); what cycles it leaves are collected after.
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         return cache.project_index(paths, build, context) if cache else build(paths)
 
 

@@ -1116,10 +1116,12 @@ def _loader_returned_at(facts, value, index, function) -> Optional[CallSite]:
     if not isinstance(value, cst.Name):
         return None
     bound = facts.assignments_in_scope(value.value, function)
-    sites = {id(facts.call_site_of.get(a.value)): facts.call_site_of.get(a.value) for a in bound}
-    site = next(iter(sites.values())) if len(sites) == 1 and bound else None
-    unpacked = any(a.unpacked or a.augmented for a in bound)
-    return site if site is not None and not unpacked and site.qualname == DATALOADER else None
+    if not bound or any(a.unpacked or a.augmented for a in bound):
+        return None
+    sites = [facts.call_site_of.get(a.value) for a in bound]
+    site = sites[0]
+    same = site is not None and all(other is site for other in sites)
+    return site if same and site.qualname == DATALOADER else None
 
 
 def _function_named(facts: "ScriptFacts", key: Optional[str]) -> Optional[cst.FunctionDef]:
@@ -1256,7 +1258,7 @@ def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> Tup
     across epochs would not see change)."""
     bound = {
         a.target
-        for a in _assignments_by_value(facts).get(id(call.node), ())
+        for a in facts.assignments_taking(call.node)
         if (a.index if a.unpacked else -1) == index and not a.augmented
     }
     if not bound:
@@ -1291,16 +1293,6 @@ def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> Tup
         for node, parent, _ in uses.get(name, ())
     )
     return use, nested and not dataset_read
-
-
-def _assignments_by_value(facts: "ScriptFacts") -> Dict[int, List[Assignment]]:
-    memo = facts.memo("assignments_by_value")
-    if None not in memo:
-        table: Dict[int, List[Assignment]] = {}
-        for assignment in facts.records.assignments:
-            table.setdefault(id(assignment.value), []).append(assignment)
-        memo[None] = table
-    return memo[None]
 
 
 def _loops_copy_batches(facts: "ScriptFacts", loops: List[Tuple[Loop, Set[str]]]) -> bool:

@@ -131,6 +131,17 @@ class ScriptFacts:
     def _assignment_by_value(self) -> Dict[cst.CSTNode, Assignment]:
         return {a.value: a for a in self.records.assignments if not a.unpacked}
 
+    def assignments_taking(self, value: cst.BaseExpression) -> Sequence[Assignment]:
+        """Every assignment of `value`, unpacked ones included (`a, b = f()`: two)."""
+        return self._assignments_taking.get(id(value), ())
+
+    @cached_property
+    def _assignments_taking(self) -> Dict[int, List[Assignment]]:
+        table: Dict[int, List[Assignment]] = {}
+        for assignment in self.records.assignments:
+            table.setdefault(id(assignment.value), []).append(assignment)
+        return table
+
     # Calls -----------------------------------------------------------------------------
     @cached_property
     def _calls_by_qualname(self) -> Dict[str, List[CallSite]]:
@@ -417,8 +428,8 @@ class ScriptFacts:
                 candidate = returned_loader_at(self, site, assignment.index)
             elif site is not None and site.qualname == DATALOADER:
                 candidate = site
-            elif helper and returned_loader_at(self, site, -1) is not None:
-                candidate = returned_loader_at(self, site, -1)
+            elif helper and (returned := returned_loader_at(self, site, -1)) is not None:
+                candidate = returned
             else:
                 # `batch_iterator = tqdm(train_loader, desc=...)`, iterated later.
                 wrapped = isinstance(assignment.value, cst.Call) and not is_name(

@@ -421,7 +421,15 @@ def _loader_from_elsewhere(facts: "ScriptFacts", loop: Loop) -> Optional["Argume
     loader = imported_loader_named(facts, name)
     if loader is None:
         return None
-    return Argument(name or "", False, "", False, False, loader.loader, loader.collate)
+    return Argument(
+        text=name or "",
+        module=False,
+        dataset="",
+        changed=False,
+        handles=False,
+        loader=loader.loader,
+        loader_collate=loader.collate,
+    )
 
 
 NO_NAMES: FrozenSet[str] = frozenset()

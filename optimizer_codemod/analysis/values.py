@@ -585,8 +585,7 @@ def imported_dataset(facts: "ScriptFacts", name: Optional[str]) -> Optional["Imp
     project = getattr(facts, "project", None)
     if project is None or not project.imported_datasets or name is None:
         return None
-    root = name.split(".")[0]
-    if _rebound(facts, name) or root in facts.classes or root in facts.records.functions:
+    if _bound_here(facts, name):
         return None
     return project.imported_dataset(name)
 
@@ -606,14 +605,20 @@ def imported_loader_named(facts: "ScriptFacts", name: Optional[str]) -> Optional
         index = assignment.index if assignment.unpacked else -1
         if spelled is None or index is None or assignment.augmented:
             return None
-        root = spelled.split(".")[0]
-        if _rebound(facts, spelled) or root in facts.classes or root in facts.records.functions:
+        if _bound_here(facts, spelled):
             return None
         loader = project.imported_loader(spelled, index)
         if loader is None or (found is not None and loader != found):
             return None
         found = loader
     return found
+
+
+def _bound_here(facts: "ScriptFacts", name: str) -> bool:
+    """The first part of dotted `name` is assigned, or defined as a class or function, in
+    this file: it is not (only) the import the project index summarised."""
+    root = name.split(".")[0]
+    return _rebound(facts, name) or root in facts.classes or root in facts.records.functions
 
 
 def _rebound(facts: "ScriptFacts", name: str) -> bool:
