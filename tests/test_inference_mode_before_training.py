@@ -56,6 +56,22 @@ def rewrite(source: str):
     return rewrite_source(source.encode(), "train.py", settings.options_for("train.py"))
 
 
+def run_script(tmp_path: Path, source) -> subprocess.CompletedProcess:
+    """Runs `source` (text or bytes) as train.py in `tmp_path`."""
+    script = tmp_path / "train.py"
+    script.write_bytes(source if isinstance(source, bytes) else source.encode())
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+
+
+def declined_reason(result) -> str:
+    [why] = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    return why
+
+
+def with_inference_mode(source: str) -> str:
+    return source.replace("torch.no_grad()", "torch.inference_mode()")
+
+
 @pytest.mark.parametrize(
     "source, fixed",
     [
@@ -76,21 +92,17 @@ def rewrite(source: str):
 def test_an_evaluation_before_training_keeps_no_grad(tmp_path: Path, source, fixed) -> None:
     result = rewrite(source)
     assert (b"inference_mode" in result.new) is fixed
-    script = tmp_path / "train.py"
-    script.write_bytes(result.new)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    done = run_script(tmp_path, result.new)
     assert done.returncode == 0, done.stderr[-2000:]
     if not fixed:
-        [why] = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+        why = declined_reason(result)
         assert "run before a training step" in why and "`self.cache`" in why
 
 
 def test_the_rewrite_the_check_prevents_raises(tmp_path: Path) -> None:
     """What the decline keeps from happening: the same script with inference_mode."""
-    script = tmp_path / "train.py"
     source = MODEL + "print(evaluate(model, x))\n" + TRAIN
-    script.write_text(source.replace("torch.no_grad()", "torch.inference_mode()"))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    done = run_script(tmp_path, with_inference_mode(source))
     assert done.returncode != 0
     assert "Inference tensors cannot be saved for backward" in done.stderr
 
@@ -136,10 +148,131 @@ def test_an_evaluation_loop_before_training_is_not_wrapped(tmp_path: Path) -> No
     settings = Settings(select=("OPT403",), why_not=True, unsafe_fixes=True)
     result = rewrite_source(source.encode(), "train.py", settings.options_for("train.py"))
     assert b"inference_mode():\n    for batch" not in result.new
-    [why] = [d.message for d in result.diagnostics if d.status is Status.DECLINED]
+    why = declined_reason(result)
     assert "it runs before a training step" in why and "`self.cache`" in why
     after = (
         MODEL + TRAIN + "model.eval()\nfor batch in [x, x]:\n    print(float(model(batch).sum()))\n"
     )
     fixed = rewrite_source(after.encode(), "train.py", settings.options_for("train.py"))
     assert b"with torch.inference_mode():\n    for batch in" in fixed.new
+
+
+REGROWN = """\
+import torch
+import torch.nn as nn
+
+
+class Rotary(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.length = 0
+        self.table = None
+
+    def forward(self, x):
+        if x.shape[0] > self.length:
+            self.length = x.shape[0]
+            self.table = torch.arange(self.length, dtype=torch.float32)[:, None] + 1
+        return self.lin(x) * self.table[: x.shape[0]]
+
+
+def evaluate(model):
+    with torch.no_grad():
+        return float(model(torch.randn(8, 4)).sum())
+
+
+model = Rotary()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for step in range(3):
+        loss = model(torch.randn(4, 4)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(evaluate(model))
+"""
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_an_evaluation_between_epochs_that_regrows_a_cache_keeps_no_grad(
+    tmp_path: Path, inline: bool
+) -> None:
+    """The evaluation after an epoch's steps runs a longer sequence than training did: the
+    model grows its table again, under `inference_mode` an inference tensor, which the next
+    epoch's first step would save for backward. Training follows it (the next epoch)."""
+    source = REGROWN
+    if inline:
+        evaluate = REGROWN[REGROWN.index("def evaluate") : REGROWN.index("model = Rotary")]
+        source = source.replace(evaluate, "").replace(
+            "    print(evaluate(model))\n",
+            "    with torch.no_grad():\n        print(float(model(torch.randn(8, 4)).sum()))\n",
+        )
+    result = rewrite(source)
+    assert b"inference_mode" not in result.new
+    why = declined_reason(result)
+    assert "run before a training step" in why and "`self.length`" in why
+    done = run_script(tmp_path, result.new)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script(tmp_path, with_inference_mode(source))
+    assert "Inference tensors cannot be saved for backward" in done.stderr
+
+
+DECORATED = MODEL.replace(
+    "def evaluate(model, x):\n    with torch.no_grad():\n        return float(model(x).sum())\n",
+    "@torch.no_grad()\ndef evaluate(model, x):\n    return float(model(x).sum())\n",
+)
+
+
+@pytest.mark.parametrize(
+    "source, fixed",
+    [
+        (DECORATED + "print(evaluate(model, x))\n" + TRAIN, False),
+        (DECORATED + TRAIN + "print(evaluate(model, x))\n", True),
+        (  # nanoGPT's shape: an evaluation at the top of the step loop, before the first step
+            DECORATED + TRAIN.replace(":\n", ":\n    print(evaluate(model, x))\n", 1),
+            False,
+        ),
+    ],
+)
+def test_a_function_decorated_with_no_grad_called_before_training_keeps_it(
+    tmp_path: Path, source: str, fixed: bool
+) -> None:
+    assert "@torch.no_grad()" in source
+    result = rewrite(source)
+    assert (b"@torch.inference_mode()" in result.new) is fixed
+    done = run_script(tmp_path, result.new)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if not fixed:
+        why = declined_reason(result)
+        assert "before a training step" in why and "`self.cache`" in why
+        done = run_script(tmp_path, with_inference_mode(source))
+        assert "Inference tensors cannot be saved for backward" in done.stderr
+
+
+def test_a_method_called_on_self_before_training_keeps_no_grad(tmp_path: Path) -> None:
+    """`self.evaluate()` at the start of `fit`: the method's callers are its method calls."""
+    source = (
+        MODEL
+        + "class Trainer:\n"
+        + "    def __init__(self, model, opt):\n"
+        + "        self.model, self.opt = model, opt\n\n"
+        + "    def evaluate(self):\n"
+        + "        with torch.no_grad():\n"
+        + "            return float(self.model(x).sum())\n\n"
+        + "    def fit(self):\n"
+        + "        print(self.evaluate())\n"
+        + "".join("        " + line + "\n" for line in TRAIN.splitlines())
+        .replace("model(x)", "self.model(x)")
+        .replace("opt.", "self.opt.")
+        + "\n\nTrainer(model, opt).fit()\n"
+    )
+    source = source.replace(
+        "def evaluate(model, x):\n    with torch.no_grad():\n        return float(model(x).sum())\n",
+        "",
+    )
+    done = run_script(tmp_path, with_inference_mode(source))
+    assert "Inference tensors cannot be saved for backward" in done.stderr
+    result = rewrite(source)
+    assert b"inference_mode" not in result.new
+    why = declined_reason(result)
+    assert "run before a training step" in why and "`self.cache`" in why

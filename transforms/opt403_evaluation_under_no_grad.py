@@ -16,6 +16,8 @@ from optimizer_codemod.analysis.escapes import (
 from optimizer_codemod.analysis.calls import code_of
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.model_calls import (
+    kept_for_training_after_calls,
+    forward_may_keep_for_training,
     trained_classes_keep_nothing,
     training_may_follow,
 )
@@ -132,10 +134,17 @@ class EvaluationUnderNoGrad(Rule):
         raises); buffers updated in place, as batch norm's running statistics, stay ordinary
         tensors (tests/test_inference_mode_claims.py). The same holds for a block that a
         training step may follow (an "initial loss" before the loop, an evaluation at the
-        start of each epoch, or a function called there): its forward may be the model's
-        first, which builds what the model caches (a `self.cache` made on first use would be
-        an inference tensor, and the first training step would raise saving it for
-        backward; tests/test_inference_mode_before_training.py runs it). A script whose
+        start of each epoch or at the top of the step loop, or a function called there, a
+        function decorated with `no_grad` included): its forward may be the model's first,
+        which builds what the model caches (a `self.cache` made on first use would be an
+        inference tensor, and the first training step would raise saving it for backward;
+        tests/test_inference_mode_before_training.py runs it). A block after an epoch's
+        steps, in the loop that trains again (the usual validation), meets the caches
+        training built, but a model that grows one again (a longer sequence, as a rotary
+        table sized on demand) would hand the next epoch's first step an inference tensor:
+        there the classes of this file the model is built from must keep nothing outside
+        `__init__`; torch's own modules keep nothing from a forward, and a model of other
+        code is taken to keep nothing too. A script whose
         training loop is in another module of the run keeps its blocks, with the reason.
         Never in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
@@ -239,10 +248,14 @@ class EvaluationUnderNoGrad(Rule):
             scope = site.function if site.function is not None else self.facts.module
             reason = block_escape(self.facts, site.statement, scope)
             inside = any(id(loop) in training for loop in site.loops)
-            if reason is None and (
-                inside or training_may_follow(self.facts, site.statement, site.function, site.order)
-            ):
-                kept = trained_classes_keep_nothing(self.facts)
+            if reason is None:
+                if inside:
+                    kept = trained_classes_keep_nothing(self.facts)
+                else:
+                    follows = training_may_follow(
+                        self.facts, site.statement, site.function, site.order
+                    )
+                    kept = forward_may_keep_for_training(self.facts, follows)
                 if kept is not None:
                     where = "inside the training loop" if inside else "run before a training step"
                     self.decline(call, f"the block is {where}, and {kept}: {_KEPT_TENSOR}")
@@ -320,6 +333,9 @@ class EvaluationUnderNoGrad(Rule):
                 if self.facts.qualified_name(target) not in NO_GRAD:
                     continue
                 reason = _function_escape(self.facts, function)
+                kept = kept_for_training_after_calls(self.facts, function)
+                if reason is None and kept is not None:
+                    reason = f"it is called before a training step, and {kept}: {_KEPT_TENSOR}"
                 if reason is not None:
                     self.decline(
                         expr,
@@ -341,8 +357,9 @@ class EvaluationUnderNoGrad(Rule):
                 continue
             scope = loop.function if loop.function is not None else facts.module
             reason = block_escape(facts, loop.node, scope)
-            if reason is None and training_may_follow(facts, loop.node, loop.function, loop.start):
-                kept = trained_classes_keep_nothing(facts)
+            if reason is None:
+                follows = training_may_follow(facts, loop.node, loop.function, loop.start)
+                kept = forward_may_keep_for_training(facts, follows)
                 reason = f"it runs before a training step, and {kept}" if kept else None
             if reason is not None:
                 self.decline(

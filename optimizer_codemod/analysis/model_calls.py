@@ -8,6 +8,8 @@ anything else may keep or replace tensors (escapes.block_escape).
 
 from __future__ import annotations
 
+import sys
+
 from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional, Set
 
 import libcst as cst
@@ -29,6 +31,7 @@ from optimizer_codemod.analysis.values import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
+    from optimizer_codemod.analysis.collect import CallSite
 
 MAX_DEPTH = 4
 # Methods of long-lived objects that take values without keeping tensors: loggers and
@@ -316,22 +319,25 @@ _KEEPING_CALLS = frozenset(
 )
 
 
-def trained_classes_keep_nothing(facts: "ScriptFacts") -> Optional[str]:
+def trained_classes_keep_nothing(facts: "ScriptFacts", seen_only: bool = False) -> Optional[str]:
     """Why a forward of the trained models might keep a tensor it makes in the module (an
     inference tensor the next training step would save for backward); None when every model
     the file trains is built from classes of this file deriving from `nn.Module` or each
     other, and no method of theirs but `__init__` stores on `self` (`self.h = ...`,
-    `self.cache.append(...)`, `setattr`)."""
+    `self.cache.append(...)`, `setattr`). `seen_only`: only the classes of this file are
+    asked, a model of other code is taken to keep nothing."""
     from optimizer_codemod.analysis.training import MODULE_BASE, model_classes, trained_models
 
     memo = facts.memo("trained_classes_keep_nothing")
-    if "why" in memo:
-        return memo["why"]
+    if seen_only in memo:
+        return memo[seen_only]
     why: Optional[str] = None
     models = trained_models(facts)
     classes = [model_classes(facts, model) for model in models]
     every = {name for names in classes for name in names}
-    if not models or not all(classes):
+    if seen_only:
+        pass
+    elif not models or not all(classes):
         why = "a model the loop trains is not built from classes of this file"
     elif any(b not in every and b != MODULE_BASE for n in every for b in facts.classes[n].bases):
         why = "a class the trained model is built from derives from a class not read here"
@@ -345,7 +351,7 @@ def trained_classes_keep_nothing(facts: "ScriptFacts") -> Optional[str]:
                 break
         if why is not None:
             break
-    memo["why"] = why
+    memo[seen_only] = why
     return why
 
 
@@ -374,39 +380,82 @@ def _rooted_at_self(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "self"
 
 
+# What training may follow a statement (training_may_follow).
+NO_TRAINING, TRAINING_AGAIN, TRAINING_FIRST = 0, 1, 2
+
+
 def training_may_follow(
     facts: "ScriptFacts", statement: cst.CSTNode, function: Optional[cst.CSTNode], order: int
-) -> bool:
-    """A training step of this file may first run after `statement`, at visit `order` in
-    `function` (None: the module's top level): later in the same scope (an "initial loss"
-    evaluated before the loop, or at the start of each epoch), or so for a call of the
-    function holding it (`evaluate()` called before the epoch's steps); not when its block
-    returns right after it. Training is a loop with a backward call, or a call of a function
-    of this file that reaches one (epochs.calls_training_function). A model's forward run
-    there under `inference_mode` and keeping a tensor it made (a lazily built cache) would
-    hand that inference tensor to the next training step, which raises when it saves it for
-    backward."""
+) -> int:
+    """Whether a training step of this file may run after `statement`, at visit `order` in
+    `function` (None: the module's top level). TRAINING_FIRST: training may first run
+    after it, later in the same scope (an "initial loss" evaluated before the loop, or at
+    the start of each epoch), or so for a call of the function holding it (`evaluate()`
+    called before the epoch's steps); its forward may be the model's first, and a model
+    keeping a tensor it made (a lazily built cache) would hand that inference tensor to the
+    first training step, which raises when it saves it for backward. TRAINING_AGAIN: only
+    in a later pass of a loop around both that trained before it (an evaluation after an
+    epoch's steps); the model's caches exist, but one that grows again (a longer sequence)
+    would meet the next epoch's first step the same way. NO_TRAINING when its block returns
+    right after it, or no training follows. Training is a loop with a backward call, or a
+    call of a function of this file that reaches one (epochs.calls_training_function)."""
     if id(statement) in _statements_before_leaving(facts):
-        return False
+        return NO_TRAINING
     return _followed_by_training(facts, function, order, 0, set())
 
 
-def _followed_by_training(facts, function, order, depth, seen) -> bool:
-    # Only training that may come first counts: a lazily built tensor is made by the first
-    # forward. (A block between epochs, after the steps of its loop, meets a cache built in
-    # training; one that grows it again, for a longer sequence, is not followed.)
+def _followed_by_training(facts, function, order, depth, seen) -> int:
+    found = NO_TRAINING
     for where in _training_sites(facts):
-        if where.function is function and where.order > order:
-            return True
+        if where.function is not function:
+            continue
+        if where.order > order:
+            return TRAINING_FIRST
+        if where.start <= order <= where.end:
+            found = TRAINING_AGAIN
     if not isinstance(function, cst.FunctionDef) or depth > MAX_DEPTH or id(function) in seen:
-        return False
+        return found
     seen.add(id(function))
     leaving = _statements_before_leaving(facts)
-    return any(
-        _followed_by_training(facts, call.site.function, call.site.order, depth + 1, seen)
-        for call in calls_named(facts, function.name.value)
-        if id(call.site.statement) not in leaving
-    )
+    for call in _callers(facts, function):
+        if id(call.site.statement) in leaving:
+            continue
+        site = call.site
+        found = max(found, _followed_by_training(facts, site.function, site.order, depth + 1, seen))
+        if found == TRAINING_FIRST:
+            break
+    return found
+
+
+def kept_for_training_after_calls(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
+    """Why a forward run by `function` (decorated with `no_grad`) under `inference_mode`
+    might keep a tensor that a training step after one of its calls meets; None when it may
+    not: training_may_follow for its calls in this file. (A model it gets from a caller in
+    another module is not followed at all: escapes.block_escape declines first.)"""
+    follows = _followed_by_training(facts, function, sys.maxsize, 0, set())
+    return forward_may_keep_for_training(facts, follows)
+
+
+def _callers(facts: "ScriptFacts", function: cst.FunctionDef) -> List["CallSite"]:
+    # A method is called on any receiver (`self.evaluate()`, `trainer.evaluate()`): taking
+    # every call of that name can only find more training after it.
+    name = function.name.value
+    calls = calls_named(facts, name)
+    if method_class(facts, function) is not None:
+        calls += [call for call in facts.method_calls(name) if call not in calls]
+    return calls
+
+
+def forward_may_keep_for_training(facts: "ScriptFacts", follows: int) -> Optional[str]:
+    """Why a forward under `inference_mode` followed by training of kind `follows`
+    (training_may_follow) might hand the training step an inference tensor it kept; None
+    when it may not. Before the first step every model must be seen to keep nothing; before
+    a later pass of a loop only the classes of this file are asked (a cache built in training
+    and grown again under `inference_mode`): torch's own modules keep nothing from a
+    forward, and a model of other code is taken to as well."""
+    if follows == NO_TRAINING:
+        return None
+    return trained_classes_keep_nothing(facts, seen_only=follows == TRAINING_AGAIN)
 
 
 def _statements_before_leaving(facts: "ScriptFacts") -> Set[int]:
@@ -446,17 +495,22 @@ _EXITS = frozenset({"sys.exit", "os._exit"})
 class _Where(NamedTuple):
     function: Optional[cst.CSTNode]
     order: int
+    start: int  # the span of the outermost loop around it in its function, or empty
+    end: int
 
 
 def _training_sites(facts: "ScriptFacts") -> List[_Where]:
-    """Where training runs: each training loop's outermost loop, and each call of a function
-    of this file that reaches backward. Found once per pass."""
+    """Where training runs: each backward call, and each call of a function of this file
+    that reaches one, with the outermost loop around it. Found once per pass."""
     memo = facts.memo("training_sites")
     if None not in memo:
-        outermost = [(loop, *loop.ancestors)[-1] for loop in facts.training_loops]
-        memo[None] = [_Where(loop.function, loop.start) for loop in outermost] + [
-            _Where(call.site.function, call.site.order)
-            for call in facts.records.calls
-            if calls_training_function(facts, call.node)
-        ]
+        sites = []
+        for call in facts.backward_calls + [
+            call for call in facts.records.calls if calls_training_function(facts, call.node)
+        ]:
+            site = call.site
+            around = [loop for loop in site.loops if loop.function is site.function]
+            start, end = (around[0].start, around[0].end) if around else (0, -1)
+            sites.append(_Where(site.function, site.order, start, end))
+        memo[None] = sites
     return memo[None]
