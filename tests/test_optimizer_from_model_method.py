@@ -209,3 +209,46 @@ def test_a_driver_calling_a_static_method_still_hands_over_its_model(tmp_path, s
     )
     assert result.exit_code == (1 if static else 0), result.output  # 1: a file was fixed
     assert (COMPILED in trainer.read_text()) is static
+
+
+NANOGPT_SHAPE = MODEL.replace(
+    "        def configure_optimizers(self, config):\n"
+    '            return torch.optim.AdamW(self.parameters(), lr=config["lr"])\n',
+    "        def configure_optimizers(self, config):\n"
+    '            optimizer = torch.optim.AdamW(self.parameters(), lr=config["lr"])\n'
+    "            return optimizer\n",
+) + textwrap.dedent(
+    """\
+
+    ddp = False
+    model = TinyGPT()
+    model = torch.compile(model)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    raw_model = model.module if ddp else model
+    optimizer = raw_model.configure_optimizers({"lr": 3e-4})
+    idx = torch.randint(0, 10, (2, 5))
+    for step in range(3):
+        logits, loss = model(idx, idx)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+)
+
+
+@pytest.mark.parametrize("local", ["optimizer", "opt"])
+def test_the_unwrapped_model_of_build_nanogpt_is_the_trained_one(local: str) -> None:
+    """build-nanogpt: the optimizer comes from `raw_model = model.module if ddp else model`,
+    and `configure_optimizers` binds an `optimizer` of its own (another scope)."""
+    source = NANOGPT_SHAPE.replace("            optimizer = ", f"            {local} = ").replace(
+        "            return optimizer\n", f"            return {local}\n"
+    )
+    facts = _facts(source)
+    [built] = optimizers_built_by_models(facts)
+    assert built.method == "configure_optimizers"
+    assert [m.name for m in trained_models(facts)] == ["raw_model"]
+    unwrapped_twice = source.replace("model.module if ddp else model", "model.module.module")
+    assert [m.name for m in trained_models(_facts(unwrapped_twice))] == ["raw_model"]
+    other = source.replace("model.module if ddp else model", "model.module if ddp else 3")
+    assert trained_models(_facts(other)) == []

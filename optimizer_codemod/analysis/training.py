@@ -222,6 +222,12 @@ def builds_module(
     outside = outside_value(facts, node)
     if outside is not None:
         return outside.module
+    if isinstance(node, cst.IfExp) and depth <= MAX_DEPTH:
+        # `raw_model = model.module if ddp else model` (nanoGPT)
+        return all(builds_module(facts, n, depth + 1, function) for n in (node.body, node.orelse))
+    if isinstance(node, cst.Attribute) and node.attr.value == "module" and depth <= MAX_DEPTH:
+        # What a data-parallel wrapper (or `torch.compile`'s) wraps, of a name holding it.
+        return builds_module(facts, node.value, depth + 1, function)
     if depth > MAX_DEPTH or not isinstance(node, cst.Call):
         name = dotted_name(node) if depth <= MAX_DEPTH else None
         return name is not None and holds_module(facts, name, depth + 1, function)
@@ -725,11 +731,35 @@ def optimizers_built_by_models(facts: "ScriptFacts") -> List["CallSite"]:
             assignment = facts.assignment_of(call.node)
             if assignment is None or assignment.unpacked or assignment.target not in stepped:
                 continue
-            others = [a for a in facts.assignments_to(assignment.target) if a is not assignment]
+            others = [
+                a
+                for a in facts.assignments_to(assignment.target)
+                if a is not assignment and _bind_one_variable(a, assignment)
+            ]
             if all(is_name(a.value, "None") and not a.augmented for a in others):
                 found.append(call)
         memo["found"] = found
     return memo["found"]
+
+
+def _bind_one_variable(one: "Assignment", other: "Assignment") -> bool:
+    """Both bind one variable: an attribute (`self.optimizer`) anywhere, a plain name in one
+    scope (nanoGPT's `configure_optimizers` binds a local `optimizer` of its own) or declared
+    `global`/`nonlocal` in either function."""
+    if "." in one.target or one.site.function is other.site.function:
+        return True
+    return any(
+        function is not None and one.target in _declared_outer(function)
+        for function in (one.site.function, other.site.function)
+    )
+
+
+def _declared_outer(function: cst.FunctionDef) -> Set[str]:
+    return {
+        item.name.value
+        for node in find_all(function.body, cst.Global, cst.Nonlocal)
+        for item in node.names
+    }
 
 
 def _trained_model(
