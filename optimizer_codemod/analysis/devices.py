@@ -432,15 +432,40 @@ def _calls_and_names(facts: "ScriptFacts", node: cst.BaseExpression):
     memo = facts.memo("calls_and_names")
     found = memo.get(node)
     if found is None:
-        calls = find_all(node, cst.Call)
+        plain = _plain_parts(facts, node)
+        calls = [call for call in find_all(node, cst.Call) if id(call) not in plain]
         local = _scoped_references(node)
         names = [
             dotted_name(ref)
             for ref in find_all(node, cst.Name, cst.Attribute)
-            if id(ref) not in local
+            if id(ref) not in local and id(ref) not in plain
         ]
         found = memo[node] = (calls, [n for n in names if n is not None])
     return found
+
+
+# Builtins whose result is never a tensor: what their arguments read cannot reach the value
+# (`int(0.9 * len(ds_raw))`, a split size in hkproj/pytorch-transformer).
+_PLAIN_RESULT_BUILTINS = frozenset(
+    "int float bool str len repr format range isinstance issubclass hasattr callable".split()
+)
+
+
+def _plain_parts(facts: "ScriptFacts", node: cst.BaseExpression) -> Set[int]:
+    """The nodes of `node` inside an f-string or a call of such a builtin (not bound by the
+    file): their values are strings and numbers, never tensors."""
+    plain: Set[int] = set()
+    for part in find_all(node, cst.FormattedString, cst.Call):
+        if id(part) in plain:
+            continue
+        if isinstance(part, cst.Call) and not (
+            isinstance(part.func, cst.Name)
+            and part.func.value in _PLAIN_RESULT_BUILTINS
+            and not facts.imports.is_bound(part.func.value)
+        ):
+            continue
+        plain.update(map(id, find_all(part)))
+    return plain
 
 
 def _scoped_references(node: cst.BaseExpression) -> Set[int]:
