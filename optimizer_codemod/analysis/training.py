@@ -48,7 +48,7 @@ from optimizer_codemod.analysis.values import (
     parameter_names,
     standalone_class,
     Source,
-    the_caller,
+    the_callers,
     value_sources,
 )
 
@@ -806,18 +806,19 @@ def hand_updated_models(facts: "ScriptFacts", known: Set[str]) -> List[TrainedMo
 def _handed_in(
     facts: "ScriptFacts", name: str, function: Optional[cst.FunctionDef]
 ) -> Optional[Tuple[str, "CallSite"]]:
-    """(the caller's name, the call) when `name` is a parameter of `function` bound, at its
-    one call site, to a plain name of the caller: `train(net, ...)` for `model`."""
+    """(the caller's name, the first call) when `name` is a parameter of `function` bound,
+    at its one call site or at each of its calls, to a plain name of the caller:
+    `train(net, ...)` for `model`."""
     if "." in name or function is None:
         return None
     sources = value_sources(facts, name, function)
     if not sources or len(sources) != 1 or sources[0].assignment is not None:
         return None
     outer = dotted_name(sources[0].value)
-    caller = the_caller(facts, function)
-    if outer is None or "." in outer or caller is None:
+    callers = the_callers(facts, function)
+    if outer is None or "." in outer or not callers:
         return None
-    return outer, caller
+    return outer, callers[0]  # the first call: where the model must be built by
 
 
 def _custom_optimizer_constructions(facts: "ScriptFacts") -> List["CallSite"]:

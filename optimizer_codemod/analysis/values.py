@@ -11,7 +11,8 @@ values bound elsewhere: in `__init__`, or by the caller. This module answers, fo
   object);
 - `parameter_binding(facts, function, "model")`: the argument passed for that parameter at
   the function's single call site (`train(net, loader, ...)`, or `Trainer(net, ds)` for
-  `Trainer.__init__`), with the caller's scope; None when there are no calls, several, or the
+  `Trainer.__init__`), or the variable every one of its calls passes from their one scope,
+  with the caller's scope; None when there are no calls, calls that disagree, or the
   function is used some other way (passed around, stored);
 - `value_sources(facts, name, function)`: the expressions (each with the scope it is
   evaluated in) that give `name` its value where `function` reads it. A parameter that no
@@ -285,13 +286,28 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
         return None
     if not _defined_once(facts, called) or outside_calls(facts, called):
         return None
+    callers = the_callers(facts, function)
+    return callers[0] if callers is not None and len(callers) == 1 else None
+
+
+def the_callers(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[List["CallSite"]]:
+    """Every call of `function` in this file, in source order, when they are all it is used
+    for and they are all made from one scope (Pytorch-UNet calls `train_model(...)` again in
+    the `except` of an out-of-memory error); None otherwise, as for the_caller."""
+    called = _called_name(facts, function)
+    if called is None:
+        return None
+    if not _defined_once(facts, called) or outside_calls(facts, called):
+        return None
     calls = calls_named(facts, called)
-    # The definition's name and the call: any other mention passes it around, but for calls
+    # The definition's name and the calls: any other mention passes it around, but for calls
     # of the class's static methods (`Trainer.get_default_config()`), which build no instance.
     mentions = name_mentions(facts).get(called, 0) - static_method_calls(facts, called)
-    if len(calls) != 1 or mentions != 2:
+    if not calls or mentions != 1 + len(calls):
         return None
-    return calls[0]
+    if any(call.site.function is not calls[0].site.function for call in calls):
+        return None
+    return calls
 
 
 def static_methods(facts: "ScriptFacts", class_name: str) -> Set[str]:
@@ -327,28 +343,46 @@ def static_method_calls(facts: "ScriptFacts", class_name: str) -> int:
 def parameter_binding(
     facts: "ScriptFacts", function: Optional[cst.CSTNode], name: str
 ) -> Optional[Source]:
-    """What parameter `name` of `function` receives at its one call site in this file (see
-    the_caller), with the caller's scope; None when it is not a parameter, the call hides it
-    in `*args`/`**kwargs`, or the call leaves it to its default."""
+    """What parameter `name` of `function` receives at its one call site in this file, or at
+    each of its calls when every one passes the same variable (see the_callers), with the
+    callers' scope; None when it is not a parameter, a call hides it in `*args`/`**kwargs`
+    or leaves it to its default, or the calls pass different values."""
     if not isinstance(function, cst.FunctionDef) or name == SELF:
         return None
     params = function.params
     positional_names = [p.name.value for p in (*params.posonly_params, *params.params)]
     if name not in positional_names and name not in [p.name.value for p in params.kwonly_params]:
         return None
-    caller = the_caller(facts, function)
-    if caller is None:
+    callers = the_callers(facts, function)
+    if callers is None:
         return None
+    shift = 1 if function.name.value == "__init__" else 0
+    passed = [_argument_for(caller, name, positional_names, shift) for caller in callers]
+    if any(arg is None for arg in passed):
+        return None
+    if len(passed) > 1:
+        # Several calls bind it only when each passes the same variable (of their one scope).
+        spelled = {dotted_name(arg.value) for arg in passed}
+        if len(spelled) != 1 or None in spelled:
+            return None
+    return Source(passed[0].value, callers[0].site.function)
+
+
+def _argument_for(
+    caller: "CallSite", name: str, positional_names: List[str], shift: int
+) -> Optional[cst.Arg]:
+    """The argument `caller` passes for parameter `name` (None when left to its default or
+    hidden in `*args`/`**kwargs`)."""
     arg = keyword(caller.node, name)
     if arg is None and name in positional_names:
         if has_star_args(caller.node):
             return None
-        index = positional_names.index(name) - (1 if function.name.value == "__init__" else 0)
         args = positional(caller.node)
+        index = positional_names.index(name) - shift
         arg = args[index] if 0 <= index < len(args) else None
     if arg is None or arg.star:
         return None
-    return Source(arg.value, caller.site.function)
+    return arg
 
 
 def unbound_parameter(
@@ -646,10 +680,10 @@ def alias_in(
         return None
     if depth > 2 or not isinstance(function, cst.FunctionDef):
         return None
-    caller = the_caller(facts, function)
-    if caller is None:
+    callers = the_callers(facts, function)
+    if callers is None:
         return None
-    outer = alias_in(facts, name, home, caller.site.function, depth + 1)
+    outer = alias_in(facts, name, home, callers[0].site.function, depth + 1)
     if outer is None:
         return None
     for param in parameter_names(function):
