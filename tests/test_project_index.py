@@ -1074,3 +1074,74 @@ def test_padding_by_hand_reaches_a_function_through_several_calls_of_its_module(
         "utils.nested_tensor_from_tensor_list",
         "utils.pad_to_largest",
     ]
+
+
+UNET_PARTS = """\
+    import torch
+    import torch.nn as nn
+
+
+    class DoubleConv(nn.Module):
+        def __init__(self, inputs, outputs):
+            super().__init__()
+            self.conv = nn.Sequential(nn.Conv2d(inputs, outputs, 3, padding=1), nn.ReLU())
+
+        def forward(self, x):
+            return self.conv(x)
+    """
+UNET_MODEL = """\
+    from .unet_parts import *
+
+
+    class UNet(nn.Module):
+        def __init__(self, channels=3, classes=2):
+            super().__init__()
+            self.inc = DoubleConv(channels, 8)
+            self.outc = nn.Conv2d(8, classes, 1)
+
+        def forward(self, x):
+            return self.outc(self.inc(x))
+    """
+UNET_TRAIN = """\
+    import torch
+    import torch.nn.functional as F
+    from unet import UNet
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = UNet().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        images = torch.randn(2, 3, 16, 16, device=device)
+        masks = torch.randint(0, 2, (2, 16, 16), device=device)
+        loss = F.cross_entropy(model(images), masks)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+
+
+@pytest.mark.parametrize("exported", [True, False])
+def test_a_base_spelled_with_a_name_from_a_star_import_is_qualified(
+    tmp_path: Path, exported: bool
+) -> None:
+    """Pytorch-UNet: unet_model.py writes `class UNet(nn.Module)` with `nn` from `from
+    .unet_parts import *`; unless unet_parts' `__all__` leaves `nn` out, it is torch.nn."""
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "__init__.py").write_text("from .unet_model import UNet\n")
+    parts = textwrap.dedent(UNET_PARTS)
+    if not exported:
+        parts = parts.replace(
+            "import torch.nn as nn\n", 'import torch.nn as nn\n\n__all__ = ["DoubleConv"]\n'
+        )
+    (tmp_path / "unet" / "unet_parts.py").write_text(parts)
+    (tmp_path / "unet" / "unet_model.py").write_text(textwrap.dedent(UNET_MODEL))
+    (tmp_path / "train.py").write_text(textwrap.dedent(UNET_TRAIN))
+    facts = project_facts(sorted(str(p) for p in tmp_path.rglob("*.py")))
+    imported = facts[str(tmp_path / "train.py")].imported_class("UNet")
+    if not exported:
+        assert imported is None
+        return
+    assert imported is not None and imported.module == "unet/unet_model.py"
+    assert "torch.nn.Conv2d" in imported.layers
+    outcomes = apply(tmp_path, write=False, select=("OPT401", "OPT407"))
+    assert set(fixed(outcomes["train.py"])) == {"OPT401", "OPT407"}

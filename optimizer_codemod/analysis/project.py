@@ -566,6 +566,32 @@ def _bind_stars(module: "_Module", files: Dict[str, "_Module"], depth: int = 0) 
         for name in names:
             if name not in module.objects and name not in module.modules:
                 module.objects[name] = (path, name)
+        _qualify_bases_through_star(module, source)
+
+
+def _qualify_bases_through_star(module: "_Module", source: "_Module") -> None:
+    """Class bases spelled with a name that `from source import *` brings from the imports
+    of `source` (Pytorch-UNet's unet_model.py writes `class UNet(nn.Module)` with `nn` from
+    `from .unet_parts import *`, which does `import torch.nn as nn`): qualified as `source`
+    qualifies them, so the class is known to be a module."""
+    from optimizer_codemod.analysis.collect import ClassInfo
+
+    facts, listed = module.facts, _all_names(source.facts)
+    for name, info in list(facts.classes.items()):
+        bases = list(info.bases)
+        for index, base in enumerate(info.node.bases):
+            root = (dotted_name(base.value) or "").split(".")[0]
+            if (
+                not root
+                or facts.imports.is_bound(root)
+                or (listed is not None and root not in listed)
+            ):
+                continue
+            qualified = source.facts.imports.qualified_name(base.value)
+            if qualified is not None:
+                bases[index] = qualified
+        if tuple(bases) != info.bases:
+            facts.classes[name] = ClassInfo(info.node, tuple(bases))
 
 
 def _public_names(module: "_Module") -> List[str]:
