@@ -18,7 +18,8 @@ in the file; for the per-model rules OPT302/OPT402/OPT407 a decline at the train
 explains the file's models that nothing matches line by line), each finding used once, the best
 status first:
 
-- applied: a fix was made there;
+- applied: a fix was made there (or, for a place with `fixed_in = "path:line"`, in the module
+  read for context where the code it names is built, as yolov5's `smart_optimizer`);
 - reported: a report-only rule (safety `suggest`: OPT409, OPT410, OPT503, OPT602, OPT604)
   reported it, or a rule reported the site without a fix. A report-only rule's report is all
   that rule promises, so the table also gives "applied or reported by a report-only rule";
@@ -108,6 +109,10 @@ class Place:
     # In a notebook, lines of other cells that identify the same place ((cell, line): a model
     # built in one cell and moved to the device in the next).
     also_cells: Tuple[Tuple[int, int], ...] = ()
+    # "path:line" in a module of the repository read for context, where the rule fixes the
+    # place (yolov5's optimizer, built by `smart_optimizer` in utils/torch_utils.py): a fix
+    # of the rule there counts for the place (credit_fixes_elsewhere).
+    fixed_in: Optional[str] = None
 
     @property
     def lines(self) -> Tuple[int, ...]:
@@ -168,6 +173,7 @@ def parse_expected(document: dict) -> List[FileExpectation]:
                 p.get("source", "reading"),
                 _optional_int(p.get("cell")),
                 tuple((int(x[0]), int(x[1])) for x in p.get("also", ()) if isinstance(x, list)),
+                p.get("fixed_in"),
             )
             for p in item.get("place", [])
         ]
@@ -230,6 +236,8 @@ def check_expected(
                 problems.append(f"{place.key}: source is `reading` or `review`")
             if place.path.endswith(".ipynb") != (place.cell is not None):
                 problems.append(f"{place.key}: a place in a notebook, and only there, has a cell")
+            if place.fixed_in is not None and _fixed_in(place) is None:
+                problems.append(f"{place.key}: fixed_in is `path:line` of another file")
             if place.key in seen_places:
                 problems.append(f"{place.key}: listed twice")
             seen_places.add(place.key)
@@ -241,6 +249,43 @@ def check_expected(
     for repo, path in sorted(pinned - seen_files):
         problems.append(f"{repo}:{path}: pinned but not in the list (say `none` and why)")
     return problems
+
+
+def _fixed_in(place: Place) -> Optional[Tuple[str, int]]:
+    path, _, line = (place.fixed_in or "").rpartition(":")
+    if not path or path == place.path or not line.isdigit() or int(line) < 1:
+        return None
+    return path, int(line)
+
+
+def credit_fixes_elsewhere(
+    matches: Sequence["FileMatch"], context_fixes: Sequence["ContextFix"]
+) -> int:
+    """A place not applied in its own file whose `fixed_in` names a module read for context
+    counts as applied when the tool fixed that rule there (one line of tolerance): the fix in
+    the helper is the fix of every call that builds through it. Returns how many."""
+    credited = 0
+    for match in matches:
+        for result in match.results:
+            where = _fixed_in(result.place)
+            if where is None or result.outcome == "applied":
+                continue
+            path, line = where
+            fix = next(
+                (
+                    c.finding
+                    for c in context_fixes
+                    if c.repo == match.repo
+                    and c.path == path
+                    and c.finding.code == result.place.rule
+                    and c.finding.line - TOLERANCE <= line <= c.finding.end_line + TOLERANCE
+                ),
+                None,
+            )
+            if fix is not None:
+                result.outcome, result.finding = "applied", fix
+                credited += 1
+    return credited
 
 
 def check_anchors(places: Sequence[Place], source: str, path: str = "") -> List[str]:
@@ -499,7 +544,11 @@ def render_table(summary: dict) -> str:
         + ", ".join(f"{n} {v}" for v, n in s["reviewed_fixes"].items()),
         f"wrong edits: {len(s['wrong_edits'])}",
         *(
-            [f"fixes in modules read for context (not scored): {s['context_fixes']}"]
+            [
+                f"fixes in modules read for context: {s['context_fixes']} (not scored, but "
+                f"{s.get('applied_in_context_modules', 0)} listed places that name where their "
+                "code is built, `fixed_in`, count as applied by a fix there)"
+            ]
             if s.get("mode") == "project"
             else []
         ),
@@ -583,6 +632,8 @@ def render_markdown(
         "|---|---|---|",
         f"| places | {s['places']} in {s['files']} files | |",
         f"| applied (fixed) | {s['applied']} | {_pct(s['applied_fraction'])} |",
+        f"| of which fixed where their code is built, in a module read for context "
+        f"(`fixed_in`) | {s.get('applied_in_context_modules', 0)} | |",
         f"| applied, or reported by a report-only rule | {s['applied'] + s['report_only_reported']}"
         f" | {_pct(s['applied_or_report_only_fraction'])} |",
         f"| reported without a fix | {s['reported']} | |",
@@ -670,10 +721,12 @@ def render_markdown(
     if read is not None:
         md += [
             "",
-            "## Fixes in the modules read for context (not scored)",
+            "## Fixes in the modules read for context",
             "",
             "Local modules the pinned files import, rewritten in the same run; no place is "
-            "listed there, so these fixes are shown for review, not counted.",
+            "listed there, so these fixes are shown for review, not counted, but for those "
+            "a listed place names with `fixed_in` (where the code it points at is built), "
+            "which count for that place.",
             "",
         ]
         md += [
@@ -953,7 +1006,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     matches, errors = _matches(expected, outcomes)
+    credited = credit_fixes_elsewhere(matches, context_fixes)
     summary = summarise(matches)
+    summary["applied_in_context_modules"] = credited
     summary["tool_errors"] = errors
     summary["mode"] = "per-file" if args.per_file else "project"
     summary["context_fixes"] = len(context_fixes)

@@ -328,3 +328,42 @@ def test_local_imports_follow_the_projects_own_modules_only():
         "pkg/trainer.py"
     ]
     assert coverage.local_imports("train.py", b"def broken(:\n", paths) == []
+
+
+def test_a_place_fixed_in_the_helper_that_builds_its_code_counts_as_applied():
+    """yolov5's optimizer is built by `smart_optimizer` in utils/torch_utils.py: the fix there
+    (a module read for context) is the place's fix; a fix of another rule or too far is not."""
+    place = Place("o/r", "train.py", "OPT501", 10, "x", "why", fixed_in="utils/helpers.py:40")
+    other = Place("o/r", "train.py", "OPT605", 20, "x", "why", fixed_in="utils/helpers.py:60")
+    match = coverage.match_file([place, other], [])
+    assert [r.outcome for r in match.results] == ["silent", "silent"]
+    fixes = [
+        coverage.ContextFix("o/r", "utils/helpers.py", Finding("OPT501", "fixed", 41, 41)),
+        coverage.ContextFix("o/r", "utils/helpers.py", Finding("OPT605", "fixed", 90, 90)),
+        coverage.ContextFix("x/y", "utils/helpers.py", Finding("OPT605", "fixed", 60, 60)),
+    ]
+    match.repo = "o/r"
+    assert coverage.credit_fixes_elsewhere([match], fixes) == 1
+    assert [(r.outcome, r.finding and r.finding.line) for r in match.results] == [
+        ("applied", 41),
+        ("silent", None),
+    ]
+
+
+def test_a_fixed_in_that_names_no_other_file_and_line_is_reported():
+    entries = [Entry("o/r", "0" * 40, "a.py")]
+    document = {
+        "file": [
+            {
+                "repo": "o/r",
+                "path": "a.py",
+                "place": [
+                    {"rule": "OPT501", "line": 3, "anchor": "x", "why": "y", "fixed_in": "b.py"},
+                    {"rule": "OPT501", "line": 4, "anchor": "x", "why": "y", "fixed_in": "a.py:9"},
+                    {"rule": "OPT501", "line": 5, "anchor": "x", "why": "y", "fixed_in": "b.py:7"},
+                ],
+            }
+        ]
+    }
+    problems = coverage.check_expected(coverage.parse_expected(document), entries, ["OPT501"])
+    assert len(problems) == 2 and all("fixed_in is `path:line`" in p for p in problems)
