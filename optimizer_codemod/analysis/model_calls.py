@@ -442,7 +442,8 @@ def _callers(facts: "ScriptFacts", function: cst.FunctionDef) -> List["CallSite"
     name = function.name.value
     calls = calls_named(facts, name)
     if method_class(facts, function) is not None:
-        calls += [call for call in facts.method_calls(name) if call not in calls]
+        seen = {id(call.node) for call in calls}
+        calls += [call for call in facts.method_calls(name) if id(call.node) not in seen]
     return calls
 
 
