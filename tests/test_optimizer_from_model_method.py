@@ -252,3 +252,16 @@ def test_the_unwrapped_model_of_build_nanogpt_is_the_trained_one(local: str) -> 
     assert [m.name for m in trained_models(_facts(unwrapped_twice))] == ["raw_model"]
     other = source.replace("model.module if ddp else model", "model.module if ddp else 3")
     assert trained_models(_facts(other)) == []
+
+
+def test_a_function_rebinding_the_global_optimizer_is_a_second_value() -> None:
+    """A function's own local `optimizer` is another variable; one declared `global` is not."""
+    rebinding = NANOGPT_SHAPE + textwrap.dedent("""\
+
+        def restart():
+            global optimizer
+            optimizer = torch.optim.SGD(raw_model.parameters(), lr=0.1)
+        """)
+    assert optimizers_built_by_models(_facts(rebinding)) == []
+    local = rebinding.replace("    global optimizer\n", "")
+    assert [c.method for c in optimizers_built_by_models(_facts(local))] == ["configure_optimizers"]
