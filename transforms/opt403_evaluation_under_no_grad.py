@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from typing import List, Optional, Set
+from typing import Iterator, List, Optional, Set, Tuple
 
 from optimizer_codemod.analysis.escapes import (
     block_escape,
@@ -14,11 +14,12 @@ from optimizer_codemod.analysis.escapes import (
     is_host_value,
 )
 from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.collect import Site
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.model_calls import (
-    kept_for_training_after_calls,
+    TRAINING_FIRST,
     forward_may_keep_for_training,
-    trained_classes_keep_nothing,
+    kept_for_training_after_calls,
     training_may_follow,
 )
 from optimizer_codemod.analysis.nodes import find_all, under_with
@@ -236,26 +237,17 @@ class EvaluationUnderNoGrad(Rule):
             return
         training = set(map(id, self.facts.training_loops))
         self._evaluation_without_no_grad(training)
-        for item, site in self.facts.records.with_items:
-            call = item.item
-            if (
-                not isinstance(call, cst.Call)
-                or call.args
-                or self.facts.qualified_name(call.func) not in NO_GRAD
-                or not isinstance(site.statement, cst.With)
-            ):
-                continue
+        for call, site in self._no_grad_blocks():
             scope = site.function if site.function is not None else self.facts.module
             reason = block_escape(self.facts, site.statement, scope)
             inside = any(id(loop) in training for loop in site.loops)
             if reason is None:
-                if inside:
-                    kept = trained_classes_keep_nothing(self.facts)
-                else:
-                    follows = training_may_follow(
-                        self.facts, site.statement, site.function, site.order
-                    )
-                    kept = forward_may_keep_for_training(self.facts, follows)
+                follows = (
+                    TRAINING_FIRST
+                    if inside
+                    else training_may_follow(self.facts, site.statement, site.function, site.order)
+                )
+                kept = forward_may_keep_for_training(self.facts, follows)
                 if kept is not None:
                     where = "inside the training loop" if inside else "run before a training step"
                     self.decline(call, f"the block is {where}, and {kept}: {_KEPT_TENSOR}")
@@ -305,6 +297,17 @@ class EvaluationUnderNoGrad(Rule):
         loops = loops_elsewhere(self.facts)
         if loops is None:
             return
+        for call, _site in self._no_grad_blocks():
+            self.decline(
+                call,
+                f"the script trains its model through a loop of {', '.join(loops.modules)}, "
+                "which the analysis does not follow from here: whether the model's forward "
+                f"keeps a tensor it makes in the block for that training is unknown, and "
+                f"{_KEPT_TENSOR}",
+            )
+
+    def _no_grad_blocks(self) -> Iterator[Tuple[cst.Call, Site]]:
+        """`with torch.no_grad():` statements (no arguments), with where each sits."""
         for item, site in self.facts.records.with_items:
             call = item.item
             if (
@@ -313,13 +316,7 @@ class EvaluationUnderNoGrad(Rule):
                 and self.facts.qualified_name(call.func) in NO_GRAD
                 and isinstance(site.statement, cst.With)
             ):
-                self.decline(
-                    call,
-                    f"the script trains its model through a loop of {', '.join(loops.modules)}, "
-                    "which the analysis does not follow from here: whether the model's forward "
-                    f"keeps a tensor it makes in the block for that training is unknown, and "
-                    f"{_KEPT_TENSOR}",
-                )
+                yield call, site
 
     def _decorated_functions(self, module: cst.Module) -> None:
         """`@torch.no_grad()` on a function: `@torch.inference_mode()` when its body is a
@@ -333,9 +330,10 @@ class EvaluationUnderNoGrad(Rule):
                 if self.facts.qualified_name(target) not in NO_GRAD:
                     continue
                 reason = _function_escape(self.facts, function)
-                kept = kept_for_training_after_calls(self.facts, function)
-                if reason is None and kept is not None:
-                    reason = f"it is called before a training step, and {kept}: {_KEPT_TENSOR}"
+                if reason is None:
+                    kept = kept_for_training_after_calls(self.facts, function)
+                    if kept is not None:
+                        reason = f"it is called before a training step, and {kept}: {_KEPT_TENSOR}"
                 if reason is not None:
                     self.decline(
                         expr,

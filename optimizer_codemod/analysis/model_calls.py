@@ -9,7 +9,6 @@ anything else may keep or replace tensors (escapes.block_escape).
 from __future__ import annotations
 
 import sys
-
 from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional, Set
 
 import libcst as cst
@@ -335,11 +334,11 @@ def trained_classes_keep_nothing(facts: "ScriptFacts", seen_only: bool = False) 
     models = trained_models(facts)
     classes = [model_classes(facts, model) for model in models]
     every = {name for names in classes for name in names}
-    if seen_only:
-        pass
-    elif not models or not all(classes):
+    if not seen_only and (not models or not all(classes)):
         why = "a model the loop trains is not built from classes of this file"
-    elif any(b not in every and b != MODULE_BASE for n in every for b in facts.classes[n].bases):
+    elif not seen_only and any(
+        b not in every and b != MODULE_BASE for n in every for b in facts.classes[n].bases
+    ):
         why = "a class the trained model is built from derives from a class not read here"
     for name in sorted(every) if why is None else ():
         for method in find_all(facts.classes[name].node.body, cst.FunctionDef):

@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.parameter_loops import (
     reads_gradient,
 )
 from optimizer_codemod.analysis.values import (
+    declares_global,
     ACCELERATOR,
     alias_in,
     attribute_aliases,
@@ -749,17 +750,9 @@ def _bind_one_variable(one: "Assignment", other: "Assignment") -> bool:
     if "." in one.target or one.site.function is other.site.function:
         return True
     return any(
-        function is not None and one.target in _declared_outer(function)
+        function is not None and declares_global(function, one.target)
         for function in (one.site.function, other.site.function)
     )
-
-
-def _declared_outer(function: cst.FunctionDef) -> Set[str]:
-    return {
-        item.name.value
-        for node in find_all(function.body, cst.Global, cst.Nonlocal)
-        for item in node.names
-    }
 
 
 def _trained_model(

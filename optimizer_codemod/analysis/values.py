@@ -281,11 +281,6 @@ def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["Cal
     `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
     used some other way (passed around, stored, decorated), or its name is defined twice, or
     other modules of the run call it (outside_argument answers when only they do, and agree)."""
-    called = _called_name(facts, function)
-    if called is None:
-        return None
-    if not _defined_once(facts, called) or outside_calls(facts, called):
-        return None
     callers = the_callers(facts, function)
     return callers[0] if callers is not None and len(callers) == 1 else None
 
