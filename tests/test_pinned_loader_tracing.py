@@ -194,7 +194,11 @@ def test_a_dataset_class_reading_the_global_that_holds_its_instance_is_analysed(
     result = rewrite(CLASS_READS_ITS_OWN_INSTANCE, why_not=True)
     assert {d.code for d in result.diagnostics} >= {"OPT102", "OPT104"}
     facts = ScriptFacts.of(cst.parse_module(CLASS_READS_ITS_OWN_INSTANCE))
-    assert class_may_place_on_accelerator(facts, "Items") is True  # the cycle answers "may"
+    # The cycle (class, `data`, the class again) is settled as a whole: nothing in it places.
+    assert class_may_place_on_accelerator(facts, "Items") is False
+    on_device = CLASS_READS_ITS_OWN_INSTANCE.replace("torch.zeros(3)", "torch.zeros(3).cuda()")
+    facts = ScriptFacts.of(cst.parse_module(on_device))
+    assert class_may_place_on_accelerator(facts, "Items") is True
     placed = CLASS_READS_ITS_OWN_INSTANCE.replace("len(data)", "len(self.captions)")
     facts = ScriptFacts.of(cst.parse_module(placed))
     assert class_may_place_on_accelerator(facts, "Items") is False  # `captions`: attribute

@@ -11,6 +11,7 @@ import libcst as cst
 from optimizer_codemod.analysis.nodes import COMPREHENSIONS, STRING_NODES, find_all, parameters_of
 from optimizer_codemod.analysis.calls import keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.reachability import reaches_seed
 from optimizer_codemod.analysis.training import holds_module
 from optimizer_codemod.analysis.values import imported_dataset, parameter_names, parameter_values
 
@@ -326,109 +327,94 @@ def _places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> bool:
     return device is not None and device_kind(facts, device.value) is not DeviceKind.CPU
 
 
-def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression, depth: int = 0) -> bool:
+def may_live_on_accelerator(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
     """Whether the value of `node` could be a tensor on an accelerator, following names.
 
     Used to keep `pin_memory` away from data already on the device (pinning raises there).
-    A name is followed through every assignment to it but the one whose value is `node`
-    itself, at most MAX_DEPTH times; a chain of names deeper than that counts as "may".
+    A value may live there when one of its calls places a tensor there, builds a class of
+    this file that may (class_may_place_on_accelerator), or when a name it reads is assigned
+    such a value anywhere in the file, however long the chain of names (see _live_graph).
     """
-    if depth > MAX_DEPTH:
-        return True
-    return _memoized(facts, "may_live", (node, depth), _may_live, node, depth)
+    return _live_graph(facts, node)
 
 
 def class_may_place_on_accelerator(facts: "ScriptFacts", class_name: str) -> bool:
     """A method of this file's class `class_name` (or of its bases of this file), or a function
     or class of this file they call by name, transitively, may place a tensor on an accelerator
     (`load(i)` returning `torch.load(p).to(device)`), or reads a module-level value that may
-    live there (`return DATA[i]` with `DATA = torch.randn(n, 4, device="cuda")`). Each name is
-    walked once per pass."""
-    memo = facts.memo("class_may_place")
-    if class_name in memo:
-        return memo[class_name]
-    # A class reading a module-level value built from the class itself (`data = Items(...)`
-    # read in a method) asks this question again while answering it: "may", which keeps
-    # every answer built on it on the safe side.
-    asking = facts.memo("class_may_place_asking")
-    if class_name in asking:
-        return True
-    asking[class_name] = True
-    try:
-        return _class_may_place(facts, memo, class_name)
-    finally:
-        del asking[class_name]
+    live there (`return DATA[i]` with `DATA = torch.randn(n, 4, device="cuda")`)."""
+    return _live_graph(facts, (_DEFINITION, class_name))
 
 
-def _class_may_place(facts: "ScriptFacts", memo: dict, class_name: str) -> bool:
-    # `reached_from` leads a finding back to the class: every name on that path places too,
-    # so each name is walked once per pass, whatever number of classes reach it.
-    pending, reached_from, seen = [class_name], {class_name: None}, set()
-    found: Optional[str] = None
-    while pending and found is None:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name != class_name and name in memo:
-            found = name if memo[name] else None
-            continue
-        info = facts.classes.get(name)
-        definition = info.node if info is not None else facts.records.functions.get(name)
-        if definition is None:
-            continue
-        called = [b for b in info.bases if b in facts.classes] if info is not None else []
-        for call in facts.calls_made_in(name):
-            if places_on_accelerator(facts, call.node):
-                found = name
-                break
-            if isinstance(call.node.func, cst.Name):
-                called.append(call.node.func.value)
-        if found is None and _reads_global_on_accelerator(facts, definition):
-            found = name
-        for other in called:
-            reached_from.setdefault(other, name)
-            pending.append(other)
-    if found is None:
-        for name in seen:
-            memo[name] = False
-        return False
-    while found is not None:
-        memo[found] = True
-        found = reached_from.get(found)
-    return True
+# The graph behind both questions: a value leads to the names it reads and the classes of
+# this file it builds, a name to every value assigned to it, a class or function to its bases,
+# the functions and classes it calls by name and the module-level values it reads. A value is
+# a seed when one of its calls places a tensor on an accelerator, a definition when a call
+# made in it does. Names and definitions are tagged tuples; values are their nodes.
+_NAME, _DEFINITION = "name", "definition"
 
 
-def _reads_global_on_accelerator(facts: "ScriptFacts", definition: cst.CSTNode) -> bool:
-    # `captions` in `self.captions` is an attribute, not the module's variable `captions`.
-    attributes = {id(node.attr) for node in find_all(definition, cst.Attribute)}
-    names = {node.value for node in find_all(definition, cst.Name) if id(node) not in attributes}
-    return any(
-        assignment.site.function is None
-        and assignment.site.class_name is None
-        and may_live_on_accelerator(facts, assignment.value)
-        for name in names
-        for assignment in facts.assignments_to(name)
+def _live_graph(facts: "ScriptFacts", start) -> bool:
+    return reaches_seed(
+        start,
+        lambda node: _live_successors(facts, node),
+        lambda node: _live_seed(facts, node),
+        facts.memo("may_live"),
     )
 
 
-def _may_live(facts: "ScriptFacts", node: cst.BaseExpression, depth: int) -> bool:
-    calls, names = _calls_and_names(facts, node)
+def _live_seed(facts: "ScriptFacts", node) -> bool:
+    if isinstance(node, tuple):
+        kind, name = node
+        return kind == _DEFINITION and any(
+            places_on_accelerator(facts, call.node) for call in facts.calls_made_in(name)
+        )
+    calls, _ = _calls_and_names(facts, node)
     for call in calls:
         if places_on_accelerator(facts, call):
-            return True
-        constructed = facts.imports.qualified_name(call.func) or dotted_name(call.func)
-        if constructed in facts.classes and facts.class_places_on_accelerator(constructed):
             return True
         imported = imported_dataset(facts, dotted_name(call.func))
         if imported is not None and imported.places_on_accelerator:
             return True
-    return any(_other_values_may_live(facts, name, node, depth + 1) for name in names)
+    return False
+
+
+def _live_successors(facts: "ScriptFacts", node) -> Iterable:
+    if not isinstance(node, tuple):
+        calls, names = _calls_and_names(facts, node)
+        for call in calls:
+            constructed = facts.imports.qualified_name(call.func) or dotted_name(call.func)
+            if constructed in facts.classes:
+                yield (_DEFINITION, constructed)
+        yield from ((_NAME, name) for name in names)
+    elif node[0] == _NAME:
+        yield from (assignment.value for assignment in facts.assignments_to(node[1]))
+    else:
+        yield from _definition_successors(facts, node[1])
+
+
+def _definition_successors(facts: "ScriptFacts", name: str) -> Iterable:
+    info = facts.classes.get(name)
+    definition = info.node if info is not None else facts.records.functions.get(name)
+    if definition is None:
+        return
+    if info is not None:
+        yield from ((_DEFINITION, base) for base in info.bases if base in facts.classes)
+    for call in facts.calls_made_in(name):
+        if isinstance(call.node.func, cst.Name):
+            yield (_DEFINITION, call.node.func.value)
+    # `captions` in `self.captions` is an attribute, not the module's variable `captions`.
+    attributes = {id(node.attr) for node in find_all(definition, cst.Attribute)}
+    read = {node.value for node in find_all(definition, cst.Name) if id(node) not in attributes}
+    for variable in read:
+        for assignment in facts.assignments_to(variable):
+            if assignment.site.function is None and assignment.site.class_name is None:
+                yield assignment.value
 
 
 def _calls_and_names(facts: "ScriptFacts", node: cst.BaseExpression):
-    """The calls in `node` and the dotted names it reads, in source order (per node, not per
-    depth: the same value is asked about at every depth of the chains that reach it)."""
+    """The calls in `node` and the dotted names it reads, in source order (kept per node: a
+    value is asked about by every question whose chain of names reaches it)."""
     memo = facts.memo("calls_and_names")
     found = memo.get(node)
     if found is None:
@@ -505,37 +491,6 @@ def _root_name(ref: cst.BaseExpression) -> Optional[str]:
     while isinstance(ref, cst.Attribute):
         ref = ref.value
     return ref.value if isinstance(ref, cst.Name) else None
-
-
-def _other_values_may_live(
-    facts: "ScriptFacts", name: str, node: cst.BaseExpression, depth: int
-) -> bool:
-    """Some value assigned to `name`, other than `node`, may live on an accelerator."""
-    assignments = facts.assignments_to(name)
-    own = _times_assigned(facts, name, node)
-    if depth > MAX_DEPTH:
-        return len(assignments) > own
-    # Counting (not just finding one) makes the answer one lookup per name and depth, the
-    # same for every value that reads the name; `node`'s own assignments are taken back out.
-    live = _memoized(facts, "live_values", (name, depth), _live_values, name, depth)
-    if own and may_live_on_accelerator(facts, node, depth):
-        live -= own
-    return live > 0
-
-
-def _live_values(facts: "ScriptFacts", name: str, depth: int) -> int:
-    return sum(may_live_on_accelerator(facts, a.value, depth) for a in facts.assignments_to(name))
-
-
-def _times_assigned(facts: "ScriptFacts", name: str, node: cst.BaseExpression) -> int:
-    """How many of the assignments to `name` assign `node` (`x = x = value` is two)."""
-    memo = facts.memo("times_assigned")
-    counts = memo.get(name)
-    if counts is None:
-        counts = memo[name] = {}
-        for assignment in facts.assignments_to(name):
-            counts[assignment.value] = counts.get(assignment.value, 0) + 1
-    return counts.get(node, 0)
 
 
 # Values on the device -------------------------------------------------------------------------

@@ -227,8 +227,18 @@ def dataset_source(
 ) -> Tuple[cst.BaseExpression, Optional[cst.FunctionDef]]:
     """The expression the dataset argument stands for, with the function it is read in: a
     parameter of the loader's function is the argument at its one call site (`Trainer(model,
-    ds)` for `DataLoader(dataset)` in `Trainer.__init__`), and `self.X` the one `self.X = ...`
-    of the method's class; otherwise `node` itself (then followed file-wide by name)."""
+    ds)` for `DataLoader(dataset)` in `Trainer.__init__`), `self.X` the one `self.X = ...`
+    of the method's class, and a function's own variable its one assignment there; otherwise
+    `node` itself (then followed file-wide by name)."""
+    return dataset_chain(facts, node, function)[-1]
+
+
+def dataset_chain(
+    facts: "ScriptFacts", node: cst.BaseExpression, function: Optional[cst.FunctionDef]
+) -> List[Tuple[cst.BaseExpression, Optional[cst.FunctionDef]]]:
+    """Each expression the dataset argument was followed through, from `node` to its
+    source (see dataset_source): the names on the way all hold the dataset."""
+    chain = [(node, function)]
     for _ in range(MAX_DEPTH):
         name = dotted_name(node)
         sources = value_sources(facts, name, function) if name is not None else None
@@ -240,7 +250,8 @@ def dataset_source(
         ):
             break
         node, function = source.value, source.function
-    return node, function
+        chain.append((node, function))
+    return chain
 
 
 def _kind_of(
@@ -560,9 +571,9 @@ def dataset_mutated(facts: "ScriptFacts", site: CallSite) -> bool:
         names.add(dotted_name(arg.value))
     if arg is not None and not arg.star:
         # `Trainer(model, ds)`: the caller may change `ds` after handing it over.
-        followed = dotted_name(dataset_value(facts, arg.value, site.site.function))
-        if followed is not None:
-            names.add(followed)
+        for followed, _ in dataset_chain(facts, arg.value, site.site.function):
+            if dotted_name(followed) is not None:
+                names.add(dotted_name(followed))
     copies = prepared_copies(facts, site)
     for loader in (*loader_names(facts, site), *(copies.names if copies else ())):
         names.add(f"{loader}.dataset")

@@ -429,6 +429,29 @@ def locally_assigned(facts: "ScriptFacts", name: str, function: cst.FunctionDef)
     return name in names
 
 
+def local_sources(
+    facts: "ScriptFacts", name: str, function: cst.FunctionDef
+) -> Optional[List[Source]]:
+    """The assignments to `name` in `function`'s own body, when Python makes it a variable of
+    that call only, bound by assignment statements alone: assigned there, not a parameter,
+    and neither declared global or nonlocal nor bound another way (a loop target, `as`,
+    `:=`, `del`) anywhere in the function, nested functions included. A name `coco` assigned
+    in `get_loader` is then not also every `coco = ...` of the file's other functions."""
+    assigned = facts.assignments_in_scope(name, function)
+    if not assigned or name in parameter_names(function):
+        return None
+    if name in _bound_otherwise(facts, function):
+        return None
+    return [Source(a.value, function, a) for a in assigned]
+
+
+def _bound_otherwise(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[str]:
+    memo = facts.memo("bound_otherwise")
+    if id(function) not in memo:
+        memo[id(function)] = names_bound_otherwise(function.body)
+    return memo[id(function)]
+
+
 def attribute_aliases(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> Dict[str, str]:
     """{local name: `self.X`} for the names `function` binds only to `self.X` (minGPT's
     `model, config = self.model, self.config`)."""
@@ -442,7 +465,7 @@ def attribute_aliases(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> 
             if value is None or not value.startswith(SELF + "."):
                 value = None
             bound.setdefault(assignment.target, set()).add(value)
-        otherwise = set(parameter_names(function)) | names_bound_otherwise(function.body)
+        otherwise = set(parameter_names(function)) | _bound_otherwise(facts, function)
         memo[id(function)] = {
             local: next(iter(values))
             for local, values in bound.items()
@@ -462,7 +485,8 @@ def value_sources(
     this module has no scoped answer (the caller then falls back on file-wide assignments):
 
     - `self.X` read in a method of class C: every `self.X = ...` in C's methods;
-    - a parameter of `function` that it never reassigns: the argument at its one call site.
+    - a parameter of `function` that it never reassigns: the argument at its one call site;
+    - a variable of `function`'s own (local_sources): its assignments there.
     """
     if name.startswith(SELF + "."):
         owner = method_class(facts, function)
@@ -475,7 +499,9 @@ def value_sources(
         ]
     if "." in name or not isinstance(function, cst.FunctionDef):
         return None
-    if name not in parameter_names(function) or locally_assigned(facts, name, function):
+    if name not in parameter_names(function):
+        return local_sources(facts, name, function)
+    if locally_assigned(facts, name, function):
         return None
     bound = parameter_binding(facts, function, name)
     if bound is not None:
