@@ -186,3 +186,80 @@ def test_the_builder_keeps_workers_of_a_loader_a_caller_iterates_every_epoch(
     else:
         [why] = messages_by_code(data, Status.DECLINED)["OPT103"]
         assert "returned by `get_loader()`" in why
+
+
+HANDED_TRAIN = """\
+import torch
+import torch.nn.functional as F
+
+from data import get_loader
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def loss_of(x, y, model):
+    {copy}
+    return F.cross_entropy(model(x), y)
+
+
+def fit(model, optimizer, train_loader, epochs):
+    for epoch in range(epochs):
+        for x, y in train_loader:
+            loss = loss_of(x, y, model)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        {extra}
+
+
+def main():
+    model = torch.nn.Linear(4, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = get_loader(64, 16)
+    fit(model, optimizer, loader, 3)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _handed(copy: str = "x, y = x.to(device), y.to(device)", extra: str = "pass") -> str:
+    return HANDED_TRAIN.replace("{copy}", copy).replace("{extra}", extra)
+
+
+@pytest.mark.parametrize(
+    "train, use",
+    [
+        # rasbt's ch05: the loader goes to `train_model_simple`, whose loop hands each batch
+        # to `calc_loss_batch`, which copies it: copied, once per epoch.
+        (_handed(), (-1, "copied", True)),
+        (_handed("x = x.cuda()"), (-1, "copied", True)),
+        (_handed("y = y.float().to(device)"), (-1, "copied", True)),  # a view of the batch
+        # the parameter is bound again before the copy: what is copied is not the batch
+        (_handed("x = torch.zeros(2, 4)\n    x = x.to(device)"), (-1, "iterated", True)),
+        (_handed("for _ in range(2):\n        x = x.to(device)"), (-1, "iterated", True)),
+        (_handed("pass"), (-1, "iterated", True)),
+        (_handed(extra="print(len(train_loader.dataset))"), (-1, "copied", False)),
+        # handed to a function this file does not define: nothing is known of its loops
+        (_handed().replace("    fit(model, optimizer, loader, 3)", "    print(loader)"), None),
+    ],
+)
+def test_a_loader_handed_to_a_function_of_the_caller_is_followed_into_it(
+    tmp_path: Path, train: str, use
+) -> None:
+    run(tmp_path, "", train=train)
+    facts = project_facts([str(tmp_path / "train.py"), str(tmp_path / "data.py")])
+    uses = {c.target: c.returned for c in facts[str(tmp_path / "data.py")].calls}
+    assert uses["get_loader"] == (((-1, "", False),) if use is None else (use,))
+
+
+def test_the_builder_pins_a_loader_the_caller_hands_to_a_copying_function(
+    tmp_path: Path,
+) -> None:
+    outcome = run(tmp_path, "", code="OPT101", train=_handed())["data.py"]
+    fixed = messages_by_code(outcome, Status.FIXED)["OPT101"]
+    assert len(fixed) == 1  # get_loader's; create_dataloaders is not called here
+    assert outcome.new_text.decode().count("pin_memory=torch.cuda.is_available()") == 1
+    outcome = run(tmp_path, "", code="OPT101", train=_handed("pass"))["data.py"]
+    assert not messages_by_code(outcome, Status.FIXED).get("OPT101")

@@ -24,6 +24,7 @@ from optimizer_codemod.analysis import ScriptFacts
 from optimizer_codemod.analysis.cuda_runs import cuda_required_before
 from optimizer_codemod.analysis.devices import may_live_on_accelerator
 from optimizer_codemod.analysis.padding import hand_padding
+from optimizer_codemod.analysis.transfers import blocking_batch_copies
 from optimizer_codemod.analysis.project import _find_shape_varying_functions
 from optimizer_codemod.api import rewrite_source
 from optimizer_codemod.config import Settings
@@ -213,6 +214,38 @@ def test_chains_and_cycles_of_names_cost_linear_work() -> None:
         return counts
 
     assert_linear_work(work, 40, "names")
+
+
+def _loops_handing_batches_to_one_helper(count: int) -> str:
+    """`count` training functions, each handing its pinned batches to one helper that copies
+    them (rasbt's `calc_loss_batch`), whose body grows with `count` too."""
+    body = "".join(f"    scale_{i} = {i}\n" for i in range(count))
+    parts = [
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+        "device = torch.device('cuda')\n\n\n"
+        f"def step(x, y, model):\n{body}    x = x.to(device)\n"
+        "    return model(x).sum() + y.to(device).sum()\n"
+    ]
+    for index in range(count):
+        parts.append(
+            f"\n\ndef train_{index}(model, opt):\n"
+            "    data = TensorDataset(torch.randn(8, 4), torch.randn(8))\n"
+            "    loader = DataLoader(data, batch_size=4, pin_memory=True)\n"
+            "    for x, y in loader:\n"
+            "        step(x, y, model).backward()\n"
+            "        opt.step()\n"
+        )
+    return "".join(parts)
+
+
+def test_copies_in_a_helper_of_many_loops_cost_linear_work() -> None:
+    def work(count: int) -> Counter:
+        facts = ScriptFacts.of(cst.parse_module(_loops_handing_batches_to_one_helper(count)))
+        counts, copies = counted(lambda: blocking_batch_copies(facts))
+        assert len(copies) == 2  # `x.to(device)` and `y.to(device)` in the helper
+        return counts
+
+    assert_linear_work(work, 10, "loops")
 
 
 def _stages_after_a_cuda_setup(count: int) -> str:

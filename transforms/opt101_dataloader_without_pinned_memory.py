@@ -79,8 +79,12 @@ class DataloaderWithoutPinnedMemory(Rule):
         A loader that a function of a module without a training loop builds and returns
         (data_loader.py's `get_loader`, alone or in a tuple) is pinned when a module of the
         run that calls it copies the batches of a loop over what it returns to an
-        accelerator (the project index tells the builder); given alone, or when no caller
-        copies them, it is left alone.
+        accelerator (the project index tells the builder): a loop of the calling function or,
+        when it has none, of a function of its file that it hands the loader to (rasbt's
+        `train_model_simple(model, train_loader, ...)`), with the copy in the loop or in a
+        function of that file the loop hands the batch to (`calc_loss_batch(input_batch,
+        ...)`, copying its parameter); given alone, or when no caller copies them, it is left
+        alone.
         Declined, with the reason, in a script that trains in another module of the run and
         hands its loaders there (`train_one_epoch(model, loader, ...)` from engine.py): the
         copies, and whether a custom batch type from `collate_fn` can be pinned at all

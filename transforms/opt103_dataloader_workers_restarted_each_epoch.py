@@ -55,7 +55,8 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         And when a helper returns it, alone or in a tuple, and the caller loops over it inside
         its epoch loop without calling the helper again: a helper of the same file (`loader =
         get_loader(...)` before the loop), or of another module of the run (data_loader.py's
-        `get_loader`, which the project index tells what its callers do with the loader;
+        `get_loader`, which the project index tells what its callers do with the loader, also
+        when the caller hands it to a function of its file that loops over it every epoch;
         a caller that reads the loader's `.dataset` may change it, and keeps it declined).
         The dataset counts as changed only through the builder's own variable: a method's
         local of the same name (`coco = self.coco` in `__getitem__`) is another object.

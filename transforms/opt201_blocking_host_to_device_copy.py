@@ -50,7 +50,13 @@ class BlockingHostToDeviceCopy(Rule):
         to a function of its file that loops over it: engine.py's `train` passing its
         `train_dataloader` to `train_step`), and of a loop over a loader that a function of
         another module of the run builds and returns (`data_loader = get_loader(...)` from
-        data_loader.py, alone or in a tuple). Where the device
+        data_loader.py, alone or in a tuple). A copy that a module-level function of the file
+        makes of its parameter, outside any loop of its own and before anything binds the
+        parameter again, is fixed when such loops hand it a part of their batch (rasbt's
+        `calc_loss_batch(input_batch, target_batch, model, device)` doing `input_batch, ... =
+        input_batch.to(device), ...`): every call of the function, all in this file, must pass
+        a part of a batch of a pinned DataLoader for that parameter, and no caller may write
+        the batch in its loop. Where the device
         may also be MPS or another accelerator but always holds a `torch.device`
         (`torch.device(...)`, or `torch.accelerator.current_accelerator()` in a branch taken
         only when `torch.accelerator.is_available()`, as in pytorch/examples), the keyword

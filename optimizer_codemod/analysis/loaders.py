@@ -46,13 +46,16 @@ from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
+    bound_otherwise,
     built_by,
     declares_global,
     imported_dataset,
     locally_assigned,
+    module_function,
     name_mentions,
     outside_value,
     parameter_names,
+    parameter_receiving,
     the_caller,
     unbound_parameter,
     value_sources,
@@ -1261,12 +1264,14 @@ def _callers_using(facts: "ScriptFacts", site: CallSite, wanted) -> List[str]:
 
 def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> Tuple[str, bool]:
     """What this file does with the DataLoader a call of another module's function returns
-    (whole, index -1, or at `index` of its tuple): "copied" when a loop over it, in the
-    calling function, copies its batches to an accelerator; "iterated" when loops over it
-    copy nothing; "" when no loop over it is found here (it is passed on, stored...). With
-    whether such a loop runs inside another loop that does not also make the call (once per
-    epoch), the function never reading the loader's `.dataset` (which workers kept alive
-    across epochs would not see change)."""
+    (whole, index -1, or at `index` of its tuple): "copied" when a loop over it copies its
+    batches to an accelerator; "iterated" when loops over it copy nothing; "" when no loop
+    over it is found here (it is stored, passed elsewhere...). The loops are those of the
+    calling function, or, when it has none, those a function of this file it is handed to
+    runs over the parameter receiving it (rasbt's `train_model_simple(model, train_loader,
+    ...)`). With whether such a loop runs inside another loop that does not also make the
+    call (once per epoch), no function reading the loader's `.dataset` (which workers kept
+    alive across epochs would not see change)."""
     bound = {
         a.target
         for a in facts.assignments_taking(call.node)
@@ -1283,27 +1288,71 @@ def returned_loader_use(facts: "ScriptFacts", call: CallSite, index: int) -> Tup
         and not a.unpacked
         and facts.iterated_name(a.value) in bound
     }
-    loops = [
-        (loop, set(loop.targets))
-        for loop in facts.records.loops
-        if isinstance(loop.node, cst.For)
-        and loop.function is function
-        and facts.iterated_name(loop.iter) in bound | wrapped
-    ]
+    loops = _loops_over_names(facts, function, bound | wrapped)
+    readers = [(function, bound | wrapped)]
+    built_in = {id(loop) for loop in call.site.loops}
+    # A loop around the hand-over runs the helper's loops once per pass, as an epoch.
+    handed_per_pass = False
+    if not loops:
+        for helper, parameter, handing in _handed_to_helpers(facts, function, bound):
+            helper_loops = _loops_over_names(facts, helper, {parameter})
+            loops += helper_loops
+            readers.append((helper, {parameter}))
+            handed_per_pass = handed_per_pass or bool(
+                helper_loops and any(id(outer) not in built_in for outer in handing.site.loops)
+            )
     if not loops:
         return "", False
     use = "copied" if _loops_copy_batches(facts, loops) else "iterated"
-    built_in = {id(loop) for loop in call.site.loops}
-    nested = any(id(outer) not in built_in for loop, _ in loops for outer in loop.ancestors)
-    uses = _name_uses(facts, function if function is not None else facts.module)
+    nested = handed_per_pass or any(
+        id(outer) not in built_in for loop, _ in loops for outer in loop.ancestors
+    )
     dataset_read = any(
         isinstance(parent, cst.Attribute)
         and parent.value is node
         and parent.attr.value == "dataset"
-        for name in bound | wrapped
-        for node, parent, _ in uses.get(name, ())
+        for scope, names in readers
+        for name in names
+        for node, parent, _ in _name_uses(facts, scope if scope is not None else facts.module).get(
+            name, ()
+        )
     )
     return use, nested and not dataset_read
+
+
+def _loops_over_names(
+    facts: "ScriptFacts", function: Optional[cst.FunctionDef], names: Set[str]
+) -> List[Tuple[Loop, Set[str]]]:
+    return [
+        (loop, set(loop.targets))
+        for loop in facts.records.loops
+        if isinstance(loop.node, cst.For)
+        and loop.function is function
+        and facts.iterated_name(loop.iter) in names
+    ]
+
+
+def _handed_to_helpers(
+    facts: "ScriptFacts", function: Optional[cst.FunctionDef], names: Set[str]
+) -> List[Tuple[cst.FunctionDef, str, CallSite]]:
+    """(the function, its parameter, the call) for each call in `function` that hands one of
+    `names` to a module-level function of this file that never rebinds that parameter."""
+    found = []
+    for call in facts.in_function("calls", function):
+        helper = module_function(facts, call)
+        if helper is None:
+            continue
+        for arg in call.node.args:
+            if dotted_name(arg.value) not in names:
+                continue
+            parameter = parameter_receiving(helper, call.node, arg.value)
+            if parameter is not None and not _rebinds(facts, helper, parameter):
+                found.append((helper, parameter, call))
+    return found
+
+
+def _rebinds(facts: "ScriptFacts", function: cst.FunctionDef, name: str) -> bool:
+    return locally_assigned(facts, name, function) or name in bound_otherwise(facts, function)
 
 
 def _loops_copy_batches(facts: "ScriptFacts", loops: List[Tuple[Loop, Set[str]]]) -> bool:
@@ -1318,7 +1367,61 @@ def _loops_copy_batches(facts: "ScriptFacts", loops: List[Tuple[Loop, Set[str]]]
                 and places_on_accelerator(facts, call.node)
             ):
                 return True
+            if _helper_copies(facts, call, names):
+                return True
     return False
+
+
+def _helper_copies(facts: "ScriptFacts", call: CallSite, names: Set[str]) -> bool:
+    """`call` hands a part of the batch to a module-level function of this file that copies
+    the parameter receiving it to an accelerator (rasbt's `calc_loss_batch(input_batch, ...)`
+    doing `input_batch.to(device)`) before anything else binds that parameter."""
+    helper = module_function(facts, call)
+    if helper is None:
+        return False
+    for arg in call.node.args:
+        if arg.star or not facts.derives_from(under_views(arg.value), names):
+            continue
+        parameter = parameter_receiving(helper, call.node, arg.value)
+        if parameter is not None and parameter_copies(facts, helper, parameter):
+            return True
+    return False
+
+
+def parameter_copies(facts: "ScriptFacts", function: cst.FunctionDef, name: str) -> List[CallSite]:
+    """The copies to an accelerator (`.to(device)`, `.cuda()`...) of parameter `name` of
+    `function` (or of a view of it) made in its body outside any loop, while the parameter
+    still holds what the caller passed: before any statement that binds it again."""
+    # Asked once per call that hands a batch to `function`: answered once per pass.
+    memo = facts.memo("parameter_copies")
+    key = (id(function), name)
+    if key not in memo:
+        memo[key] = _parameter_copies(facts, function, name)
+    return memo[key]
+
+
+def _parameter_copies(facts: "ScriptFacts", function: cst.FunctionDef, name: str) -> List[CallSite]:
+    if name in bound_otherwise(facts, function):
+        return []
+    rebound = facts.assignments_in_scope(name, function)
+
+    def before_rebinding(call: CallSite) -> bool:
+        # An assignment's value is read before it binds: `x = x.to(device)` copies the argument.
+        return all(
+            a.site.order > call.site.order or a.site.statement is call.site.statement
+            for a in rebound
+        )
+
+    return [
+        call
+        for call in facts.in_function("calls", function)
+        if call.method in COPY_METHODS
+        and call.site.loop is None
+        and isinstance(call.node.func, cst.Attribute)
+        and dotted_name(under_views(call.node.func.value)) == name
+        and before_rebinding(call)
+        and places_on_accelerator(facts, call.node)
+    ]
 
 
 def drawing_loops(facts: "ScriptFacts") -> List[Tuple[Loop, Set[str], Set[int], List[CallSite]]]:

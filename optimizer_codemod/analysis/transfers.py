@@ -14,7 +14,7 @@ one unknown.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
 import libcst as cst
@@ -55,6 +55,7 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import (
+    parameter_copies,
     DEFAULT_COLLATES,
     drawing_loops,
     loops_over,
@@ -62,6 +63,9 @@ from optimizer_codemod.analysis.loaders import (
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 from optimizer_codemod.analysis.values import (
+    every_call,
+    module_function,
+    parameter_receiving,
     ACCELERATOR,
     imported_loader_named,
     locally_assigned,
@@ -132,15 +136,17 @@ def blocking_batch_copies(
     """
     found: List[BatchCopy] = []
     examined: Set[int] = set()
+    handed: Dict[int, _HandedCopy] = {}
     for loop, loaders, pinned, seeds, drawn, passed in _batch_loops(facts) + _drawn_batch_loops(
         facts
     ):
-        if not pinned and declined is None:
-            continue
         names = facts.names_derived_in(loop, set(loop.targets) | seeds)
         custom_collate = any(_custom_collate(facts, loader) for loader in loaders) or (
             passed is not None and passed.loader_collate
         )
+        _collect_handed_copies(facts, loop, names, pinned, custom_collate, drawn, handed)
+        if not pinned and declined is None:
+            continue
         if passed is not None and passed.loader == "unknown":
             unpinned = UNKNOWN_PINNING
         else:
@@ -157,9 +163,101 @@ def blocking_batch_copies(
                     declined.append((call.node, unpinned))
             elif copy is not None and declined is not None:
                 declined.append((call.node, copy if pinned else unpinned))
+    for copy in handed.values():
+        outcome = copy.outcome(facts)
+        if isinstance(outcome, BatchCopy):
+            found.append(outcome)
+        elif outcome is not None and declined is not None:
+            declined.append((copy.call.node, outcome))
+        examined.add(id(copy.call.node))
     if declined is not None:
         declined.extend(_unfollowed_copies(facts, examined))
     return found
+
+
+@dataclass
+class _HandedCopy:
+    """A copy, in a module-level function, of the parameter that calls in loops over loaders
+    bind to a part of their batch (rasbt's `calc_loss_batch(input_batch, ...)` copying
+    `input_batch.to(device)`), with each such call: (call, loop, pinned, why the part cannot
+    be copied asynchronously or None)."""
+
+    call: CallSite
+    function: cst.FunctionDef
+    parameter: str
+    uses: List[Tuple[CallSite, Loop, bool, Optional[str]]]
+    calls: Set[int] = field(default_factory=set)  # ids of the calls in `uses`
+
+    def outcome(self, facts: "ScriptFacts") -> Union[BatchCopy, str, None]:
+        name = self.function.name.value
+        if not _plain_arguments(facts, self.call.node, self.call.method):
+            return None
+        every = every_call(facts, self.function)
+        if every is None:
+            return (
+                f"`{name}` is used otherwise than called in this file (passed around, or "
+                "called from another module): its copy may be of other data"
+            )
+        others = [call for call in every if id(call.node) not in self.calls]
+        if others:
+            caller = others[0].site.function
+            where = f"in `{caller.name.value}`" if caller is not None else "at the module level"
+            return (
+                f"`{name}` is also called {where} with a value for `{self.parameter}` that the "
+                "analysis does not follow to a batch of a DataLoader: its copy may be of other "
+                "data"
+            )
+        if not all(pinned for _, _, pinned, _ in self.uses):
+            return (
+                f"`{name}` is called with a batch of a DataLoader not known to be built with "
+                "`pin_memory=True`: a copy from pageable memory cannot overlap with the GPU's work"
+            )
+        for _, _, _, problem in self.uses:
+            if problem is not None:
+                return f"`{name}` copies the argument it takes as `{self.parameter}`; {problem}"
+        outcomes = [_copy_to_device(facts, self.call, loop) for _, loop, _, _ in self.uses]
+        first = outcomes[0]
+        for outcome in outcomes:
+            if isinstance(outcome, str):
+                return outcome
+            if replace(outcome, loop=first.loop) != first:
+                return (
+                    f"what is known of the device differs between the loops that call `{name}` "
+                    "(CUDA is required before some of them only)"
+                )
+        return first
+
+
+def _collect_handed_copies(
+    facts: "ScriptFacts",
+    loop: Loop,
+    names: Set[str],
+    pinned: bool,
+    custom_collate: bool,
+    drawn: FrozenSet[int],
+    handed: Dict[int, _HandedCopy],
+) -> None:
+    """Record, in `handed`, the copies made by module-level functions that calls in `loop`
+    hand a part of the batch to (loaders.parameter_copies)."""
+    for call in facts.loop_calls(loop):
+        function = module_function(facts, call)
+        if function is None:
+            continue
+        for arg in call.node.args:
+            if arg.star or not facts.derives_from(under_views(arg.value), names):
+                continue
+            parameter = parameter_receiving(function, call.node, arg.value)
+            if parameter is None:
+                continue
+            for copy in parameter_copies(facts, function, parameter):
+                entry = handed.setdefault(id(copy.node), _HandedCopy(copy, function, parameter, []))
+                if id(call.node) in entry.calls:
+                    continue  # the same call seen again from a loop around its loop
+                entry.calls.add(id(call.node))
+                problem = _batch_part_problem(
+                    facts, arg.value, loop, names, custom_collate, drawn, call.site, call.node
+                )
+                entry.uses.append((call, loop, pinned, problem))
 
 
 def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[cst.Call, str]]:
@@ -526,24 +624,53 @@ def _batch_copy(
         if has_star_args(node) or has_double_star(node):
             return "the copy's arguments arrive through */**, which may set `non_blocking`"
         return None  # `non_blocking` chosen already, or options the fix does not know
+    problem = _batch_part_problem(
+        facts, source, loop, names, custom_collate, drawn, call.site, node
+    )
+    if problem is not None:
+        return problem
+    return _copy_to_device(facts, call, loop)
+
+
+def _batch_part_problem(
+    facts: "ScriptFacts",
+    source: cst.BaseExpression,
+    loop: Loop,
+    names: Set[str],
+    custom_collate: bool,
+    drawn: FrozenSet[int],
+    site: Site,
+    copy: Optional[cst.Call] = None,
+) -> Optional[str]:
+    """Why `source`, read at `site` in `loop`, cannot be copied asynchronously as a part of
+    the loop's batch: it may be an object of a custom collate, hold a device tensor, or be
+    written in the loop; None when it can."""
+    batch_part = under_views(source)
     text = code_of(source).strip()
     if custom_collate and not _element_of_batch(facts, batch_part, loop, names):
         return (
             f"with a custom `collate_fn`, `{text}` may be an object of the user's class whose "
             "`.to` takes no `non_blocking`"
         )
-    chain = _host_chain(facts, batch_part, loop, names, call.site.statement, node, drawn, call.site)
+    chain = _host_chain(facts, batch_part, loop, names, site.statement, copy, drawn, site)
     if chain is None:
         return (
             f"`{text}` may hold a tensor already on the device (a name it comes from is bound "
             "in the loop to something other than a part of the batch): an asynchronous copy "
             "back to the host could be read before it lands"
         )
-    if _written(facts, loop, chain, call.site.statement):
+    if _written(facts, loop, chain, site.statement):
         return (
             f"`{text}` or the batch it comes from is written in the loop, and the write "
             "could race with an asynchronous copy still reading it"
         )
+    return None
+
+
+def _copy_to_device(facts: "ScriptFacts", call: CallSite, loop: Loop) -> Union[BatchCopy, str]:
+    """The copy `call` of a batch iterated by `loop`, with what its device allows; or why it
+    must stay blocking (it may go to an accelerator that is not CUDA)."""
+    node = call.node
     if call.method == "cuda":
         types: Optional[FrozenSet[str]] = frozenset({"cuda"})
     elif call.method == "type":  # `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`

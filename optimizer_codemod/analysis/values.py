@@ -276,6 +276,16 @@ def local_function(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.Funct
     return facts.records.functions.get(name)
 
 
+def module_function(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.FunctionDef]:
+    """The module-level function of this file `call` runs by its plain name (`f(...)`)."""
+    if not isinstance(call.node.func, cst.Name):
+        return None
+    function = local_function(facts, call)
+    if function is None or not any(s is function for s in facts.module.body):
+        return None
+    return function
+
+
 def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
     """The one call of `function` in this file: `train(...)` for a module-level function,
     `Trainer(...)` for `Trainer.__init__`. None when it is called several times or never, or
@@ -289,6 +299,16 @@ def the_callers(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[Lis
     """Every call of `function` in this file, in source order, when they are all it is used
     for and they are all made from one scope (Pytorch-UNet calls `train_model(...)` again in
     the `except` of an out-of-memory error); None otherwise, as for the_caller."""
+    calls = every_call(facts, function)
+    if calls is None or any(call.site.function is not calls[0].site.function for call in calls):
+        return None
+    return calls
+
+
+def every_call(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[List["CallSite"]]:
+    """Every call of `function` in this file, in source order, when they are all it is used
+    for: its name defined once and mentioned only to call it, and no other module of the run
+    calls it. None otherwise."""
     called = _called_name(facts, function)
     if called is None:
         return None
@@ -299,8 +319,6 @@ def the_callers(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[Lis
     # of the class's static methods (`Trainer.get_default_config()`), which build no instance.
     mentions = name_mentions(facts).get(called, 0) - static_method_calls(facts, called)
     if not calls or mentions != 1 + len(calls):
-        return None
-    if any(call.site.function is not calls[0].site.function for call in calls):
         return None
     return calls
 
@@ -380,6 +398,29 @@ def _argument_for(
     return arg
 
 
+def parameter_receiving(
+    function: cst.FunctionDef, call: cst.Call, node: cst.BaseExpression
+) -> Optional[str]:
+    """The parameter of module-level `function` that `call` binds to its argument `node`, by
+    position or keyword; None when `node` is no argument of `call`, or it lands in
+    `*args`/`**kwargs` or after a `*` argument of the call."""
+    params = function.params
+    positional_names = [p.name.value for p in (*params.posonly_params, *params.params)]
+    named = set(positional_names) | {p.name.value for p in params.kwonly_params}
+    index = 0
+    for arg in call.args:
+        if arg.star:
+            return None  # what follows may land anywhere
+        if arg.keyword is not None:
+            if arg.value is node:
+                return arg.keyword.value if arg.keyword.value in named else None
+            continue
+        if arg.value is node:
+            return positional_names[index] if index < len(positional_names) else None
+        index += 1
+    return None
+
+
 def unbound_parameter(
     facts: "ScriptFacts", function: Optional[cst.CSTNode], name: str
 ) -> Optional[str]:
@@ -440,12 +481,14 @@ def local_sources(
     assigned = facts.assignments_in_scope(name, function)
     if not assigned or name in parameter_names(function):
         return None
-    if name in _bound_otherwise(facts, function):
+    if name in bound_otherwise(facts, function):
         return None
     return [Source(a.value, function, a) for a in assigned]
 
 
-def _bound_otherwise(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[str]:
+def bound_otherwise(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[str]:
+    """The names `function` binds other than by assignment statements, nested functions
+    included (collect.names_bound_otherwise), once per pass."""
     memo = facts.memo("bound_otherwise")
     if id(function) not in memo:
         memo[id(function)] = names_bound_otherwise(function.body)
@@ -465,7 +508,7 @@ def attribute_aliases(facts: "ScriptFacts", function: Optional[cst.CSTNode]) -> 
             if value is None or not value.startswith(SELF + "."):
                 value = None
             bound.setdefault(assignment.target, set()).add(value)
-        otherwise = set(parameter_names(function)) | _bound_otherwise(facts, function)
+        otherwise = set(parameter_names(function)) | bound_otherwise(facts, function)
         memo[id(function)] = {
             local: next(iter(values))
             for local, values in bound.items()
