@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import is_literal, with_keyword
+from optimizer_codemod.analysis.calls import code_of, is_literal, with_keyword
 from optimizer_codemod.analysis.loaders import (
     DatasetKind,
     collate_places_on_accelerator,
@@ -20,6 +20,7 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     option,
+    option_settings,
     option_values,
     options_unknown,
     outside_dataset,
@@ -51,7 +52,9 @@ class DataloaderInMainProcess(Rule):
         Adds `num_workers=min(4, os.cpu_count() or 1)` and `persistent_workers=True` to a
         `torch.utils.data.DataLoader` that loads in the main process (no `num_workers`, or
         `num_workers=0`, on every path: workers the script sets on some path only, as in
-        `{"num_workers": 1} if use_accel else {}`, are its choice) over a dataset whose
+        `{"num_workers": 1} if use_accel else {}`, are its choice, and so is a name it binds
+        to 0, `num_workers = 0` then `num_workers=num_workers`, left with a reason) over a
+        dataset whose
         `__getitem__` does work per item: a map-style
         `Dataset` class defined in the script, or a `torchvision.datasets` dataset.
 
@@ -167,7 +170,7 @@ class DataloaderInMainProcess(Rule):
         facts = self.facts
         if self.context.path.endswith(NOTEBOOK_SUFFIX):
             for site in facts.dataloader_constructions():
-                workers = option_values(facts, site.node, "num_workers")
+                workers = option_settings(facts, site.node, "num_workers")
                 if not workers or all(is_literal(value, 0) for value in workers):
                     self.decline(
                         site.node,
@@ -184,6 +187,14 @@ class DataloaderInMainProcess(Rule):
             # OPT101's pin_memory: the author decided where workers run.
             workers = option_values(facts, call, "num_workers")
             if workers and any(not is_literal(value, 0) for value in workers):
+                settled = option_settings(facts, call, "num_workers")
+                if settled and all(is_literal(value, 0) for value in settled):
+                    self.decline(
+                        call,
+                        f"`num_workers` is `{code_of(workers[0])}`, which the script sets to 0: "
+                        "a setting of the author's, left as chosen; with it, every item is "
+                        "prepared in the training process, so raise it where it is set",
+                    )
                 continue
             kind = dataset_kind(facts, site)
             collate = collate_places_on_accelerator(facts, call)

@@ -24,7 +24,14 @@ from optimizer_codemod.analysis.calls import (
     positional,
     with_keyword,
 )
-from optimizer_codemod.analysis.collect import Assignment, CallSite, Loop, Site, is_main_guard
+from optimizer_codemod.analysis.collect import (
+    Assignment,
+    CallSite,
+    Loop,
+    Site,
+    is_main_guard,
+    names_bound_otherwise,
+)
 from optimizer_codemod.analysis.handoffs import (
     NOT_ITERATING,
     LoopingFunction,
@@ -1802,6 +1809,40 @@ def option_values(
     if sources is None:
         return None
     return [source.entries[name] for source in sources if name in source.entries]
+
+
+def option_settings(
+    facts: "ScriptFacts", call: cst.Call, name: str
+) -> Optional[List[cst.BaseExpression]]:
+    """option_values, with each plain name the file binds only to literals replaced by those
+    literals (`num_workers=num_workers` with `num_workers = 0` in a notebook's first cell)."""
+    values = option_values(facts, call, name)
+    if values is None:
+        return None
+    site = facts.call_site_of.get(call)
+    function = site.site.function if site is not None else None
+    # Names a parameter, a loop or `with` binds hold what no assignment shows.
+    unsettled = _bound_in_module(facts)
+    if isinstance(function, cst.FunctionDef):
+        unsettled = unsettled | set(parameter_names(function)) | bound_otherwise(facts, function)
+    settled: List[cst.BaseExpression] = []
+    for value in values:
+        plain = isinstance(value, cst.Name) and value.value not in unsettled
+        bound = facts.assignments_to(value.value) if plain else ()
+        if bound and all(
+            not a.unpacked and not a.augmented and literal(a.value, None) is not None for a in bound
+        ):
+            settled.extend(a.value for a in bound)
+        else:
+            settled.append(value)
+    return settled
+
+
+def _bound_in_module(facts: "ScriptFacts") -> Set[str]:
+    memo = facts.memo("bound_in_module")
+    if None not in memo:
+        memo[None] = names_bound_otherwise(facts.module)
+    return memo[None]
 
 
 def _forwarded_option(
