@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.checkpoints import library_saves
 from optimizer_codemod.analysis.collect import CallSite
 from optimizer_codemod.analysis.epochs import step_loops
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -46,7 +47,11 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
         any depth of `if`/`with`/`try` in its body: the usual `if step % every == 0:
         torch.save(...)` checkpoint, also under `if rank == 0 and ...`. A call in that loop
         of a function of the same file that calls `torch.save` (`self.save(milestone)`) is
-        reported at the call. It reports, never rewrites. Saves once per epoch (in an outer
+        reported at the call. So are the checkpoints of training libraries, which write on
+        the training thread too: Accelerate's `accelerator.save_state(dir)` and Lightning
+        Fabric's `fabric.save(path, state)`, on an object the file builds from
+        `accelerate.Accelerator` or `lightning.Fabric` or takes as a parameter annotated with
+        it (litgpt's `fit(fabric: L.Fabric, ...)`). It reports, never rewrites. Saves once per epoch (in an outer
         loop, outside the step loop), after the loop, or in a loop without backward are not
         reported; nor are loops whose backward happens in a called function.
 
@@ -107,7 +112,7 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
     min_torch = TorchVersion(1, 0)
     # `torch.save(`, `T.save(`, `save(` after `from torch import save`, and an alias
     # (`from torch import save as save_checkpoint`) named in its import.
-    triggers = (r"\bsave\s*\(", r"\bsave\s+as\b")
+    triggers = (r"\bsave\s*\(", r"\bsave\s+as\b", r"\.save_state\s*\(")
     requires = (BACKWARD_CALL,)
     examples = (
         Example(SCRIPT),
@@ -123,6 +128,15 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
         for call in saves:
             if _in_step_loop(call, loops):
                 self.report(call.node)
+        library = library_saves(facts)
+        for call, name in library:
+            if _in_step_loop(call, loops):
+                self.report(
+                    call.node,
+                    message=f"`{excerpt(call.node)}` writes a checkpoint through {name} inside the "
+                    "training loop, which blocks training while it is written",
+                )
+        saves = [*saves, *(call for call, _ in library)]
         savers = {id(call.site.function): call for call in saves if call.site.function}
         for call in facts.records.calls:
             if not call.site.loops or not _in_step_loop(call, loops):
