@@ -281,9 +281,16 @@ def module_function(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.Func
     if not isinstance(call.node.func, cst.Name):
         return None
     function = local_function(facts, call)
-    if function is None or not any(s is function for s in facts.module.body):
+    if function is None or id(function) not in _module_level_functions(facts):
         return None
     return function
+
+
+def _module_level_functions(facts: "ScriptFacts") -> Set[int]:
+    memo = facts.memo("module_level_functions")
+    if None not in memo:
+        memo[None] = {id(s) for s in facts.module.body if isinstance(s, cst.FunctionDef)}
+    return memo[None]
 
 
 def the_caller(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional["CallSite"]:
