@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import weakref
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -30,7 +30,6 @@ from optimizer_codemod.analysis.collect import (
     Loop,
     Site,
     is_main_guard,
-    names_bound_otherwise,
 )
 from optimizer_codemod.analysis.handoffs import (
     NOT_ITERATING,
@@ -1344,18 +1343,35 @@ def _handed_to_helpers(
 ) -> List[Tuple[cst.FunctionDef, str, CallSite]]:
     """(the function, its parameter, the call) for each call in `function` that hands one of
     `names` to a module-level function of this file that never rebinds that parameter."""
-    found = []
-    for call in facts.in_function("calls", function):
-        helper = module_function(facts, call)
-        if helper is None:
+    return [
+        (helper, parameter, call)
+        for call in facts.in_function("calls", function)
+        for _, helper, parameter in arguments_handed(
+            facts, call, lambda value: dotted_name(value) in names
+        )
+        if not _rebinds(facts, helper, parameter)
+    ]
+
+
+def arguments_handed(
+    facts: "ScriptFacts", call: CallSite, wanted: Callable[[cst.BaseExpression], bool]
+) -> Iterator[Tuple[cst.Arg, cst.FunctionDef, str]]:
+    """(argument, function, parameter) for each argument of `call` that `wanted` accepts and
+    that `call` binds to a parameter of the module-level function of this file it runs."""
+    function = module_function(facts, call)
+    if function is None:
+        return
+    for arg in call.node.args:
+        if arg.star or not wanted(arg.value):
             continue
-        for arg in call.node.args:
-            if dotted_name(arg.value) not in names:
-                continue
-            parameter = parameter_receiving(helper, call.node, arg.value)
-            if parameter is not None and not _rebinds(facts, helper, parameter):
-                found.append((helper, parameter, call))
-    return found
+        parameter = parameter_receiving(function, call.node, arg.value)
+        if parameter is not None:
+            yield arg, function, parameter
+
+
+def batch_part_of(facts: "ScriptFacts", names: Set[str]) -> Callable[[cst.BaseExpression], bool]:
+    """Accepts a part of the batch bound to `names`, or a view of one."""
+    return lambda value: facts.derives_from(under_views(value), names)
 
 
 def _rebinds(facts: "ScriptFacts", function: cst.FunctionDef, name: str) -> bool:
@@ -1383,16 +1399,10 @@ def _helper_copies(facts: "ScriptFacts", call: CallSite, names: Set[str]) -> boo
     """`call` hands a part of the batch to a module-level function of this file that copies
     the parameter receiving it to an accelerator (rasbt's `calc_loss_batch(input_batch, ...)`
     doing `input_batch.to(device)`) before anything else binds that parameter."""
-    helper = module_function(facts, call)
-    if helper is None:
-        return False
-    for arg in call.node.args:
-        if arg.star or not facts.derives_from(under_views(arg.value), names):
-            continue
-        parameter = parameter_receiving(helper, call.node, arg.value)
-        if parameter is not None and parameter_copies(facts, helper, parameter):
-            return True
-    return False
+    return any(
+        parameter_copies(facts, helper, parameter)
+        for _, helper, parameter in arguments_handed(facts, call, batch_part_of(facts, names))
+    )
 
 
 def parameter_copies(facts: "ScriptFacts", function: cst.FunctionDef, name: str) -> List[CallSite]:
@@ -1822,7 +1832,7 @@ def option_settings(
     site = facts.call_site_of.get(call)
     function = site.site.function if site is not None else None
     # Names a parameter, a loop or `with` binds hold what no assignment shows.
-    unsettled = _bound_in_module(facts)
+    unsettled = bound_otherwise(facts, None)
     if isinstance(function, cst.FunctionDef):
         unsettled = unsettled | set(parameter_names(function)) | bound_otherwise(facts, function)
     settled: List[cst.BaseExpression] = []
@@ -1836,13 +1846,6 @@ def option_settings(
         else:
             settled.append(value)
     return settled
-
-
-def _bound_in_module(facts: "ScriptFacts") -> Set[str]:
-    memo = facts.memo("bound_in_module")
-    if None not in memo:
-        memo[None] = names_bound_otherwise(facts.module)
-    return memo[None]
 
 
 def _forwarded_option(

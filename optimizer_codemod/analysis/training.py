@@ -32,7 +32,6 @@ from optimizer_codemod.analysis.parameter_loops import (
     reads_gradient,
 )
 from optimizer_codemod.analysis.values import (
-    declares_global,
     ACCELERATOR,
     alias_in,
     attribute_aliases,

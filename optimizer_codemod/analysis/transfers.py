@@ -55,18 +55,18 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.loaders import (
-    parameter_copies,
     DEFAULT_COLLATES,
+    arguments_handed,
+    batch_part_of,
     drawing_loops,
     loops_over,
     option_values,
+    parameter_copies,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
 from optimizer_codemod.analysis.values import (
-    every_call,
-    module_function,
-    parameter_receiving,
     ACCELERATOR,
+    every_call,
     imported_loader_named,
     locally_assigned,
     outside_argument,
@@ -239,16 +239,9 @@ def _collect_handed_copies(
 ) -> None:
     """Record, in `handed`, the copies made by module-level functions that calls in `loop`
     hand a part of the batch to (loaders.parameter_copies)."""
+    part = batch_part_of(facts, names)
     for call in facts.loop_calls(loop):
-        function = module_function(facts, call)
-        if function is None:
-            continue
-        for arg in call.node.args:
-            if arg.star or not facts.derives_from(under_views(arg.value), names):
-                continue
-            parameter = parameter_receiving(function, call.node, arg.value)
-            if parameter is None:
-                continue
+        for arg, function, parameter in arguments_handed(facts, call, part):
             for copy in parameter_copies(facts, function, parameter):
                 entry = handed.setdefault(id(copy.node), _HandedCopy(copy, function, parameter, []))
                 if id(call.node) in entry.calls:

@@ -493,12 +493,13 @@ def local_sources(
     return [Source(a.value, function, a) for a in assigned]
 
 
-def bound_otherwise(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[str]:
-    """The names `function` binds other than by assignment statements, nested functions
-    included (collect.names_bound_otherwise), once per pass."""
+def bound_otherwise(facts: "ScriptFacts", function: Optional[cst.FunctionDef]) -> Set[str]:
+    """The names `function` (None: the whole module) binds other than by assignment
+    statements, nested functions included (collect.names_bound_otherwise), once per pass."""
     memo = facts.memo("bound_otherwise")
     if id(function) not in memo:
-        memo[id(function)] = names_bound_otherwise(function.body)
+        root = function.body if function is not None else facts.module
+        memo[id(function)] = names_bound_otherwise(root)
     return memo[id(function)]
 
 
