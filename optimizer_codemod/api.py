@@ -23,6 +23,7 @@ from optimizer_codemod.diagnostics import Diagnostic
 from optimizer_codemod.engine import (
     PRECISIONS,
     TARGET_DEVICES,
+    Resume,
     RewriteOptions,
     may_contain_findings,
     rewrite_bytes,
@@ -98,18 +99,24 @@ def _check_notebook_syntax(src: bytes, path: str) -> None:
 
 
 def rewrite_source(
-    src: bytes, path: str, options: RewriteOptions, formatted: bool = True
+    src: bytes,
+    path: str,
+    options: RewriteOptions,
+    formatted: bool = True,
+    resume: Optional[Resume] = None,
 ) -> SourceRewrite:
     """Rewrite one file's bytes; raises OptcodemodError (naming `path`) on any problem.
     Without `formatted`, changed lines keep the layout the fixes gave them (for a run that
-    shows no text: findings and whether the file changes are the same)."""
-    settled = settle_without_parsing(src, path, options.rules, options.project)
-    if settled is not None:
-        return settled
+    shows no text: findings and whether the file changes are the same). `resume`: go on
+    from an earlier rewrite of a Python file (engine.Resume)."""
+    if resume is None:
+        settled = settle_without_parsing(src, path, options.rules, options.project)
+        if settled is not None:
+            return settled
     # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive
     # visitors need more than Python's default recursion limit.
     with recursion_headroom(), cyclic_gc_paused():
-        return _rewrite_parsed(src, path, options, formatted)
+        return _rewrite_parsed(src, path, options, formatted, resume)
 
 
 @contextmanager
@@ -131,11 +138,16 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def _rewrite_parsed(
-    src: bytes, path: str, options: RewriteOptions, formatted: bool = True
+    src: bytes,
+    path: str,
+    options: RewriteOptions,
+    formatted: bool = True,
+    resume: Optional[Resume] = None,
 ) -> SourceRewrite:
     if is_notebook(path):
+        assert resume is None, "a notebook is not resumed"
         return _rewrite_notebook(src, path, options)
-    result = rewrite_bytes(src, path, options)
+    result = rewrite_bytes(src, path, options, resume)
     result.diagnostics.sort(key=_reading_order)
     if not result.changed:
         return SourceRewrite(result.code, False, result.diagnostics)

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence
 
 from optimizer_codemod import __version__
 from optimizer_codemod.diagnostics import Diagnostic, Status
@@ -67,10 +67,13 @@ class Cache:
         paths: Sequence[str],
         build: Callable[[Sequence[str]], dict],
         context: Sequence[str] = (),
+        sources: Optional[Mapping[str, bytes]] = None,
     ) -> dict:
         """The project index (analysis/project.py) of `paths`, stored under a digest of every
         file's path and bytes, the modules read as `context` too: a warm run of an unchanged
-        folder parses nothing for it."""
+        folder parses nothing for it. `sources`: bytes that stand for a file's (by path as
+        given), as `build` reads them."""
+        sources = sources or {}
         from optimizer_codemod.analysis.project import from_json, to_json
 
         digest = hashlib.sha256(tool_fingerprint().encode())
@@ -78,7 +81,7 @@ class Cache:
             digest.update(b"\0files")
             for path in sorted(group):
                 try:
-                    data = Path(path).read_bytes()
+                    data = sources[path] if path in sources else Path(path).read_bytes()
                 except OSError:
                     data = b"\0unreadable"
                 digest.update(path.encode("utf-8", "surrogateescape") + b"\0")

@@ -55,6 +55,9 @@ class FileOutcome:
     skipped: Optional[str] = None  # why the file was not looked at (for --verbose)
     diff: Optional[str] = None
     new_text: Optional[bytes] = None
+    # (the text it was read with, its rewrite) in a run of several files that import each
+    # other: a rewrite of one may change what another is told (runner._settle_project).
+    texts: Optional[Tuple[bytes, bytes]] = None
     # The changes as line-level edits of the original text (Python files, not notebooks).
     edits: List[TextEdit] = field(default_factory=list)
 

@@ -216,13 +216,28 @@ def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None)
     return any(_rule_may_fire(src, rule, project) for rule in rules)
 
 
-def rewrite_bytes(src: bytes, path: str, options: RewriteOptions) -> RewriteResult:
-    """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem."""
+@dataclass(frozen=True)
+class Resume:
+    """Where an earlier rewrite of the same source stopped: its text and what it reported
+    (lines of the source). Going on from there, with what the project tells the file now,
+    keeps every fix it made, as a second `apply` would (runner._settle_project)."""
+
+    code: bytes
+    fixed: Tuple[Diagnostic, ...]
+    declined: Tuple[Diagnostic, ...]
+
+
+def rewrite_bytes(
+    src: bytes, path: str, options: RewriteOptions, resume: Optional[Resume] = None
+) -> RewriteResult:
+    """Rewrite one Python source; raises an OptcodemodError naming `path` on any problem.
+    With `resume`, the passes start from its text; lines are still those of `src`."""
     pieces = PieceCache()
+    start = resume.code if resume is not None else src
     # Piece by piece, each statement parses however deep the file; the tree must not.
-    check_nesting(src, decode_source(src, path), path)
-    module = parse_in_pieces(src, pieces) or parse_source(src, path, nesting_checked=True)
-    return _Fixpoint(src, module, path, options, pieces).run()
+    check_nesting(start, decode_source(start, path), path)
+    module = parse_in_pieces(start, pieces) or parse_source(start, path, nesting_checked=True)
+    return _Fixpoint(src, module, path, options, pieces, resume).run()
 
 
 class _Fixpoint:
@@ -233,8 +248,12 @@ class _Fixpoint:
         path: str,
         options: RewriteOptions,
         pieces: Optional[PieceCache] = None,
+        resume: Optional[Resume] = None,
     ):
         self.pieces = pieces
+        self.resume = resume
+        # The text `module` was parsed from: `src`, or where an earlier rewrite stopped.
+        self.start = resume.code if resume is not None else src
         # What each top-level statement printed to: most are printed again by every pass.
         self.texts = StatementTexts()
         # (module, module before, fixes, positions) while that module's round trip is unchecked.
@@ -246,12 +265,15 @@ class _Fixpoint:
         self.rules = tuple(options.rules)
 
     def run(self) -> RewriteResult:
-        module, code = self.original, self.src
+        module, code = self.original, self.start
         fixed: List[Diagnostic] = []
         # (fixed, declined) of each pass that fixed something: the sites it left alone
         # (--why-not) were examined even where a later pass no longer looks at them.
         passes: List[Tuple[List[Diagnostic], List[Diagnostic]]] = []
-        seen = {code}
+        if self.resume is not None:
+            fixed.extend(self.resume.fixed)
+            passes.append((list(self.resume.fixed), list(self.resume.declined)))
+        seen = {self.src, code}
         for pass_number in range(1, MAX_PASSES + 2):
             try:
                 findings = self._findings(module, code)
@@ -294,7 +316,7 @@ class _Fixpoint:
                 )
             if module is self.original:
                 check_reproducible(
-                    self.original, self.src, self.path, printed.encode(module.encoding)
+                    self.original, self.start, self.path, printed.encode(module.encoding)
                 )
             applicable.sort(key=lambda f: (f.rule.code, _start(positions[f.node])))
             chosen = choose_compatible(applicable, positions)
@@ -370,7 +392,7 @@ class _Fixpoint:
         if module is self.original:
             # LibCST accepts some text CPython rejects (too many nested parentheses, `return`
             # outside a function): that is the input's fault, not a rule's.
-            check_syntax(self.src, self.path)
+            check_syntax(self.start, self.path)
         culprits = [
             code
             for code in sorted({f.rule.code for f in chosen})

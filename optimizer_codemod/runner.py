@@ -32,7 +32,8 @@ from optimizer_codemod.analysis.project import project_facts
 from optimizer_codemod.analysis.project_context import context_modules
 from optimizer_codemod.cache import Cache, write_atomically
 from optimizer_codemod.config import Settings
-from optimizer_codemod.diagnostics import FileOutcome
+from optimizer_codemod.diagnostics import FileOutcome, Status
+from optimizer_codemod.engine import Resume
 from optimizer_codemod.edits import text_edits
 from optimizer_codemod.errors import OptcodemodError
 from optimizer_codemod.lines import split_lines
@@ -64,6 +65,8 @@ class Mode:
     # pre-commit hook) the changed lines are not formatted, a tenth of a cold run: findings,
     # exit code and "would change" do not depend on the layout.
     text_shown: bool = True
+    # Keep each changed file's old and new text in its outcome (FileOutcome.texts).
+    keep_texts: bool = False
 
 
 def unified_diff(parts) -> str:
@@ -100,10 +103,12 @@ def process_bytes(
     stamp: Optional[FileStamp] = None,
     on_written: Optional[Callable[[FileOutcome], None]] = None,
     project: Any = None,
+    resume: Optional[Resume] = None,
 ) -> FileOutcome:
-    """`project`: what the other files of the run tell this one (analysis/project.py)."""
+    """`project`: what the other files of the run tell this one (analysis/project.py);
+    `resume`: where an earlier rewrite of `src` stopped (engine.Resume)."""
     try:
-        result = _cached_rewrite(src, path, settings, mode.cache, project, mode.text_shown)
+        result = _cached_rewrite(src, path, settings, mode.cache, project, mode.text_shown, resume)
     except OptcodemodError as error:
         return FileOutcome(path=path, error=error.with_path(error.path or path).render())
     except RecursionError:
@@ -126,15 +131,18 @@ def _cached_rewrite(
     cache: Optional[Cache],
     project: Any = None,
     formatted: bool = True,
+    resume: Optional[Resume] = None,
 ) -> SourceRewrite:
-    key = cache.key(src, path, settings, project) if cache is not None else None
+    # A rewrite resumed from another text is not the rewrite of `src` with these facts.
+    told = project if resume is None else (project, hashlib.sha256(resume.code).hexdigest())
+    key = cache.key(src, path, settings, told) if cache is not None else None
     result = cache.get(key, src) if key is not None else None
     stale = result is None
     if result is None:
         options = settings.options_for(path)
         if project is not None:
             options = replace(options, project=project)
-        result = rewrite_source(src, path, options, formatted)
+        result = rewrite_source(src, path, options, formatted, resume)
     if formatted and not result.formatted:
         # Kept by a run that showed no text (`--check`): laid out now, once.
         result, stale = format_rewrite(result, src, path), True
@@ -169,19 +177,29 @@ def _outcome(
         outcome.edits = text_edits(old_text, new_text)
     if mode.keep_text:
         outcome.new_text = result.new
+    if result.changed and mode.keep_texts:
+        outcome.texts = (src, result.new)
     if result.changed and mode.write:
-
-        def replaced(_: str) -> None:
-            # Runs before a deferred SIGTERM or SIGINT can stop this process.
-            outcome.written = True
-            if on_written is not None:
-                on_written(outcome)
-
-        try:
-            write_atomic(path, result.new, stamp, on_replaced=replaced)
-        except OptcodemodError as error:
-            outcome.error = error.render()
+        _write(outcome, result.new, stamp, on_written)
     return outcome
+
+
+def _write(
+    outcome: FileOutcome,
+    data: bytes,
+    stamp: Optional[FileStamp],
+    on_written: Optional[Callable[[FileOutcome], None]] = None,
+) -> None:
+    def replaced(_: str) -> None:
+        # Runs before a deferred SIGTERM or SIGINT can stop this process.
+        outcome.written = True
+        if on_written is not None:
+            on_written(outcome)
+
+    try:
+        write_atomic(outcome.path, data, stamp, on_replaced=replaced)
+    except OptcodemodError as error:
+        outcome.error = error.render()
 
 
 def process_path(
@@ -314,11 +332,21 @@ def run(
     def mark_written(outcome: FileOutcome) -> None:
         written[outcome.path] = None
 
+    def replaced(outcome: FileOutcome) -> None:
+        outcomes[outcome.path] = outcome
+        if outcome.written:
+            written[outcome.path] = None
+
     if mode.write:
         remove_stale_temporaries({os.path.dirname(os.path.realpath(p)) for p in paths})
     try:
         with _SigintWatch() as sigint:
-            _run_all(paths, settings, mode, jobs, record, mark_written, sigint)
+            index = _project_index(paths, mode.cache)
+            if index:
+                mode = replace(mode, keep_texts=True)
+            _run_all(paths, settings, mode, jobs, record, mark_written, sigint, index)
+            if index:
+                _settle_project(paths, settings, mode, index, outcomes, replaced, sigint)
     except Interrupted as stop:
         raise Interrupted(list(written), stop.in_flight) from None
     except KeyboardInterrupt:
@@ -374,10 +402,11 @@ class _SigintWatch:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintWatch) -> None:
-    # What each file learns from the others (imports, calls, entry points): one pass up front,
-    # so that each file is still rewritten on its own, here or in a worker, and cached.
-    index = _project_index(paths, mode.cache)
+def _run_all(
+    paths, settings, mode, jobs, record, mark_written, sigint: _SigintWatch, index
+) -> None:
+    """`index`: what each file learns from the others (imports, calls, entry points), read
+    up front, so that each file is still rewritten on its own, here or in a worker, and cached."""
     candidates: List[str] = []
     for path in paths:
         cached = _cached_outcome(path, settings, mode, index.get(path))
@@ -404,19 +433,89 @@ def _run_all(paths, settings, mode, jobs, record, mark_written, sigint: _SigintW
             record(outcome)
 
 
-def _project_index(paths: Sequence[str], cache: Optional[Cache]) -> Dict[str, Any]:
+def _project_index(
+    paths: Sequence[str], cache: Optional[Cache], sources: Optional[Dict[str, bytes]] = None
+) -> Dict[str, Any]:
     """What each file learns from the other files of the run and from the local modules they
     import (analysis/project.py, project_context.py), from the cache when no file changed;
-    nothing for a single file that imports nothing local."""
+    nothing for a single file that imports nothing local. `sources`: rewritten text to read
+    instead of a file's."""
     context = context_modules(paths)
     if sum(path.endswith(".py") for path in paths) + len(context) < 2:
         return {}
-    build = functools.partial(project_facts, context=context)
+    build = functools.partial(project_facts, context=context, sources=sources)
     # The index parses every importing module and keeps each tree until it is done: with
     # the cyclic collector on, the growing heap is walked again and again (a quarter of the
     # index's time on the benchmark corpus); what cycles it leaves are collected after.
     with cyclic_gc_paused():
-        return cache.project_index(paths, build, context) if cache else build(paths)
+        if cache is None:
+            return build(paths)
+        return cache.project_index(paths, build, context, sources)
+
+
+# Each round follows one more link between files: data.py's loader is pinned by OPT101, so
+# train.py's copies of its batches can be made non-blocking (OPT201).
+MAX_PROJECT_ROUNDS = 3
+
+
+def _settle_project(
+    paths: Sequence[str],
+    settings: Settings,
+    mode: Mode,
+    index: Dict[str, Any],
+    outcomes: Dict[str, FileOutcome],
+    replaced: Callable[[FileOutcome], None],
+    sigint: "_SigintWatch",
+) -> None:
+    """Rewrite again the files whose project facts change once the index reads the run's
+    rewrites instead of the old texts, until the facts stop changing: what one file's fix
+    makes possible in another is done in the same run, and a second `apply` changes nothing
+    (DESIGN.md section 4). A file rewritten already goes on from its rewrite, keeping its
+    fixes, as a second `apply` would: OPT301's TF32 setting in train.py stays although the
+    autocast OPT302 adds to trainer.py would have kept OPT301 from adding it."""
+    for _ in range(MAX_PROJECT_ROUNDS):
+        rewritten = {p: o.texts[1] for p, o in outcomes.items() if o.texts is not None}
+        if not rewritten:
+            return
+        settled = _project_index(paths, mode.cache, rewritten)
+        again = [p for p in paths if settled.get(p) != index.get(p) and not outcomes[p].error]
+        for path in again:
+            replaced(_rewrite_again(path, settings, mode, settled.get(path), outcomes[path]))
+            sigint.check()
+        if not again:
+            return
+        index = settled
+
+
+def _rewrite_again(
+    path: str, settings: Settings, mode: Mode, project: Any, first: FileOutcome
+) -> FileOutcome:
+    """The outcome of rewriting `path` with what the project now tells it, going on from its
+    earlier rewrite; the file on disk goes from that rewrite (or its text) to the new one."""
+    try:
+        current, stamp = read_source(path)
+    except OptcodemodError:
+        return first
+    original, rewritten = first.texts or (current, current)
+    if current != (rewritten if first.written else original):
+        return first  # saved by someone during the run: the write would be refused
+    resume = None
+    if first.texts is not None:
+        resume = Resume(
+            rewritten,
+            tuple(d for d in first.diagnostics if d.status is Status.FIXED),
+            tuple(d for d in first.diagnostics if d.status is Status.DECLINED),
+        )
+    unwritten = replace(mode, write=False)
+    outcome = process_bytes(original, path, settings, unwritten, None, None, project, resume)
+    if outcome.error:
+        first.warning = f"{outcome.error}; its first rewrite stands"
+        return first
+    new = outcome.texts[1] if outcome.texts else original
+    if mode.write and new != current:
+        _write(outcome, new, stamp)
+    outcome.written = outcome.written or first.written
+    return outcome
 
 
 def _run_in_workers(

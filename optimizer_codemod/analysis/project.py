@@ -71,7 +71,7 @@ import re
 import types
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -659,17 +659,23 @@ def _defined(
 
 
 # The index ------------------------------------------------------------------------------------
-def project_facts(paths: Iterable[str], context: Sequence[str] = ()) -> Dict[str, ProjectFacts]:
+def project_facts(
+    paths: Iterable[str],
+    context: Sequence[str] = (),
+    sources: Optional[Mapping[str, bytes]] = None,
+) -> Dict[str, ProjectFacts]:
     """The facts each file of the run gets from the others, by path as given; files with
     nothing to learn are left out. `context`: modules the run's files import that are not
     in the run (project_context.py), read for what they define and decide, never told
-    anything themselves. Never raises: a file it cannot read is left out."""
+    anything themselves. `sources`: text to read instead of a file's (by path as given), for
+    the run's rewrites not yet on disk. Never raises: a file it cannot read is left out."""
     given = [p for p in paths if p.endswith(".py")]
     if len(given) + len(context) < 2 or not given:
         return {}
+    texts = {os.path.abspath(p): src for p, src in (sources or {}).items()}
     try:
         return _project_facts(
-            given, {os.path.abspath(p) for p in context} - set(map(os.path.abspath, given))
+            given, {os.path.abspath(p) for p in context} - set(map(os.path.abspath, given)), texts
         )
     except Exception:  # the index only adds knowledge: a bug of ours must cost nothing else
         return {}
@@ -682,16 +688,20 @@ def _run_root(paths: Iterable[str]) -> str:
     return os.path.dirname(common) if common in paths else common
 
 
-def _project_facts(given: List[str], context: Set[str]) -> Dict[str, ProjectFacts]:
+def _project_facts(
+    given: List[str], context: Set[str], texts: Dict[str, bytes]
+) -> Dict[str, ProjectFacts]:
     _project_root.cache_clear()  # a marker may have come or gone since the last run
     by_path = {os.path.abspath(p): p for p in given}
     run_root = _run_root(by_path)
     common = _run_root([*by_path, *context])  # labels: every file read, context too
     files: Dict[str, _Module] = {}
     for path in [*by_path, *sorted(context)]:
+        src = texts.get(path)
         try:
-            with open(path, "rb") as stream:
-                src = stream.read()
+            if src is None:
+                with open(path, "rb") as stream:
+                    src = stream.read()
         except OSError:
             continue
         label = os.path.relpath(path, common).replace(os.sep, "/") if common else path
