@@ -29,6 +29,11 @@ For every file it records and checks:
 - the wall time of the `apply` call (less the tool's start-up time, measured once on an empty
   file).
 
+Then each repository with two or more listed files is rewritten as a project, its listed files
+in one `apply` (where one file's fix can change what another is told: a loader pinned in
+data.py makes train.py's copies non-blocking), and checked the same way: no crash or error,
+every output compiles, and a second `apply --check` over them changes nothing.
+
 It tallies fixes per rule from `--output-format json` and prints a summary (files, crashes,
 errors, invalid outputs, second-run changes, non-identical unchanged lines, fixes per rule, the
 slowest files). `--json OUT` writes every record with each file's diff hunks (line ranges and
@@ -57,7 +62,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 try:
     import tomllib
@@ -305,9 +310,11 @@ DEFAULT_TIMEOUT = 600  # seconds for one file; a run past it is a hang, counted 
 TIMEOUT_SECONDS = DEFAULT_TIMEOUT
 
 
-def run_apply(command: Sequence[str], path: Path, *extra: str, cwd: Path) -> Run:
+def run_apply(
+    command: Sequence[str], path: Union[Path, Sequence[Path]], *extra: str, cwd: Path
+) -> Run:
     argv = [*command, "apply", "--unsafe-fixes", "--output-format", "json", "-j", "1", *extra]
-    argv.append(str(path))
+    argv.extend(str(p) for p in ([path] if isinstance(path, Path) else path))
     start = time.perf_counter()
     try:
         result = subprocess.run(argv, capture_output=True, cwd=cwd, timeout=TIMEOUT_SECONDS)
@@ -639,6 +646,76 @@ def check_file(
     return result
 
 
+@dataclass
+class ProjectResult:
+    """A repository's listed files rewritten together, in one `apply`."""
+
+    repo: str
+    files: int
+    status: str = "ok"  # ok | crash | error
+    message: Optional[str] = None
+    seconds: float = 0.0
+    changed_files: int = 0
+    fixes: int = 0
+    invalid_outputs: List[str] = field(default_factory=list)
+    second_run_changes: bool = False
+    second_run_detail: Optional[str] = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "ok" or bool(self.invalid_outputs) or self.second_run_changes
+
+
+def check_project(
+    entries: Sequence[Entry], sources: Dict[Entry, bytes], workdir: Path, command: Sequence[str]
+) -> Optional[ProjectResult]:
+    """Rewrite `entries` (one repository's) in one run, check the outputs compile and that a
+    second run changes nothing; the files are left as they were. None for fewer than 2."""
+    listed = [e for e in entries if e in sources]
+    if len(listed) < 2:
+        return None
+    targets = [workdir / e.key / e.path for e in listed]
+    result = ProjectResult(listed[0].repo, len(listed))
+    try:
+        first = run_apply(command, targets, cwd=workdir)
+        result.seconds = round(first.seconds, 3)
+        report = first.report()
+        if _is_crash(first) or first.returncode == 2 or report.get("errors"):
+            result.status = "crash" if _is_crash(first) else "error"
+            messages = [e.get("message", "") for e in report.get("errors") or []]
+            result.message = "; ".join(messages) or (first.stderr or first.stdout)[-2000:]
+            return result
+        result.fixes = sum(f["status"] == "fixed" for f in report.get("findings", []))
+        after = {t: t.read_bytes() for t in targets}
+        changed = [(e, t) for e, t in zip(listed, targets) if after[t] != sources[e]]
+        result.changed_files = len(changed)
+        for entry, target in changed:
+            if target.suffix != ".py":
+                continue
+            try:
+                compile(after[target], str(target), "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as error:
+                result.invalid_outputs.append(f"{entry.path}: {type(error).__name__}: {error}")
+        second = run_apply(command, targets, "--check", cwd=workdir)
+        again = second.report()
+        pending = [f for f in again.get("findings", []) if f["status"] in ("fixed", "fixable")]
+        if _is_crash(second):
+            result.second_run_changes = True
+            result.second_run_detail = "crash: " + second.stderr[-1000:]
+        elif any(t.read_bytes() != after[t] for t in targets):
+            result.second_run_changes = True
+            result.second_run_detail = "--check wrote to a file"
+        elif second.returncode == 1 or again.get("changed_files") or pending:
+            result.second_run_changes = True
+            result.second_run_detail = ", ".join(
+                f"{f['filename']}:{f['code']}@{f['location']['row']}" for f in pending
+            )
+        return result
+    finally:
+        for entry, target in zip(listed, targets):
+            target.write_bytes(sources[entry])
+
+
 def measure_startup(command: Sequence[str], workdir: Path, repeat: int = 3) -> float:
     """The tool's fixed cost per call (interpreter, imports, CLI), on a file with no pattern."""
     probe = workdir / "_startup_probe.py"
@@ -651,7 +728,12 @@ def measure_startup(command: Sequence[str], workdir: Path, repeat: int = 3) -> f
 # -- summary ------------------------------------------------------------------------------------
 
 
-def summarise(results: Sequence[FileResult], missing: Dict[str, str], slowest: int = 10) -> dict:
+def summarise(
+    results: Sequence[FileResult],
+    missing: Dict[str, str],
+    slowest: int = 10,
+    projects: Sequence[ProjectResult] = (),
+) -> dict:
     checked = [r for r in results if r.status != "missing"]
     fixed, unsafe, reported = Counter(), Counter(), Counter()
     for r in checked:
@@ -695,7 +777,18 @@ def summarise(results: Sequence[FileResult], missing: Dict[str, str], slowest: i
             {"file": f"{r.repo}:{r.path}", "seconds": r.seconds, "lines": r.lines} for r in by_time
         ],
         "missing_repositories": missing,
+        "projects": len(projects),
+        "project_fixes": sum(p.fixes for p in projects),
+        "project_failures": [_project_failure(p) for p in projects if p.failed],
     }
+
+
+def _project_failure(project: ProjectResult) -> str:
+    if project.status != "ok":
+        return f"{project.repo}: {project.status}: {project.message}"
+    if project.invalid_outputs:
+        return f"{project.repo}: invalid outputs: {'; '.join(project.invalid_outputs)}"
+    return f"{project.repo}: a second run changes {project.second_run_detail}"
 
 
 def render_summary(summary: dict, startup: float) -> str:
@@ -719,6 +812,11 @@ def render_summary(summary: dict, startup: float) -> str:
     out.append(
         f"(review) re-indented lines (blocks wrapped in a with): {summary['reindented_lines']}"
     )
+    out.append(
+        f"projects (a repository's files in one run): {summary['projects']}, "
+        f"{summary['project_fixes']} fixes; failures: {len(summary['project_failures'])}"
+    )
+    out.extend(f"    {item}" for item in summary["project_failures"])
     out.append(f"fixes applied: {summary['fixes']}")
     for code, count in summary["fixes_per_rule"].items():
         out.append(f"    {code}: {count}")
@@ -801,6 +899,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="optcodemod-ecosystem-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: List[FileResult] = []
+    projects: List[ProjectResult] = []
     missing: Dict[str, str] = {}
     try:
         startup = measure_startup(command, workdir)
@@ -824,12 +923,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"{fixes:3d} fixes  {entry.repo}:{entry.path}",
                 file=sys.stderr,
             )
+        by_repo: Dict[str, List[Entry]] = {}
+        for entry in entries:
+            by_repo.setdefault(entry.repo, []).append(entry)
+        for repo, listed in by_repo.items():
+            project = check_project(listed, sources, workdir, command)
+            if project is not None:
+                projects.append(project)
+                flag = "FAIL" if project.failed else "ok"
+                print(
+                    f"[project] {flag:4s} {project.seconds:6.2f} s {project.fixes:3d} fixes  "
+                    f"{repo} ({project.files} files)",
+                    file=sys.stderr,
+                )
         for target, data in rewritten.items():
             target.write_bytes(data)  # what --keep keeps: every file as the tool left it
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    summary = summarise(results, missing, args.slowest)
+    summary = summarise(results, missing, args.slowest, projects)
     sys.stdout.write(render_summary(summary, startup))
     if args.json:
         files = [asdict(r) for r in results]
@@ -847,12 +959,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "startup_seconds": round(startup, 3),
             "summary": summary,
             "files": files,
+            "projects": [asdict(p) for p in projects],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     if not summary["files"]:
         return 2
-    return 1 if any(r.failed for r in results) else 0
+    return 1 if any(r.failed for r in [*results, *projects]) else 0
 
 
 if __name__ == "__main__":

@@ -331,3 +331,83 @@ def test_a_notebook_whose_outputs_changed_fails_at_that_cell():
     after["cells"][1]["outputs"] = [{"output_type": "stream", "text": ["1\n"]}]
     check = ecosystem.check_notebook(before, json.dumps(after).encode())
     assert check.whitespace_changes == [(0, 2)]
+
+
+PROJECT_DATA = b"""import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_loader(batch_size):
+    dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True)
+"""
+PROJECT_TRAIN = b"""import torch
+from torch import nn
+
+from data import get_loader
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.Linear(8, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = get_loader(16)
+for epoch in range(2):
+    for inputs, labels in loader:
+        inputs = inputs.to(device)
+        labels = labels.to(device)
+        loss = nn.functional.cross_entropy(model(inputs), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def _project_corpus(tmp_path: Path) -> Path:
+    repo = tmp_path / "cache" / "someone+project"
+    repo.mkdir(parents=True)
+    (repo / "data.py").write_bytes(PROJECT_DATA)
+    (repo / "train.py").write_bytes(PROJECT_TRAIN)
+    corpus = tmp_path / "corpus.toml"
+    corpus.write_text(
+        f'[[repo]]\nname = "someone/project"\ncommit = "{"d" * 40}"\n'
+        'paths = ["train.py", "data.py"]\n'
+    )
+    return corpus
+
+
+def test_a_repository_is_also_rewritten_as_a_project(tmp_path):
+    corpus = _project_corpus(tmp_path)
+    out, kept = tmp_path / "result.json", tmp_path / "kept"
+    code = ecosystem.main(
+        ["--corpus", str(corpus), "--cache", str(tmp_path / "cache"), "--json", str(out)]
+        + ["--keep", str(kept)]
+    )
+    document = json.loads(out.read_text())
+    assert code == 0, document["summary"]["project_failures"]
+    [project] = document["projects"]
+    assert project["files"] == 2 and project["changed_files"] == 2
+    assert not project["second_run_changes"]
+    alone = document["summary"]["fixes"]
+    # Together, data.py learns that its batches are copied to the device and pins its
+    # loader (OPT101), and train.py's copies are then made non-blocking (OPT201, twice).
+    assert project["fixes"] == alone + 3
+    # --keep keeps each file as its run alone left it, not the project's run
+    assert "non_blocking" not in (kept / "someone+project" / "train.py").read_text()
+
+
+def test_a_project_that_changes_on_a_second_run_fails(tmp_path):
+    corpus = _project_corpus(tmp_path)
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text(
+        "import json, sys\n"
+        "again = '--check' in sys.argv\n"
+        "print(json.dumps({'findings': [], 'changed_files': sys.argv[-1:] if again else []}))\n"
+        "sys.exit(1 if again else 0)\n"
+    )
+    out = tmp_path / "result.json"
+    code = ecosystem.main(
+        ["--corpus", str(corpus), "--cache", str(tmp_path / "cache"), "--json", str(out)]
+        + ["--command", f"{sys.executable} {flaky}"]
+    )
+    assert code == 1
+    [failure] = json.loads(out.read_text())["summary"]["project_failures"]
+    assert failure.startswith("someone/project: a second run changes")
