@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# one project: a loader data.py returns, copied to the device by train.py
+from test_project_settles import DATA, TRAIN
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("ecosystem", ROOT / "scripts" / "ecosystem.py")
 ecosystem = importlib.util.module_from_spec(_spec)
@@ -333,39 +336,11 @@ def test_a_notebook_whose_outputs_changed_fails_at_that_cell():
     assert check.whitespace_changes == [(0, 2)]
 
 
-PROJECT_DATA = b"""import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-
-def get_loader(batch_size):
-    dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True)
-"""
-PROJECT_TRAIN = b"""import torch
-from torch import nn
-
-from data import get_loader
-
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-model = nn.Linear(8, 2).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = get_loader(16)
-for epoch in range(2):
-    for inputs, labels in loader:
-        inputs = inputs.to(device)
-        labels = labels.to(device)
-        loss = nn.functional.cross_entropy(model(inputs), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-"""
-
-
 def _project_corpus(tmp_path: Path) -> Path:
     repo = tmp_path / "cache" / "someone+project"
     repo.mkdir(parents=True)
-    (repo / "data.py").write_bytes(PROJECT_DATA)
-    (repo / "train.py").write_bytes(PROJECT_TRAIN)
+    (repo / "data.py").write_text(DATA)
+    (repo / "train.py").write_text(TRAIN)
     corpus = tmp_path / "corpus.toml"
     corpus.write_text(
         f'[[repo]]\nname = "someone/project"\ncommit = "{"d" * 40}"\n'
