@@ -272,7 +272,6 @@ class _Fixpoint:
         passes: List[Tuple[List[Diagnostic], List[Diagnostic]]] = []
         if self.resume is not None:
             fixed.extend(self.resume.fixed)
-            passes.append((list(self.resume.fixed), list(self.resume.declined)))
         seen = {self.src, code}
         for pass_number in range(1, MAX_PASSES + 2):
             try:
@@ -302,6 +301,8 @@ class _Fixpoint:
                     self._diagnostic(f, positions, line_map, _left_status(f)) for f in findings
                 ]
                 declines = _declines_of_every_pass(passes, remaining)
+                if self.resume is not None:
+                    declines += _earlier_declines(self.resume.declined, fixed, declines)
                 others = [d for d in remaining if d.status is not Status.DECLINED]
                 return RewriteResult(
                     code, code != self.src, fixed + others + declines, pass_number - 1
@@ -545,6 +546,16 @@ def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) 
                 [code],
                 path,
             )
+
+
+def _earlier_declines(
+    earlier: Sequence[Diagnostic], fixed: Sequence[Diagnostic], declined: Sequence[Diagnostic]
+) -> List[Diagnostic]:
+    """The declines of the rewrite a run resumed from, at sites it neither fixed nor declined
+    again: its passes read what the project tells the file now (a loader another file now
+    pins), so where they give a reason for a site, that reason holds and the earlier may not."""
+    sites = {(d.code, d.line) for d in (*fixed, *declined)}
+    return [d for d in earlier if (d.code, d.line) not in sites]
 
 
 def _declines_of_every_pass(

@@ -143,3 +143,17 @@ def test_the_second_look_keeps_the_first_fixes_and_reports_lines_of_the_file(
     assert fixed == [(8, "OPT501"), (12, "OPT201"), (13, "OPT201"), (14, "OPT302"), (16, "OPT301")]
     assert train.diff.count("non_blocking=True") == 2
     assert 'torch.set_float32_matmul_precision("high")' in train.diff
+
+
+def test_a_reason_the_second_look_gives_replaces_the_first_looks(tmp_path: Path) -> None:
+    collated = DATA.replace("shuffle=True", "shuffle=True, collate_fn=collate") + (
+        "\n\ndef collate(items):\n    return items\n"
+    )
+    paths = write_project(tmp_path, collated)
+    settings = Settings(root=str(tmp_path), why_not=True)  # train.py changes in the first look
+    outcomes = runner.run(paths, settings, runner.Mode(write=False))
+    declined = messages_by_code(outcomes[0], Status.DECLINED)["OPT201"]
+    # first "the DataLoader is not built with `pin_memory=True`"; pinned once data.py is
+    # rewritten, the copies are left alone for the custom collate_fn alone
+    assert len(declined) == 2
+    assert all("custom `collate_fn`" in reason for reason in declined)
