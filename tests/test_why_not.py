@@ -213,6 +213,15 @@ for (images_A, labels_A), (images_B, _) in zip(loader_A, loader_B):
             "already computes in another precision (`model.half()`)",
         ),
         (
+            (
+                ROOT
+                / "fixtures/OPT201/keep_batch_drawn_through_a_rebound_parameter_of_an_unpinned_loader.py"
+            ).read_text(),
+            "OPT201",
+            19,
+            "no DataLoader of this file is pinned",
+        ),
+        (
             (ROOT / "fixtures/OPT201/keep_loader_not_pinned.py").read_text(),
             "OPT201",
             20,

@@ -258,12 +258,14 @@ def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[c
     analysis does not follow to a loader (`self.train_data`, a parameter, `next(data_iter)`,
     `cycle(dl)`), each with where its batch comes from: where some DataLoader is or may be
     pinned (its options may arrive through `**kwargs`), or where the batch comes from a
-    loader Accelerate prepared (which moves batches to the device itself)."""
+    loader Accelerate prepared (which moves batches to the device itself), or where the
+    file builds DataLoaders but pins none (stylegan2's `next(sample_data(loader))`)."""
     if not facts.trains:
         return []
+    loaders = facts.dataloader_constructions()
     pinned = any(
         facts.is_pinned(site) or option_values(facts, site.node, "pin_memory") is None
-        for site in facts.dataloader_constructions()
+        for site in loaders
     )
     unfollowed = []
     for call in facts.records.calls:
@@ -295,6 +297,17 @@ def _unfollowed_copies(facts: "ScriptFacts", examined: Set[int]) -> List[Tuple[c
                     f"the batch comes from `{text}`, which the analysis cannot follow to a "
                     "pinned DataLoader: add `non_blocking=True` by hand if it is one and the "
                     "device is CUDA",
+                )
+            )
+        elif loaders:
+            unfollowed.append(
+                (
+                    node,
+                    f"the batch comes from `{text}`, which the analysis cannot follow to a "
+                    "DataLoader, and no DataLoader of this file is pinned (OPT101 pins one "
+                    "where it finds the loop over it): if the batches are a DataLoader's, "
+                    "build it with `pin_memory=True` and add `non_blocking=True` here by hand "
+                    "when the device is CUDA",
                 )
             )
     return unfollowed
