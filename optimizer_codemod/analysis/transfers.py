@@ -938,8 +938,9 @@ def _written(
             if assignment.site.statement is not statement and _base_of(assignment.target) in chain:
                 return True
     own = getattr(statement, "body", ()) if isinstance(statement, cst.SimpleStatementLine) else ()
+    written_back = _entries_written_back(facts, loop)
     for node in find_all(loop.node.body, cst.Assign, cst.AugAssign):
-        if any(small is node for small in own):
+        if any(small is node for small in own) or id(node) in written_back:
             continue
         targets = (
             [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
@@ -959,6 +960,63 @@ def _written(
     return any(
         isinstance(walrus.target, cst.Name) and walrus.target.value in chain
         for walrus in find_all(loop.node.body, cst.NamedExpr)
+    )
+
+
+def _entries_written_back(facts: "ScriptFacts", loop: Loop) -> Set[int]:
+    """Ids of the stores in `loop` that put a copy of a dict's entry back under its own key
+    while a loop walks the keys: `for key in batch.keys(): batch[key] = batch[key].to(dev)`
+    (llama-recipes, pytorch/examples' FSDP). The store replaces the entry, not the tensor the
+    copy reads; and a key that came again would copy a tensor already on the device."""
+    memo = facts.memo("entries_written_back")
+    if id(loop) not in memo:
+        found: Set[int] = set()
+        for inner in facts.loops_inside(loop):
+            walked = _walked_keys(inner.node)
+            if walked is None:
+                continue
+            for node in find_all(inner.node.body, cst.Assign):
+                if _writes_back(node, *walked):
+                    found.add(id(node))
+        memo[id(loop)] = found
+    return memo[id(loop)]
+
+
+def _walked_keys(node: cst.CSTNode) -> Optional[Tuple[str, str]]:
+    """(dict, key) names of `for key in d` or `for key in d.keys()`; None for other loops."""
+    if not isinstance(node, cst.For) or not isinstance(node.target, cst.Name):
+        return None
+    iterated = node.iter
+    if isinstance(iterated, cst.Call) and not iterated.args:
+        func = iterated.func
+        iterated = (
+            func.value if isinstance(func, cst.Attribute) and func.attr.value == "keys" else None
+        )
+    if not isinstance(iterated, cst.Name):
+        return None
+    return iterated.value, node.target.value
+
+
+def _writes_back(node: cst.Assign, holder: str, key: str) -> bool:
+    """`holder[key] = holder[key].to(...)` (or `.cuda(...)`), as its only target."""
+    if len(node.targets) != 1 or not _is_entry(node.targets[0].target, holder, key):
+        return False
+    copy = node.value
+    return (
+        isinstance(copy, cst.Call)
+        and isinstance(copy.func, cst.Attribute)
+        and copy.func.attr.value in COPY_METHODS
+        and _is_entry(copy.func.value, holder, key)
+    )
+
+
+def _is_entry(node: cst.BaseExpression, holder: str, key: str) -> bool:
+    return (
+        isinstance(node, cst.Subscript)
+        and is_name(node.value, holder)
+        and len(node.slice) == 1
+        and isinstance(node.slice[0].slice, cst.Index)
+        and is_name(node.slice[0].slice.value, key)
     )
 
 
