@@ -341,12 +341,14 @@ def run(
         remove_stale_temporaries({os.path.dirname(os.path.realpath(p)) for p in paths})
     try:
         with _SigintWatch() as sigint:
-            index = _project_index(paths, mode.cache)
+            parses: Dict[str, Any] = {}  # the index's, kept for the settling builds
+            index = _project_index(paths, mode.cache, parses=parses)
             if index:
                 mode = replace(mode, keep_texts=True)
             _run_all(paths, settings, mode, jobs, record, mark_written, sigint, index)
             if index:
-                _settle_project(paths, settings, mode, index, outcomes, replaced, sigint)
+                _settle_project(paths, settings, mode, index, outcomes, replaced, sigint, parses)
+            parses.clear()
     except Interrupted as stop:
         raise Interrupted(list(written), stop.in_flight) from None
     except KeyboardInterrupt:
@@ -434,16 +436,19 @@ def _run_all(
 
 
 def _project_index(
-    paths: Sequence[str], cache: Optional[Cache], sources: Optional[Dict[str, bytes]] = None
+    paths: Sequence[str],
+    cache: Optional[Cache],
+    sources: Optional[Dict[str, bytes]] = None,
+    parses: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """What each file learns from the other files of the run and from the local modules they
     import (analysis/project.py, project_context.py), from the cache when no file changed;
     nothing for a single file that imports nothing local. `sources`: rewritten text to read
-    instead of a file's."""
+    instead of a file's; `parses`: the modules' parses, kept from one build to the next."""
     context = context_modules(paths)
     if sum(path.endswith(".py") for path in paths) + len(context) < 2:
         return {}
-    build = functools.partial(project_facts, context=context, sources=sources)
+    build = functools.partial(project_facts, context=context, sources=sources, parses=parses)
     # The index parses every importing module and keeps each tree until it is done: with
     # the cyclic collector on, the growing heap is walked again and again (a quarter of the
     # index's time on the benchmark corpus); what cycles it leaves are collected after.
@@ -466,6 +471,7 @@ def _settle_project(
     outcomes: Dict[str, FileOutcome],
     replaced: Callable[[FileOutcome], None],
     sigint: "_SigintWatch",
+    parses: Optional[Dict[str, Any]] = None,
 ) -> None:
     """Rewrite again the files whose project facts change once the index reads the run's
     rewrites instead of the old texts, until the facts stop changing: what one file's fix
@@ -477,7 +483,7 @@ def _settle_project(
         rewritten = {p: o.texts[1] for p, o in outcomes.items() if o.texts is not None}
         if not rewritten:
             return
-        settled = _project_index(paths, mode.cache, rewritten)
+        settled = _project_index(paths, mode.cache, rewritten, parses)
         again = [p for p in paths if settled.get(p) != index.get(p) and not outcomes[p].error]
         for path in again:
             replaced(_rewrite_again(path, settings, mode, settled.get(path), outcomes[path]))

@@ -291,7 +291,7 @@ def test_files_that_import_nothing_local_are_not_parsed(
 ) -> None:
     parsed: List[str] = []
     real = project_module._parse
-    monkeypatch.setattr(project_module, "_parse", lambda m: (parsed.append(m.label), real(m)))
+    monkeypatch.setattr(project_module, "_parse", lambda m, p: (parsed.append(m.label), real(m, p)))
     for name in ("a.py", "b.py"):
         (tmp_path / name).write_text("import torch\n\nx = torch.zeros(1)\nx.backward()\n")
     (tmp_path / "c.py").write_text("from a import x\n")
@@ -334,7 +334,7 @@ def test_the_index_parses_only_runs_with_code_that_trains_or_loads(
 ) -> None:
     parsed: List[str] = []
     real = project_module._parse
-    monkeypatch.setattr(project_module, "_parse", lambda m: (parsed.append(m.label), real(m)))
+    monkeypatch.setattr(project_module, "_parse", lambda m, p: (parsed.append(m.label), real(m, p)))
     (tmp_path / "layers.py").write_text(LIBRARY_MODULE)
     driver = "import torch\nfrom layers import Linear\n\nmodel = Linear()\n"
     (tmp_path / "train.py").write_text(driver + (training_file or ""))

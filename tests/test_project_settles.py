@@ -157,3 +157,20 @@ def test_a_reason_the_second_look_gives_replaces_the_first_looks(tmp_path: Path)
     # rewritten, the copies are left alone for the custom collate_fn alone
     assert len(declined) == 2
     assert all("custom `collate_fn`" in reason for reason in declined)
+
+
+def test_a_later_build_parses_only_the_files_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: List[str] = []
+    real = project.cst.parse_module
+    monkeypatch.setattr(project.cst, "parse_module", lambda src: parsed.append(src) or real(src))
+    paths = write_project(tmp_path)
+    parses: dict = {}
+    first = project.project_facts(paths, parses=parses)
+    assert len(parsed) == 2
+    pinned = DATA.replace("shuffle=True", "shuffle=True, pin_memory=True").encode()
+    second = project.project_facts(paths, sources={paths[1]: pinned}, parses=parses)
+    assert parsed[2:] == [pinned]  # train.py's parse is the first build's
+    assert second[paths[0]] != first[paths[0]]
+    assert second == project.project_facts(paths, sources={paths[1]: pinned})

@@ -663,19 +663,25 @@ def project_facts(
     paths: Iterable[str],
     context: Sequence[str] = (),
     sources: Optional[Mapping[str, bytes]] = None,
+    parses: Optional[Dict[str, Tuple[bytes, object]]] = None,
 ) -> Dict[str, ProjectFacts]:
     """The facts each file of the run gets from the others, by path as given; files with
     nothing to learn are left out. `context`: modules the run's files import that are not
     in the run (project_context.py), read for what they define and decide, never told
     anything themselves. `sources`: text to read instead of a file's (by path as given), for
-    the run's rewrites not yet on disk. Never raises: a file it cannot read is left out."""
+    the run's rewrites not yet on disk. `parses`: each module's parse by absolute path, with
+    the text parsed, filled and read again (a second build of the same run parses only the
+    files that changed). Never raises: a file it cannot read is left out."""
     given = [p for p in paths if p.endswith(".py")]
     if len(given) + len(context) < 2 or not given:
         return {}
     texts = {os.path.abspath(p): src for p, src in (sources or {}).items()}
     try:
         return _project_facts(
-            given, {os.path.abspath(p) for p in context} - set(map(os.path.abspath, given)), texts
+            given,
+            {os.path.abspath(p) for p in context} - set(map(os.path.abspath, given)),
+            texts,
+            {} if parses is None else parses,
         )
     except Exception:  # the index only adds knowledge: a bug of ours must cost nothing else
         return {}
@@ -689,7 +695,10 @@ def _run_root(paths: Iterable[str]) -> str:
 
 
 def _project_facts(
-    given: List[str], context: Set[str], texts: Dict[str, bytes]
+    given: List[str],
+    context: Set[str],
+    texts: Dict[str, bytes],
+    parses: Dict[str, Tuple[bytes, object]],
 ) -> Dict[str, ProjectFacts]:
     _project_root.cache_clear()  # a marker may have come or gone since the last run
     by_path = {os.path.abspath(p): p for p in given}
@@ -711,7 +720,7 @@ def _project_facts(
     names = _module_names(files)
     importers = [m for m in files.values() if _imports_one_of(m.src, names)]
     for module in importers:
-        _parse(module)
+        _parse(module, parses)
     for module in importers:
         if module.facts is not None:
             _bind_imports(module, files)
@@ -720,7 +729,7 @@ def _project_facts(
         for m in importers
         for t in (*m.modules.values(), *(o[0] for o in m.objects.values()), *m.stars)
     }:
-        _parse(files[target])
+        _parse(files[target], parses)
     for module in importers:
         if module.facts is not None:
             _bind_stars(module, files)
@@ -814,24 +823,26 @@ def _imports_one_of(src: bytes, names: Set[bytes]) -> bool:
     return False
 
 
-def _parse(module: _Module) -> None:
+def _parse(module: _Module, parses: Dict[str, Tuple[bytes, object]]) -> None:
+    """The module's facts before the project tells it anything (_attach gives fresh ones):
+    they depend on its text alone, so an earlier build's serve for the same text."""
     if module.facts is not None:
         return
     from optimizer_codemod.analysis.script import ScriptFacts
 
-    try:
-        module.facts = ScriptFacts.of(cst.parse_module(module.src))
-    except Exception:
-        module.facts = None
+    text, facts = parses.get(module.path, (None, None))
+    if text != module.src:
+        try:
+            facts = ScriptFacts.of(cst.parse_module(module.src))
+        except Exception:
+            facts = None
+        parses[module.path] = (module.src, facts)
+    module.facts = facts
 
 
 def _attach(module: _Module, own: ProjectFacts) -> None:
     """Fresh facts for `module` (answers depend on what the project tells it), the same parse."""
-    from optimizer_codemod.analysis.script import ScriptFacts
-
-    fresh = ScriptFacts(module.facts.module, module.facts.records)
-    fresh.project = own
-    module.facts = fresh
+    module.facts = module.facts.told(own)
 
 
 # Which functions reach a training loop, across modules -----------------------------------------

@@ -54,6 +54,14 @@ class ScriptFacts:
     def of(cls, module: cst.Module) -> "ScriptFacts":
         return cls(module, collect(module))
 
+    def told(self, project) -> "ScriptFacts":
+        """Facts of the same parse for what `project` (project.ProjectFacts) tells the module;
+        the tables that depend on its text alone are shared."""
+        fresh = ScriptFacts(self.module, self.records)
+        fresh._memos["parents"] = self.memo("parents")
+        fresh.project = project
+        return fresh
+
     @property
     def parents(self) -> Dict[cst.CSTNode, cst.CSTNode]:
         """Each node of the module with its parent, built once per pass (the table escapes.py
