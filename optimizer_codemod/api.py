@@ -148,7 +148,7 @@ def _rewrite_parsed(
         assert resume is None, "a notebook is not resumed"
         return _rewrite_notebook(src, path, options)
     result = rewrite_bytes(src, path, options, resume)
-    result.diagnostics.sort(key=_reading_order)
+    result.diagnostics.sort(key=reading_order)
     if not result.changed:
         return SourceRewrite(result.code, False, result.diagnostics)
     encoding = _encoding_of(src, path)
@@ -203,7 +203,7 @@ def _format_like_project(path: str, old: str, new: str, encoding: str):
     return formatted, None
 
 
-def _reading_order(diagnostic: Diagnostic) -> Tuple[int, int, int, str]:
+def reading_order(diagnostic: Diagnostic) -> Tuple[int, int, int, str]:
     return (diagnostic.cell or 0, diagnostic.line, diagnostic.column, diagnostic.code)
 
 
@@ -244,7 +244,7 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
                 file_region=file_region,
             )
         )
-    diagnostics.sort(key=_reading_order)
+    diagnostics.sort(key=reading_order)
     if not result.changed:
         return SourceRewrite(src, False, diagnostics)
     changes = notebook.changed_cells(result.code.decode("utf-8"))

@@ -218,13 +218,14 @@ def may_contain_findings(src: bytes, rules: Sequence[type], project: Any = None)
 
 @dataclass(frozen=True)
 class Resume:
-    """Where an earlier rewrite of the same source stopped: its text and what it reported
+    """Where an earlier rewrite of the same source stopped: its text and the fixes it made
     (lines of the source). Going on from there, with what the project tells the file now,
-    keeps every fix it made, as a second `apply` would (runner._settle_project)."""
+    keeps every fix, as a second `apply` would (runner._settle_project). Its passes report no
+    sites they leave alone: they would read the earlier edits as the script's own code (an
+    autocast OPT302 added as the script's choice of precision); the caller asks the source."""
 
     code: bytes
     fixed: Tuple[Diagnostic, ...]
-    declined: Tuple[Diagnostic, ...]
 
 
 def rewrite_bytes(
@@ -302,7 +303,7 @@ class _Fixpoint:
                 ]
                 declines = _declines_of_every_pass(passes, remaining)
                 if self.resume is not None:
-                    declines += _earlier_declines(self.resume.declined, fixed, declines)
+                    declines = []
                 others = [d for d in remaining if d.status is not Status.DECLINED]
                 return RewriteResult(
                     code, code != self.src, fixed + others + declines, pass_number - 1
@@ -546,16 +547,6 @@ def _check_nodes_are_in_the_tree(findings: List[Finding], positions, path: str) 
                 [code],
                 path,
             )
-
-
-def _earlier_declines(
-    earlier: Sequence[Diagnostic], fixed: Sequence[Diagnostic], declined: Sequence[Diagnostic]
-) -> List[Diagnostic]:
-    """The declines of the rewrite a run resumed from, at sites it neither fixed nor declined
-    again: its passes read what the project tells the file now (a loader another file now
-    pins), so where they give a reason for a site, that reason holds and the earlier may not."""
-    sites = {(d.code, d.line) for d in (*fixed, *declined)}
-    return [d for d in earlier if (d.code, d.line) not in sites]
 
 
 def _declines_of_every_pass(

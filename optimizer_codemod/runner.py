@@ -26,6 +26,7 @@ from optimizer_codemod.api import (
     cyclic_gc_paused,
     format_rewrite,
     is_notebook,
+    reading_order,
     rewrite_source,
 )
 from optimizer_codemod.analysis.project import project_facts
@@ -507,21 +508,33 @@ def _rewrite_again(
         return first  # saved by someone during the run: the write would be refused
     resume = None
     if first.texts is not None:
-        resume = Resume(
-            rewritten,
-            tuple(d for d in first.diagnostics if d.status is Status.FIXED),
-            tuple(d for d in first.diagnostics if d.status is Status.DECLINED),
-        )
+        resume = Resume(rewritten, tuple(first.fixed))
     unwritten = replace(mode, write=False)
     outcome = process_bytes(original, path, settings, unwritten, None, None, project, resume)
     if outcome.error:
         first.warning = f"{outcome.error}; its first rewrite stands"
         return first
+    if resume is not None and settings.why_not:
+        _explain_from_source(outcome, original, path, settings, project)
     new = outcome.texts[1] if outcome.texts else original
     if mode.write and new != current:
         _write(outcome, new, stamp)
     outcome.written = outcome.written or first.written
     return outcome
+
+
+def _explain_from_source(
+    outcome: FileOutcome, original: bytes, path: str, settings: Settings, project: Any
+) -> None:
+    """Give a resumed outcome the sites a rewrite of `original` with what the project now
+    tells it leaves alone (engine.Resume reports none), but those the resumed one fixed."""
+    look = process_bytes(original, path, settings, Mode(write=False), project=project)
+    fixed = {(d.code, d.line) for d in outcome.fixed}
+    outcome.diagnostics = [d for d in outcome.diagnostics if d.status is not Status.DECLINED]
+    outcome.diagnostics += [
+        d for d in look.diagnostics if d.status is Status.DECLINED and (d.code, d.line) not in fixed
+    ]
+    outcome.diagnostics.sort(key=reading_order)
 
 
 def _run_in_workers(

@@ -5,6 +5,8 @@ Before runner._settle_project, train.py's copies were made non-blocking only by 
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
 
@@ -174,3 +176,25 @@ def test_a_later_build_parses_only_the_files_that_changed(
     assert parsed[2:] == [pinned]  # train.py's parse is the first build's
     assert second[paths[0]] != first[paths[0]]
     assert second == project.project_facts(paths, sources={paths[1]: pinned})
+
+
+PROJECTS = Path(__file__).resolve().parent.parent / "fixtures" / "projects"
+
+
+@pytest.mark.parametrize("name", ["trainer_lm", "trainer_convnet", "datasets_elsewhere"])
+def test_a_run_says_the_same_whatever_the_cache_holds(tmp_path: Path, name: str) -> None:
+    """The cache holds the index and outcomes of an earlier run with other settings: a run
+    must say what it says without any cache (sites left alone included: a resumed rewrite
+    reads its own earlier edits, so their reasons come from a look at the source)."""
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS / name, folder)
+    paths = sorted(str(p) for p in folder.rglob("*.py"))
+    cache = Cache(str(tmp_path / "cache"))
+
+    def outcomes(settings: Settings, cache=None) -> list:
+        mode = runner.Mode(write=False, diff=True, cache=cache)
+        return [(o.diff, o.diagnostics) for o in runner.run(paths, settings, mode)]
+
+    everything = Settings(root=str(folder), why_not=True, unsafe_fixes=True)
+    outcomes(replace(everything, select=("OPT301",)), cache)
+    assert outcomes(everything, cache) == outcomes(everything)
