@@ -118,8 +118,13 @@ class BlockingHostToDeviceCopy(Rule):
         script's own `.to(config.device)` takes it, dtype-only conversions, models and modules,
         tensors not from the batch, copies outside a loop over the loader (`next(iter(loader))`), loaders not pinned,
         copies that already choose `non_blocking` or pass `*args`/`**kwargs`, sources written
-        in place in the loop (the write would race with the copy), and, with a custom
-        `collate_fn`, copies of a whole batch (its class's `.to` may take no `non_blocking`).
+        in place in the loop (the write would race with the copy; a copy a loop over the
+        batch's keys stores back under its key, `batch[key] = batch[key].to(device)`, writes
+        the dict, not the tensor), and, with a custom `collate_fn`, copies of a whole batch or
+        of a part the function is not known to build as a tensor (its class's `.to` may take
+        no `non_blocking`): a collate function of the file, or of the module that builds the
+        loader, whose every `return` gives a tuple tells which parts are tensors it builds
+        (`torch.stack(images)`, `torch.zeros(n, longest).long()`).
         Reported, not fixed, when the device comes from where the analysis cannot see (a
         call's result, an argument not named a device), since it could be MPS; the report quotes a device that names
         the current accelerator (`torch.accelerator.current_accelerator()`, or an integer index,

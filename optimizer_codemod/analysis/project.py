@@ -110,6 +110,7 @@ class Argument:
     # read), "" for anything else; and whether it has a collate_fn of its own.
     loader: str = ""
     loader_collate: bool = False
+    loader_tensor_parts: Tuple[int, ...] = ()  # of its batches, filled by its collate_fn
 
     def same_as(self, other: "Argument") -> bool:
         return replace(self, text="") == replace(other, text="")
@@ -256,6 +257,8 @@ class ImportedLoader:
     index: int
     loader: str  # "pinned", "unpinned" or "unknown", as Argument.loader
     collate: bool  # built with a collate_fn of its own
+    # The positions of its tuple batches that collate_fn fills with tensors (collates.py).
+    tensor_parts: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,12 @@ def to_json(facts: Dict[str, ProjectFacts]) -> dict:
 
 def from_json(data: dict) -> Dict[str, ProjectFacts]:
     def argument(record) -> Argument:
-        return Argument(**record)
+        parts = tuple(record.pop("loader_tensor_parts", ()))
+        return Argument(**record, loader_tensor_parts=parts)
+
+    def loader(record) -> ImportedLoader:
+        parts = tuple(record.pop("tensor_parts", ()))
+        return ImportedLoader(**record, tensor_parts=parts)
 
     def call(record) -> IncomingCall:
         return IncomingCall(
@@ -371,7 +379,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             imported_registries=tuple(
                 imported_class(r, ImportedRegistry) for r in record.get("imported_registries", ())
             ),
-            imported_loaders=tuple(ImportedLoader(**l) for l in record.get("imported_loaders", ())),
+            imported_loaders=tuple(loader(l) for l in record.get("imported_loaders", ())),
             used_otherwise=tuple(tuple(u) for u in record.get("used_otherwise", ())),
             imported=Settings(**record.get("imported", {})),
             decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
@@ -415,8 +423,11 @@ class _Module:
     dict_registries: Optional[Dict[str, Tuple[Set[str], Set[str], str]]] = None  # once asked
     top_level_places: Optional[bool] = None  # a call at its top level places on an accelerator
     settings: Optional[Settings] = None  # what it decides (precision.py's questions), once asked
-    # (index, pinning, own collate_fn) of the DataLoaders its functions return, once asked.
-    returned_loaders: Dict[str, List[Tuple[int, str, bool]]] = field(default_factory=dict)
+    # (index, pinning, own collate_fn, its tensor parts) of the DataLoaders its functions
+    # return, once asked.
+    returned_loaders: Dict[str, List[Tuple[int, str, bool, Tuple[int, ...]]]] = field(
+        default_factory=dict
+    )
 
 
 # What marks the root of a checkout: an absolute import the project's scripts make of its
@@ -1106,8 +1117,9 @@ def _own_facts(
     )
 
 
-def _returned_loaders(owner: _Module, name: str) -> List[Tuple[int, str, bool]]:
-    """(index, pinning, own collate_fn) of each DataLoader the function `name` of `owner`
+def _returned_loaders(owner: _Module, name: str) -> List[Tuple[int, str, bool, Tuple[int, ...]]]:
+    """(index, pinning, own collate_fn, its tensor parts) of each DataLoader the function
+    `name` of `owner`
     returns on every path (loaders.returned_loaders), memoised per module."""
     from optimizer_codemod.analysis.loaders import returned_loaders
     from optimizer_codemod.analysis.transfers import passed_loader
@@ -1651,7 +1663,7 @@ def _outgoing_calls(module: _Module, files: Dict[str, _Module], wanted: Set[str]
             result=_result_use(facts, call, owner, name),
             returned=tuple(
                 (index, *returned_loader_use(facts, call, index))
-                for index, _, _ in _returned_loaders(owner, name)
+                for index, *_ in _returned_loaders(owner, name)
             ),
         )
 
@@ -1766,7 +1778,7 @@ def _argument(facts, node: cst.BaseExpression, function) -> Argument:
     classes: List[str] = []
     kind = loaders.value_kind(facts, node, function, classes)
     name = dotted_name(node)
-    pinning, collate = passed_loader(facts, node)
+    pinning, collate, tensor_parts = passed_loader(facts, node)
     return Argument(
         text=excerpt(node),
         module=builds_module(facts, node, 0, function),
@@ -1775,4 +1787,5 @@ def _argument(facts, node: cst.BaseExpression, function) -> Argument:
         handles=any(loaders.opens_handles_when_built(facts, c) for c in classes),
         loader=pinning,
         loader_collate=collate,
+        loader_tensor_parts=tensor_parts,
     )

@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.calls import (
     positional,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, Site, target_names
+from optimizer_codemod.analysis.collates import collate_function, loop_part, tensor_parts
 from optimizer_codemod.analysis.cuda_runs import cuda_required_before
 from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.devices import (
@@ -141,8 +142,8 @@ def blocking_batch_copies(
         facts
     ):
         names = facts.names_derived_in(loop, set(loop.targets) | seeds)
-        custom_collate = any(_custom_collate(facts, loader) for loader in loaders) or (
-            passed is not None and passed.loader_collate
+        custom_collate = _loop_collate(
+            [_custom_collate(facts, loader) for loader in loaders], passed
         )
         _collect_handed_copies(facts, loop, names, pinned, custom_collate, drawn, handed)
         if not pinned and declined is None:
@@ -233,7 +234,7 @@ def _collect_handed_copies(
     loop: Loop,
     names: Set[str],
     pinned: bool,
-    custom_collate: bool,
+    custom_collate: Collate,
     drawn: FrozenSet[int],
     handed: Dict[int, _HandedCopy],
 ) -> None:
@@ -533,6 +534,7 @@ def _loader_from_elsewhere(facts: "ScriptFacts", loop: Loop) -> Optional["Argume
         handles=False,
         loader=loader.loader,
         loader_collate=loader.collate,
+        loader_tensor_parts=loader.tensor_parts,
     )
 
 
@@ -580,10 +582,13 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
     return True
 
 
-def passed_loader(facts: "ScriptFacts", node: cst.BaseExpression) -> Tuple[str, bool]:
+def passed_loader(
+    facts: "ScriptFacts", node: cst.BaseExpression
+) -> Tuple[str, bool, Tuple[int, ...]]:
     """For an argument a call hands to another module: whether it is a DataLoader of this
     file that pins ("pinned"), does not ("unpinned") or may ("unknown": options it cannot
-    read), "" when it is no DataLoader; and whether it has a collate_fn of its own."""
+    read), "" when it is no DataLoader; whether it has a collate_fn of its own; and the parts
+    of its batches that collate_fn is known to fill with tensors (collates.py)."""
     site = facts.call_site_of.get(node)
     if site is None or site.qualname != DATALOADER:
         name = dotted_name(node)
@@ -591,23 +596,45 @@ def passed_loader(facts: "ScriptFacts", node: cst.BaseExpression) -> Tuple[str, 
     if site is None:
         built_elsewhere = imported_loader_named(facts, dotted_name(node))
         if built_elsewhere is not None:
-            return built_elsewhere.loader, built_elsewhere.collate
-        return "", False
+            loader = built_elsewhere
+            return loader.loader, loader.collate, loader.tensor_parts
+        return "", False, ()
     if facts.is_pinned(site):
         pinning = "pinned"
     else:
         pinning = "unknown" if option_values(facts, site.node, "pin_memory") is None else "unpinned"
-    return pinning, _custom_collate(facts, site)
+    collate = _custom_collate(facts, site)
+    return pinning, collate is not None, tuple(sorted(collate or ()))
 
 
-def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> bool:
+# What the collate_fn of the loaders a loop iterates makes of its batches: None for the
+# default collate; else the positions of a tuple batch known to hold tensors (collates.py).
+Collate = Optional[FrozenSet[int]]
+
+
+def _custom_collate(facts: "ScriptFacts", loader: CallSite) -> Collate:
     values = option_values(facts, loader.node, "collate_fn")
     if values is None:
-        return True  # `**kwargs` may carry one
-    return not all(
-        is_name(value, "None") or facts.qualified_name(value) in DEFAULT_COLLATES
+        return frozenset()  # `**kwargs` may carry one
+    custom = [
+        value
         for value in values
+        if not (is_name(value, "None") or facts.qualified_name(value) in DEFAULT_COLLATES)
+    ]
+    if not custom:
+        return None
+    functions = [collate_function(facts, value) for value in custom]
+    return frozenset.intersection(
+        *(tensor_parts(facts, f) if f is not None else frozenset() for f in functions)
     )
+
+
+def _loop_collate(collates: List[Collate], passed: Optional["Argument"]) -> Collate:
+    """What the collate_fn of every loader of a loop makes of its batches, together."""
+    if passed is not None and passed.loader_collate:
+        collates.append(frozenset(passed.loader_tensor_parts))
+    custom = [c for c in collates if c is not None]
+    return frozenset.intersection(*custom) if custom else None
 
 
 def _batch_copy(
@@ -615,7 +642,7 @@ def _batch_copy(
     call: CallSite,
     loop: Loop,
     names: Set[str],
-    custom_collate: bool,
+    custom_collate: Collate,
     drawn: FrozenSet[int] = frozenset(),
 ) -> Union[BatchCopy, str, None]:
     """The copy, or why a copy of the batch to an accelerator is left out (None: not one)."""
@@ -643,7 +670,7 @@ def _batch_part_problem(
     source: cst.BaseExpression,
     loop: Loop,
     names: Set[str],
-    custom_collate: bool,
+    custom_collate: Collate,
     drawn: FrozenSet[int],
     site: Site,
     copy: Optional[cst.Call] = None,
@@ -653,7 +680,13 @@ def _batch_part_problem(
     written in the loop; None when it can."""
     batch_part = under_views(source)
     text = code_of(source).strip()
-    if custom_collate and not _element_of_batch(facts, batch_part, loop, names):
+    if (
+        custom_collate is not None
+        and not _element_of_batch(facts, batch_part, loop, names)
+        and not (
+            isinstance(batch_part, cst.Name) and loop_part(loop, batch_part.value) in custom_collate
+        )
+    ):
         return (
             f"with a custom `collate_fn`, `{text}` may be an object of the user's class whose "
             "`.to` takes no `non_blocking`"
