@@ -218,13 +218,13 @@ def _module_files(base: str, parts: Sequence[str], paths: Set[str]) -> List[str]
 
 def _search_bases(path: str, paths: Set[str]) -> List[str]:
     """Where an absolute import in `path` is looked up: its own folder (a script's folder is
-    on sys.path), the folder above its top package, and the repository root (a project
-    installed with `pip install -e .` or run from its root)."""
+    on sys.path), the folder above its top package, and the repository root and its `src`
+    (a project installed with `pip install -e .` or run from its root), as the tool does."""
     folder = posixpath.dirname(path)
     top = folder
     while top and posixpath.join(top, "__init__.py") in paths:
         top = posixpath.dirname(top)
-    return list(dict.fromkeys([folder, top, ""]))
+    return list(dict.fromkeys([folder, top, "", "src"]))
 
 
 def local_imports(path: str, source: bytes, paths: Set[str]) -> List[str]:
