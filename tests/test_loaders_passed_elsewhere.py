@@ -67,9 +67,26 @@ def run(tmp_path: Path, options: str, files=("train.py", "evaluate.py")) -> Dict
 
 def test_a_copy_of_a_pinned_loader_passed_in_is_found(tmp_path: Path) -> None:
     outcome = run(tmp_path, ", pin_memory=True")["evaluate.py"]
-    [message] = messages_by_code(outcome, Status.REPORTED)["OPT201"]
-    # the device is a parameter: where it points is not known, so it is reported
+    # the device is a parameter train.py binds to `torch.device("cuda" if ... else "cpu")`
+    # (project.Argument.devices): the copy is fixed
+    [message] = messages_by_code(outcome, Status.FIXED)["OPT201"]
     assert message.startswith("`x` comes from a pinned DataLoader")
+
+
+def test_a_copy_to_a_device_the_caller_does_not_show_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(
+        TRAIN.replace("{options}", ", pin_memory=True").replace(
+            'torch.device("cuda" if torch.cuda.is_available() else "cpu")', "pick_device()"
+        )
+    )
+    (tmp_path / "evaluate.py").write_text(textwrap.dedent(EVALUATE))
+    [_, outcome] = runner.run(
+        [str(tmp_path / "train.py"), str(tmp_path / "evaluate.py")],
+        Settings(root=str(tmp_path), why_not=True, select=("OPT201",)),
+        runner.Mode(write=False),
+    )
+    [message] = messages_by_code(outcome, Status.REPORTED)["OPT201"]
+    assert "the device is chosen where the analysis cannot see it" in message
 
 
 @pytest.mark.parametrize(
@@ -111,7 +128,7 @@ def evaluate(net, dataloader, device):
 
 
 @pytest.mark.parametrize(
-    "options, status", [(", pin_memory=True", Status.REPORTED), ("", Status.DECLINED)]
+    "options, status", [(", pin_memory=True", Status.FIXED), ("", Status.DECLINED)]
 )
 def test_a_loader_handed_on_to_a_helper_of_the_module_is_followed(
     tmp_path: Path, options: str, status: Status

@@ -125,6 +125,9 @@ class BlockingHostToDeviceCopy(Rule):
         no `non_blocking`): a collate function of the file, or of the module that builds the
         loader, whose every `return` gives a tuple tells which parts are tensors it builds
         (`torch.stack(images)`, `torch.zeros(n, longest).long()`).
+        A device a function receives as a parameter is followed to what its callers pass, in
+        the file and in the other modules of the run (train.py's `device = "cuda" if ...
+        else "cpu"` handed to engine.py's `train(..., device)` and on to `train_step`).
         Reported, not fixed, when the device comes from where the analysis cannot see (a
         call's result, an argument not named a device), since it could be MPS; the report quotes a device that names
         the current accelerator (`torch.accelerator.current_accelerator()`, or an integer index,

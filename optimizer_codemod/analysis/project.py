@@ -111,6 +111,9 @@ class Argument:
     loader: str = ""
     loader_collate: bool = False
     loader_tensor_parts: Tuple[int, ...] = ()  # of its batches, filled by its collate_fn
+    # The device types it may name (devices.device_types: `device` bound to
+    # `torch.device("cuda" if ... else "cpu")` gives cpu and cuda), None when not known.
+    devices: Optional[Tuple[str, ...]] = None
 
     def same_as(self, other: "Argument") -> bool:
         return replace(self, text="") == replace(other, text="")
@@ -321,7 +324,9 @@ def to_json(facts: Dict[str, ProjectFacts]) -> dict:
 def from_json(data: dict) -> Dict[str, ProjectFacts]:
     def argument(record) -> Argument:
         parts = tuple(record.pop("loader_tensor_parts", ()))
-        return Argument(**record, loader_tensor_parts=parts)
+        devices = record.pop("devices", None)
+        devices = tuple(devices) if devices is not None else None
+        return Argument(**record, loader_tensor_parts=parts, devices=devices)
 
     def loader(record) -> ImportedLoader:
         parts = tuple(record.pop("tensor_parts", ()))
@@ -1772,6 +1777,7 @@ def _guarded(facts, call) -> bool:
 
 def _argument(facts, node: cst.BaseExpression, function) -> Argument:
     from optimizer_codemod.analysis import loaders
+    from optimizer_codemod.analysis.devices import device_types
     from optimizer_codemod.analysis.training import builds_module
     from optimizer_codemod.analysis.transfers import passed_loader
 
@@ -1779,6 +1785,7 @@ def _argument(facts, node: cst.BaseExpression, function) -> Argument:
     kind = loaders.value_kind(facts, node, function, classes)
     name = dotted_name(node)
     pinning, collate, tensor_parts = passed_loader(facts, node)
+    devices = device_types(facts, node)
     return Argument(
         text=excerpt(node),
         module=builds_module(facts, node, 0, function),
@@ -1788,4 +1795,5 @@ def _argument(facts, node: cst.BaseExpression, function) -> Argument:
         loader=pinning,
         loader_collate=collate,
         loader_tensor_parts=tensor_parts,
+        devices=tuple(sorted(devices)) if devices is not None else None,
     )

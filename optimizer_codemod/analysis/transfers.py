@@ -1107,17 +1107,41 @@ def _target_types(
     name = dotted_name(target)
     function = call.site.function
     if name is not None and function is not None and name in parameter_names(function):
-        values = parameter_values(facts, function, name)
-        if values is None:
-            return None
-        found: FrozenSet[str] = frozenset()
-        for value in values:
-            types = device_types(facts, value)
-            if types is None:
-                return None
-            found |= types
-        return found
+        return _parameter_types(facts, function, name, 0)
     return device_types(facts, target)
+
+
+def _parameter_types(
+    facts: "ScriptFacts", function: cst.FunctionDef, name: str, depth: int
+) -> Optional[FrozenSet[str]]:
+    """The device types parameter `name` of `function` may receive: at this file's calls
+    (following a parameter a caller hands on, as engine.py's `train(..., device)` to
+    `train_step(..., device)`), and at the calls of other modules of the run (what every one
+    passes, project.Argument.devices); None when some call's is not known."""
+    argument, why = outside_argument(facts, function, name)
+    if why is not None or (argument is not None and argument.devices is None):
+        return None
+    found: FrozenSet[str] = frozenset(argument.devices) if argument is not None else frozenset()
+    sources = parameter_sources(facts, function, name)
+    if sources is None:
+        return found if argument is not None else None
+    for source in sources:
+        passed = dotted_name(source.value)
+        caller = source.function
+        if (
+            depth < MAX_DEPTH
+            and passed is not None
+            and isinstance(caller, cst.FunctionDef)
+            and passed in parameter_names(caller)
+            and not locally_assigned(facts, passed, caller)
+        ):
+            types = _parameter_types(facts, caller, passed, depth + 1)
+        else:
+            types = device_types(facts, source.value)
+        if types is None:
+            return None
+        found |= types
+    return found
 
 
 # Tensors created on the host and then copied ----------------------------------------------------
