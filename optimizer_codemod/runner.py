@@ -515,7 +515,7 @@ def _rewrite_again(
         first.warning = f"{outcome.error}; its first rewrite stands"
         return first
     if resume is not None and settings.why_not:
-        _explain_from_source(outcome, original, path, settings, project)
+        _explain_from_source(outcome, original, path, settings, mode, project)
     new = outcome.texts[1] if outcome.texts else original
     if mode.write and new != current:
         _write(outcome, new, stamp)
@@ -524,11 +524,12 @@ def _rewrite_again(
 
 
 def _explain_from_source(
-    outcome: FileOutcome, original: bytes, path: str, settings: Settings, project: Any
+    outcome: FileOutcome, original: bytes, path: str, settings: Settings, mode: Mode, project: Any
 ) -> None:
     """Give a resumed outcome the sites a rewrite of `original` with what the project now
     tells it leaves alone (engine.Resume reports none), but those the resumed one fixed."""
-    look = process_bytes(original, path, settings, Mode(write=False), project=project)
+    looking = Mode(write=False, cache=mode.cache, text_shown=False)
+    look = process_bytes(original, path, settings, looking, project=project)
     fixed = {(d.code, d.line) for d in outcome.fixed}
     outcome.diagnostics = [d for d in outcome.diagnostics if d.status is not Status.DECLINED]
     outcome.diagnostics += [

@@ -198,3 +198,19 @@ def test_a_run_says_the_same_whatever_the_cache_holds(tmp_path: Path, name: str)
     everything = Settings(root=str(folder), why_not=True, unsafe_fixes=True)
     outcomes(replace(everything, select=("OPT301",)), cache)
     assert outcomes(everything, cache) == outcomes(everything)
+
+
+def test_a_warm_run_rewrites_nothing_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resumed rewrites and the looks that give their reasons are cached like the others."""
+    folder = tmp_path / "trainer_lm"
+    shutil.copytree(PROJECTS / "trainer_lm", folder)
+    paths = sorted(str(p) for p in folder.rglob("*.py"))
+    settings = Settings(root=str(folder), why_not=True)
+    mode = runner.Mode(write=False, cache=Cache(str(tmp_path / "cache")))
+    cold = runner.run(paths, settings, mode)
+    rewrites: List[str] = []
+    real = runner.rewrite_source
+    monkeypatch.setattr(runner, "rewrite_source", lambda *a: rewrites.append(a[1]) or real(*a))
+    warm = runner.run(paths, settings, mode)
+    assert rewrites == []
+    assert [o.diagnostics for o in warm] == [o.diagnostics for o in cold]
