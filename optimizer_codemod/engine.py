@@ -301,9 +301,8 @@ class _Fixpoint:
                 remaining = [
                     self._diagnostic(f, positions, line_map, _left_status(f)) for f in findings
                 ]
-                declines = _declines_of_every_pass(passes, remaining)
-                if self.resume is not None:
-                    declines = []
+                # A resumed rewrite reports no declines (see Resume).
+                declines = [] if self.resume else _declines_of_every_pass(passes, remaining)
                 others = [d for d in remaining if d.status is not Status.DECLINED]
                 return RewriteResult(
                     code, code != self.src, fixed + others + declines, pass_number - 1

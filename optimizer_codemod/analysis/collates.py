@@ -24,30 +24,30 @@ store into an element, `targets[i, :end] = ...`, keeps the tensor).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, FrozenSet, List, Optional, Sequence
+from typing import TYPE_CHECKING, FrozenSet, Optional, Sequence
 
 import libcst as cst
 
-from optimizer_codemod.analysis.collect import target_names
+from optimizer_codemod.analysis.collect import names_bound_otherwise, target_names
+from optimizer_codemod.analysis.devices import HOST_VIEW_METHODS
+from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.loaders import DEFAULT_COLLATES
 from optimizer_codemod.analysis.nodes import find_all, is_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Loop
     from optimizer_codemod.analysis.script import ScriptFacts
 
-# Calls that build a new tensor whatever their arguments are.
-TENSOR_BUILDERS = frozenset(
-    {f"torch.{name}" for name in ("stack", "cat", "zeros", "ones", "empty", "full", "tensor")}
-    | {f"torch.{name}" for name in ("as_tensor", "from_numpy", "arange", "LongTensor")}
-    | {"torch.FloatTensor", "torch.nn.utils.rnn.pad_sequence"}
-    | {"torch.utils.data.default_collate", "torch.utils.data.dataloader.default_collate"}
+# Calls that build a new tensor whatever their arguments are: torch's factories, and these.
+TENSOR_BUILDERS = (
+    frozenset(FACTORIES)
+    | DEFAULT_COLLATES
+    | {f"torch.{name}" for name in ("stack", "cat", "as_tensor", "from_numpy")}
+    | {"torch.LongTensor", "torch.FloatTensor", "torch.nn.utils.rnn.pad_sequence"}
 )
-# Methods of a tensor that give a tensor.
-TENSOR_METHODS = frozenset(
-    {"long", "float", "int", "half", "bool", "double", "contiguous", "clone", "view"}
-    | {"reshape", "permute", "transpose", "unsqueeze", "squeeze", "flatten", "t"}
-)
+# Methods of a tensor that give a tensor: its views and conversions, and a copy.
+TENSOR_METHODS = HOST_VIEW_METHODS | {"clone"}
 
 
 def tensor_parts(facts: "ScriptFacts", function: cst.FunctionDef) -> FrozenSet[int]:
@@ -104,7 +104,7 @@ def _last_binding(
         single = _single_assignment(statement, name)
         if single is not None:
             last = single
-        elif name in _bound_names(statement):
+        elif _binds(statement, name):
             last = None
     return None  # the `return` is inside a block
 
@@ -120,24 +120,12 @@ def _single_assignment(statement: cst.BaseStatement, name: str) -> Optional[cst.
     return None
 
 
-def _bound_names(statement: cst.CSTNode) -> List[str]:
-    """Names a statement binds in its function's scope (targets of assignments, loops,
-    `with`, `:=`, `del`, imports), nested scopes aside."""
-    names: List[str] = []
-    for node in find_all(statement, cst.AssignTarget, cst.AugAssign, cst.AnnAssign):
-        names.extend(target_names(node.target))
-    for node in find_all(statement, cst.For, cst.CompFor):
-        names.extend(target_names(node.target))
-    for item in find_all(statement, cst.WithItem):
-        if item.asname is not None:
-            names.extend(target_names(item.asname.name))
-    for walrus in find_all(statement, cst.NamedExpr):
-        names.extend(target_names(walrus.target))
-    for deleted in find_all(statement, cst.Del):
-        names.extend(target_names(deleted.target))
-    for alias in find_all(statement, cst.ImportAlias):
-        names.append((alias.asname.name if alias.asname else alias.name).value)
-    return names
+def _binds(statement: cst.CSTNode, name: str) -> bool:
+    """`statement` binds `name` (by assignment, or otherwise: collect.names_bound_otherwise)."""
+    assigned = find_all(statement, cst.AssignTarget, cst.AugAssign, cst.AnnAssign)
+    return name in names_bound_otherwise(statement) or any(
+        name in target_names(node.target) for node in assigned
+    )
 
 
 def loop_part(loop: "Loop", name: str) -> Optional[int]:

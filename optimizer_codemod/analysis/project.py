@@ -1124,8 +1124,7 @@ def _own_facts(
 
 def _returned_loaders(owner: _Module, name: str) -> List[Tuple[int, str, bool, Tuple[int, ...]]]:
     """(index, pinning, own collate_fn, its tensor parts) of each DataLoader the function
-    `name` of `owner`
-    returns on every path (loaders.returned_loaders), memoised per module."""
+    `name` of `owner` returns on every path (loaders.returned_loaders), memoised per module."""
     from optimizer_codemod.analysis.loaders import returned_loaders
     from optimizer_codemod.analysis.transfers import passed_loader
 
