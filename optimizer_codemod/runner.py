@@ -29,7 +29,7 @@ from optimizer_codemod.api import (
     reading_order,
     rewrite_source,
 )
-from optimizer_codemod.analysis.project import project_facts
+from optimizer_codemod.analysis.project import DEBUG_VARIABLE, project_facts
 from optimizer_codemod.analysis.project_context import context_modules
 from optimizer_codemod.cache import Cache, write_atomically
 from optimizer_codemod.config import Settings
@@ -343,13 +343,18 @@ def run(
     try:
         with _SigintWatch() as sigint:
             parses: Dict[str, Any] = {}  # the index's, kept for the settling builds
-            index = _project_index(paths, mode.cache, parses=parses)
+            failures: List[str] = []
+            index = _project_index(paths, mode.cache, parses=parses, failures=failures)
             if index:
                 mode = replace(mode, keep_texts=True)
             _run_all(paths, settings, mode, jobs, record, mark_written, sigint, index)
             if index:
-                _settle_project(paths, settings, mode, index, outcomes, replaced, sigint, parses)
+                _settle_project(
+                    paths, settings, mode, index, outcomes, replaced, sigint, parses, failures
+                )
             parses.clear()
+            if failures and paths:
+                _warn(outcomes[paths[0]], failures[0])
     except Interrupted as stop:
         raise Interrupted(list(written), stop.in_flight) from None
     except KeyboardInterrupt:
@@ -436,27 +441,61 @@ def _run_all(
             record(outcome)
 
 
+class _IndexFailed(Exception):
+    """The index hit a bug of ours; raised through the cache, so that no empty index is
+    stored for the files (a warm run would then lose the facts without a word)."""
+
+
 def _project_index(
     paths: Sequence[str],
     cache: Optional[Cache],
     sources: Optional[Dict[str, bytes]] = None,
     parses: Optional[Dict[str, Any]] = None,
+    failures: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
     """What each file learns from the other files of the run and from the local modules they
     import (analysis/project.py, project_context.py), from the cache when no file changed;
     nothing for a single file that imports nothing local. `sources`: rewritten text to read
-    instead of a file's; `parses`: the modules' parses, kept from one build to the next."""
+    instead of a file's; `parses`: the modules' parses, kept from one build to the next. An
+    index that failed is empty, and what the run must say about it goes to `failures`."""
     context = context_modules(paths)
     if sum(path.endswith(".py") for path in paths) + len(context) < 2:
         return {}
-    build = functools.partial(project_facts, context=context, sources=sources, parses=parses)
+
+    def build(paths: Sequence[str]) -> Dict[str, Any]:
+        lost: List[Exception] = []
+        index = project_facts(
+            paths, context=context, sources=sources, parses=parses, on_failure=lost.append
+        )
+        if lost:
+            raise _IndexFailed(lost[0])
+        return index
+
     # The index parses every importing module and keeps each tree until it is done: with
     # the cyclic collector on, the growing heap is walked again and again (a quarter of the
     # index's time on the benchmark corpus); what cycles it leaves are collected after.
     with cyclic_gc_paused():
-        if cache is None:
-            return build(paths)
-        return cache.project_index(paths, build, context, sources)
+        try:
+            if cache is None:
+                return build(paths)
+            return cache.project_index(paths, build, context, sources)
+        except _IndexFailed as failed:
+            if failures is not None:
+                failures.append(_index_failure_message(failed.args[0]))
+            return {}
+
+
+def _index_failure_message(exc: Exception) -> str:
+    return (
+        f"warning: the project index failed ({type(exc).__name__}: {exc}), so what the "
+        "files of this run tell each other (the models, loaders, devices and training loops "
+        "they hand on) is missing from their rewrites. Please report it with these files; "
+        f"{DEBUG_VARIABLE}=1 shows where it failed."
+    )
+
+
+def _warn(outcome: FileOutcome, message: str) -> None:
+    outcome.warning = f"{outcome.warning}\n{message}" if outcome.warning else message
 
 
 # Each round follows one more link between files: data.py's loader is pinned by OPT101, so
@@ -473,6 +512,7 @@ def _settle_project(
     replaced: Callable[[FileOutcome], None],
     sigint: "_SigintWatch",
     parses: Optional[Dict[str, Any]] = None,
+    failures: Optional[List[str]] = None,
 ) -> None:
     """Rewrite again the files whose project facts change once the index reads the run's
     rewrites instead of the old texts, until the facts stop changing: what one file's fix
@@ -484,7 +524,12 @@ def _settle_project(
         rewritten = {p: o.texts[1] for p, o in outcomes.items() if o.texts is not None}
         if not rewritten:
             return
-        settled = _project_index(paths, mode.cache, rewritten, parses)
+        lost: List[str] = []
+        settled = _project_index(paths, mode.cache, rewritten, parses, lost)
+        if lost:  # the index the files were rewritten with stands
+            if failures is not None:
+                failures.extend(lost)
+            return
         again = [p for p in paths if settled.get(p) != index.get(p) and not outcomes[p].error]
         for path in again:
             replaced(_rewrite_again(path, settings, mode, settled.get(path), outcomes[path]))

@@ -317,7 +317,11 @@ def run_apply(
     argv.extend(str(p) for p in ([path] if isinstance(path, Path) else path))
     start = time.perf_counter()
     try:
-        result = subprocess.run(argv, capture_output=True, cwd=cwd, timeout=TIMEOUT_SECONDS)
+        # A bug in the project index only warns a user; here it must crash the run and count.
+        debug = dict(os.environ, OPTCODEMOD_DEBUG="1")
+        result = subprocess.run(
+            argv, capture_output=True, cwd=cwd, timeout=TIMEOUT_SECONDS, env=debug
+        )
     except subprocess.TimeoutExpired as expired:
         seconds = time.perf_counter() - start
         stderr = (expired.stderr or b"").decode(errors="replace")

@@ -30,6 +30,10 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
 
+# A bug in the project index costs a user only the cross-file facts (with a warning); in
+# the tests it must fail loudly, not pass for a project with nothing to learn.
+os.environ["OPTCODEMOD_DEBUG"] = "1"
+
 # The colour of reports follows NO_COLOR and FORCE_COLOR; a CI that sets either must not
 # change what the tests read. Tests of those variables set them themselves.
 for _name in ("NO_COLOR", "FORCE_COLOR"):

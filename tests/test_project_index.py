@@ -383,6 +383,48 @@ def test_the_index_never_fails_the_run(tmp_path: Path) -> None:
     assert project_facts([str(tmp_path / "broken.py"), str(tmp_path / "trainer.py")]) == {}
 
 
+def test_a_failing_index_costs_only_the_cross_file_facts_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = copy("trainer_lm", tmp_path)
+    cache = Cache(str(tmp_path / "cache"))
+    full = apply(folder, write=False, cache=cache)
+    real = project_module._project_facts
+
+    def failing(*args):
+        raise KeyError("a bug of ours")
+
+    monkeypatch.setattr(project_module, "_project_facts", failing)
+    with pytest.raises(KeyError):  # as the test suite runs: loudly
+        apply(folder, write=False)
+    monkeypatch.delenv("OPTCODEMOD_DEBUG")
+    cache = Cache(str(tmp_path / "other-cache"))
+    failed = apply(folder, write=False, cache=cache)
+    warnings = [o.warning for o in failed.values() if o.warning]
+    assert len(warnings) == 1 and "the project index failed (KeyError: 'a bug of ours')" in (
+        warnings[0]
+    )
+    assert not any(o.error for o in failed.values())
+    # each file on its own: the model handed to the trainer is not known to be one
+    assert failed["trainer.py"].diff != full["trainer.py"].diff
+    # the failed index was not cached: fixed, the next run has every fact again
+    monkeypatch.setattr(project_module, "_project_facts", real)
+    again = apply(folder, write=False, cache=cache)
+    assert not any(o.warning for o in again.values())
+    assert {p: o.diff for p, o in again.items()} == {p: o.diff for p, o in full.items()}
+
+
+def test_a_failing_index_is_shown_by_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = copy("trainer_lm", tmp_path)
+    monkeypatch.delenv("OPTCODEMOD_DEBUG")
+    monkeypatch.setattr(project_module, "_project_facts", lambda *a: {}["missing"])
+    result = run_cli(["apply", "--check", "--no-cache", str(folder)])
+    assert "the project index failed (KeyError: 'missing')" in result.stderr
+    assert "OPTCODEMOD_DEBUG=1 shows where" in result.stderr
+
+
 def test_a_warm_run_takes_the_index_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,7 +71,7 @@ import re
 import types
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -675,11 +675,17 @@ def _defined(
 
 
 # The index ------------------------------------------------------------------------------------
+# Set, a failure of the index raises instead of costing only the cross-file facts: for us
+# and for the test suite, where a bug that silently empties the index must fail the test.
+DEBUG_VARIABLE = "OPTCODEMOD_DEBUG"
+
+
 def project_facts(
     paths: Iterable[str],
     context: Sequence[str] = (),
     sources: Optional[Mapping[str, bytes]] = None,
     parses: Optional[Dict[str, Tuple[bytes, object]]] = None,
+    on_failure: Optional[Callable[[Exception], None]] = None,
 ) -> Dict[str, ProjectFacts]:
     """The facts each file of the run gets from the others, by path as given; files with
     nothing to learn are left out. `context`: modules the run's files import that are not
@@ -687,7 +693,10 @@ def project_facts(
     anything themselves. `sources`: text to read instead of a file's (by path as given), for
     the run's rewrites not yet on disk. `parses`: each module's parse by absolute path, with
     the text parsed, filled and read again (a second build of the same run parses only the
-    files that changed). Never raises: a file it cannot read is left out."""
+    files that changed). A file it cannot read is left out. A bug of ours while building
+    costs the whole index, never the run: it answers {} and hands the exception to
+    `on_failure` (so that the run can say the cross-file facts were lost), or raises it
+    where $OPTCODEMOD_DEBUG is set."""
     given = [p for p in paths if p.endswith(".py")]
     if len(given) + len(context) < 2 or not given:
         return {}
@@ -699,7 +708,11 @@ def project_facts(
             texts,
             {} if parses is None else parses,
         )
-    except Exception:  # the index only adds knowledge: a bug of ours must cost nothing else
+    except Exception as exc:  # the index only adds knowledge: a bug of ours must cost nothing else
+        if os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+            raise
+        if on_failure is not None:
+            on_failure(exc)
         return {}
 
 
