@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.epochs import StrandedBlock, stranded_blocks
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
@@ -54,7 +55,14 @@ class ValidationStrandedAfterEpochLoop(Rule):
         on every step), and a block that runs only under a test holding at the loop's last
         iteration alone (yolov5's `if RANK in {-1, 0} and final_epoch:` with `final_epoch =
         epoch + 1 == epochs`, or `if epoch == epochs - 1:`): written for after training, and
-        inside the loop it would run at the same point. A block with
+        inside the loop it would run at the same point. Nor a block that says it is written
+        for after training: the word "final" in a name, keyword, string or comment
+        (`log_validation(..., epoch, is_final_validation=True)` under `# Final inference`),
+        or "End of training" (a hub upload's commit message); the 44 end-of-training blocks
+        of diffusers' training examples read `epoch` only as a label. A block that binds a
+        name the loop body reads before binding it (diffusers' `unet = unwrap_model(unet)`
+        before the final save, with `unet.train()` at the top of the epoch) is reported
+        without a fix: moved, the next epoch would train what the block bound. A block with
         `return`, `yield`, `break`, `continue`, `global`/`nonlocal` or a definition is not
         moved. Reported without a fix when the block calls `model.eval()` (directly or in a
         function of the file) and nothing in the loop calls `model.train()` again: the next
@@ -132,6 +140,14 @@ class ValidationStrandedAfterEpochLoop(Rule):
                     f"the block runs only when `{block.last_iteration_test}`, which holds at "
                     "the loop's last iteration alone: it is written for after training, and "
                     "inside the loop it would run at the same point",
+                )
+                continue
+            if block.final_marker is not None:
+                self.decline(
+                    first,
+                    f"the block says it is written for after training "
+                    f"(`{excerpt(block.final_marker)}`): a final save, test or upload, "
+                    "which inside the loop would run every epoch",
                 )
                 continue
             message = (

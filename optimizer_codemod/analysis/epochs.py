@@ -8,6 +8,7 @@ run every epoch: after the loop it runs once, with the last epoch's number.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple, Union
 
@@ -65,6 +66,9 @@ class StrandedBlock:
     # (`if final_epoch:`, `final_epoch = epoch + 1 == epochs`): written for after training.
     # The test's code.
     last_iteration_test: Optional[str] = None
+    # What in the block says it is written for after training (`is_final_validation=True`,
+    # "# Final inference", `commit_message="End of training"`).
+    final_marker: Optional[cst.CSTNode] = None
 
 
 def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
@@ -221,13 +225,136 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     block = tuple(candidates[: last_use + 1])
     if not block or not any(_is_action(facts, s) for s in block):
         return None
-    problem = _eval_mode_problem(facts, loop, block)
+    problem = _eval_mode_problem(facts, loop, block) or _rebinding_problem(node.body, block)
     if _breaks_out(node.body, cst.Continue):
         problem = "the loop's `continue` would skip it in some epochs"
     repeated = _runs_in_body(facts.module, node.body, block)
     repeats_call = _action_call_made_in_body(facts, node.body, block)
     last = _last_iteration_test(facts, loop, block)
-    return StrandedBlock(loop, block, variable, problem, repeated, repeats_call, last)
+    final = _final_marker(block)
+    return StrandedBlock(loop, block, variable, problem, repeated, repeats_call, last, final)
+
+
+# How a block says it is written for after training: the word "final" in a name, a keyword,
+# a string or a comment (diffusers' `log_validation(..., is_final_validation=True)` under
+# "# Final inference"), or a phrase such as "End of training" (its hub upload's message).
+_FINAL_WORD = "final"
+_AFTER_TRAINING = re.compile(
+    r"\b(?:end of training|after training|training (?:is )?(?:done|finished|complete[d]?))\b",
+    re.IGNORECASE,
+)
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
+def _final_marker(block: Sequence[cst.BaseStatement]) -> Optional[cst.CSTNode]:
+    """The first keyword argument, name, string or comment of `block` that calls it final."""
+    for statement in block:
+        for node in find_all(statement, cst.Arg, cst.Name, cst.SimpleString, cst.Comment):
+            if isinstance(node, cst.Arg):
+                text = node.keyword.value if node.keyword is not None else ""
+            else:
+                text = node.value
+            words = {word.lower() for word in _WORDS.findall(text)}
+            if _FINAL_WORD in words or _AFTER_TRAINING.search(text):
+                return node
+    return None
+
+
+def _rebinding_problem(
+    body: cst.IndentedBlock, block: Sequence[cst.BaseStatement]
+) -> Optional[str]:
+    """Moved to the end of the loop body, a block that binds a name the body reads before
+    binding it would hand the next epoch its value: diffusers' `unet = unwrap_model(unet)`
+    and `unet = unet.to(torch.float32)` before the final save would train on."""
+    bound: Set[str] = set()
+    for statement in block:
+        bound |= _reads_and_binds(statement)[1]
+    for name in sorted(bound):
+        if not is_throwaway(name) and _first_use(body.body, name) == _READ:
+            return (
+                f"it binds `{name}`, which the loop reads before binding it: moved, the next "
+                f"epoch would run with the block's `{name}`"
+            )
+    return None
+
+
+_READ, _BOUND = "read", "bound"
+
+
+def _first_use(statements: Sequence[cst.CSTNode], name: str) -> Optional[str]:
+    """Whether `statements`, run in order, read `name` before they surely bind it (_READ),
+    surely bind it first (_BOUND), or neither (None). A binding in one branch of an `if`, or
+    in a `try`, may not run, so it is not sure; one in a loop's body counts as sure (the
+    batch loop of an epoch runs: `loss` bound there and printed after it is the epoch's)."""
+    for statement in statements:
+        use = _statement_use(statement, name)
+        if use is not None:
+            return use
+    return None
+
+
+def _statement_use(statement: cst.CSTNode, name: str) -> Optional[str]:
+    if isinstance(statement, cst.SimpleStatementLine):
+        return _first_use(statement.body, name)
+    if isinstance(statement, cst.BaseSmallStatement):
+        reads, binds = _reads_and_binds(_without_comprehensions_of(statement, name))
+        if name in reads or (isinstance(statement, cst.AugAssign) and name in binds):
+            return _READ
+        return _BOUND if name in binds else None
+    if isinstance(statement, cst.If):
+        if name in _reads_and_binds(statement.test)[0]:
+            return _READ
+        branches = [_first_use(statement.body.body, name)]
+        orelse = statement.orelse
+        branches.append(None if orelse is None else _statement_use_of_else(orelse, name))
+        if _READ in branches:
+            return _READ
+        return _BOUND if all(b == _BOUND for b in branches) else None
+    if isinstance(statement, (cst.For, cst.While)):
+        header = statement.iter if isinstance(statement, cst.For) else statement.test
+        if name in _reads_and_binds(header)[0]:
+            return _READ
+        targets = target_name_nodes(statement.target) if isinstance(statement, cst.For) else []
+        if any(target.value == name for target in targets):
+            return None  # the body reads the loop's own binding
+        return _first_use(statement.body.body, name)
+    if isinstance(statement, cst.With):
+        if any(name in _reads_and_binds(item.item)[0] for item in statement.items):
+            return _READ
+        return _first_use(statement.body.body, name)
+    reads = _reads_and_binds(statement)[0]
+    return _READ if name in reads else None  # try, match, definitions: reads count, binds not
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _without_comprehensions_of(statement: cst.CSTNode, name: str) -> cst.CSTNode:
+    """`statement` less the comprehensions that bind `name`: in their own scope, their
+    `for i in ...` neither reads nor binds the statement's `i`."""
+
+    class Drop(cst.CSTTransformer):
+        def leave_ListComp(self, original, updated):
+            return _placeholder(updated, name)
+
+        leave_SetComp = leave_DictComp = leave_GeneratorExp = leave_ListComp
+
+    return statement.visit(Drop()) if find_all(statement, *_COMPREHENSIONS) else statement
+
+
+def _placeholder(comprehension: cst.CSTNode, name: str) -> cst.CSTNode:
+    binds = set()
+    for_in = comprehension.for_in
+    while for_in is not None:
+        binds.update(n.value for n in target_name_nodes(for_in.target))
+        for_in = for_in.inner_for_in
+    return cst.Name("None") if name in binds else comprehension
+
+
+def _statement_use_of_else(orelse: Union[cst.If, cst.Else], name: str) -> Optional[str]:
+    if isinstance(orelse, cst.If):  # elif
+        return _statement_use(orelse, name)
+    return _first_use(orelse.body.body, name)
 
 
 def _last_iteration_test(
