@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.devices import deepspeed_engine
 from optimizer_codemod.analysis.entry_points import (
     models_trained_elsewhere,
     placed_device,
@@ -108,7 +109,12 @@ class ModelTrainedWithoutCompile(Rule):
         a compiled module cannot be differentiated, and the second backward raises
         "torch.compile with aot_autograd does not currently support double backward" (torch
         2.13, `_functorch/_aot_autograd/runtime_wrappers.py`; tests/test_compile_claims.py
-        runs it). Nor for a model built only from torch's own layers
+        runs it). Nor when the script trains under DeepSpeed (it imports `deepspeed`, or
+        gives Accelerate a `DeepSpeedPlugin`): DeepSpeed's engine wraps the model, a module
+        compiled before it breaks under ZeRO-3's partitioned parameters
+        (pytorch/pytorch#115484), and DeepSpeed compiles through `engine.compile()` or the
+        `compile` section of its configuration (accelerate's DeepSpeed test scripts had
+        their models compiled before this). Nor for a model built only from torch's own layers
         (`nn.Sequential(nn.Linear(...), nn.ReLU())`): `Module.compile()` compiles the
         module's `_call_impl`, and Dynamo skips the code of torch's own modules, so nothing
         is compiled (measured on torch 2.13; pytorch/pytorch#150915, with a fix proposed in
@@ -215,7 +221,7 @@ class ModelTrainedWithoutCompile(Rule):
                 ),
             )
             return
-        reason = self._why_compile_would_not_pay(model) or _why_compile_would_fail(twice)
+        reason = self._why_compile_would_not_pay(model) or _why_compile_would_fail(facts, twice)
         if reason is not None:
             self.decline(anchor, reason)
             return
@@ -243,7 +249,7 @@ class ModelTrainedWithoutCompile(Rule):
         facts = self.facts
         device = placed_device(facts, handed)
         reason = _why_not_compiled_elsewhere(facts, handed) or _why_compile_would_fail(
-            double_backward_calls(facts)
+            facts, double_backward_calls(facts)
         )
         if reason is None and device is None:
             reason = (
@@ -317,7 +323,15 @@ def _compile_on_cuda(facts, name: str, device: cst.BaseExpression) -> cst.BaseSt
     return cst.parse_statement(f'if {device_type} == "cuda":\n    {name}.compile()\n')
 
 
-def _why_compile_would_fail(twice) -> "str | None":
+def _why_compile_would_fail(facts, twice) -> "str | None":
+    engine = deepspeed_engine(facts)
+    if engine is not None:
+        return (
+            f"the script trains under DeepSpeed (`{engine}`), whose engine wraps the model: "
+            "a module compiled before it breaks under ZeRO-3's partitioned parameters "
+            "(pytorch/pytorch#115484); DeepSpeed compiles through `engine.compile()` or the "
+            "`compile` section of its configuration"
+        )
     if twice:
         return (
             f"this file differentiates a gradient again (`{excerpt(twice[0].node)}`, a gradient "

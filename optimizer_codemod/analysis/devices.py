@@ -570,6 +570,29 @@ def xla_device_source(facts: "ScriptFacts") -> Optional[str]:
     return None
 
 
+# Names through which a script hands its model to DeepSpeed's engine: the package itself,
+# or Accelerate's plugin for it (`Accelerator(deepspeed_plugin=DeepSpeedPlugin(...))`).
+_DEEPSPEED_NAMES = ("deepspeed", "accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin")
+_DEEPSPEED_KEYWORDS = frozenset({"deepspeed_plugin", "deepspeed_plugins"})
+
+
+def deepspeed_engine(facts: "ScriptFacts") -> Optional[str]:
+    """What makes the script train under DeepSpeed, as its text shows: `deepspeed` (an import
+    or call of the package), `DeepSpeedPlugin` or a `deepspeed_plugin=` keyword; None
+    otherwise. (A DeepSpeed chosen at launch, by `accelerate config`, does not show.)"""
+    names = [b.target for b in facts.imports.bindings]
+    names += [call.qualname or "" for call in facts.records.calls]
+    for name in names:
+        for known in _DEEPSPEED_NAMES:
+            if name == known or name.startswith(known + "."):
+                return known.rsplit(".", 1)[-1]
+    for call in facts.records.calls:
+        for arg in call.node.args:
+            if arg.keyword is not None and arg.keyword.value in _DEEPSPEED_KEYWORDS:
+                return f"{arg.keyword.value}="
+    return None
+
+
 def on_device(
     facts: "ScriptFacts", node: cst.BaseExpression, names: Set[str], modules: Set[str]
 ) -> bool:
