@@ -164,13 +164,17 @@ class Notebook:
         lines = lines if text else []
         masked = []
         magic_continues = False
+        indent = ""
         python = _Continuation()
         for line in lines:
             if magic_continues or (not python.continuing and _MAGIC_RE.search(line)):
                 number = self._magic_count
                 self._magic_count += 1
                 magics[number] = line
-                indent = re.match(r"[ \t]*", line).group(0)
+                # A continuation line (`!pip install \` then `    torch \`) stands in at
+                # the indent of the magic it continues, not its own.
+                if not magic_continues:
+                    indent = re.match(r"[ \t]*", line).group(0)
                 masked.append(indent + _MAGIC_PLACEHOLDER.format(number))
                 magic_continues = line.endswith("\\")
             else:

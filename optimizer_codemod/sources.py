@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import os
@@ -114,11 +115,16 @@ def check_syntax(src: bytes, path: str) -> None:
 _TOO_DEEP_FOR_PYTHON = "too deeply nested: Python's own compiler gives up on this text"
 
 
+def _compile_flags(path: str) -> int:
+    """A notebook's cells run in IPython, where a top-level `await` is valid (autoawait)."""
+    return ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if path.endswith(".ipynb") else 0
+
+
 def python_syntax_error(text: str, path: str):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            compile(text, path, "exec", dont_inherit=True)
+            compile(text, path, "exec", flags=_compile_flags(path), dont_inherit=True)
     except SyntaxError as exc:
         return exc.lineno or 1, exc.offset or 1, exc.msg
     except ValueError as exc:  # null bytes
@@ -176,7 +182,7 @@ def _compile(code: bytes, path: str) -> Tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            compile(code, path, "exec", dont_inherit=True)
+            compile(code, path, "exec", flags=_compile_flags(path), dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         where = f"{getattr(exc, 'lineno', '?')}:{getattr(exc, 'offset', '?')}"
         return False, f"{where}: {getattr(exc, 'msg', exc)}"

@@ -101,6 +101,51 @@ def test_cli_reports_notebook_cells_and_diffs_per_cell(tmp_path: Path) -> None:
     assert again.exit_code == 0
 
 
+def single_cell_notebook(*cells: str) -> str:
+    document = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": text.splitlines(keepends=True),
+            }
+            for text in cells
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    return json.dumps(document, indent=1) + "\n"
+
+
+TRAINING_CELL = (
+    "import torch\nmodel = torch.nn.Linear(4, 2)\n"
+    "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+)
+
+
+def test_a_shell_line_continued_over_indented_lines_is_one_magic() -> None:
+    # diffusers' sd3_dreambooth_lora_16gb.ipynb: the continuation lines are indented.
+    install = "!pip install -q -U \\\n    transformers \\\n    peft\n"
+    result = rewrite(single_cell_notebook(install + TRAINING_CELL))
+    assert result.changed
+    source = json.loads(result.new)["cells"][0]["source"]
+    assert source[:3] == ["!pip install -q -U \\\n", "    transformers \\\n", "    peft\n"]
+    assert source[5] == "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n"
+
+
+def test_a_top_level_await_is_valid_in_a_notebook() -> None:
+    # IPython runs `await` at the top of a cell (autoawait; llama-recipes' meta_lamini.ipynb).
+    cell = "async def evaluate():\n    return 1\n\nresults = await evaluate()\n"
+    result = rewrite(single_cell_notebook(cell, TRAINING_CELL))
+    assert result.changed
+    assert json.loads(result.new)["cells"][0]["source"][3] == "results = await evaluate()\n"
+    with pytest.raises(SourceParseError, match="'await' outside function"):
+        rewrite_source(cell.encode(), "train.py", Settings().options_for("train.py"))
+
+
 def test_syntax_error_names_the_cell() -> None:
     broken = notebook_json().replace(
         "model = torch.nn.Linear(4, 2)", "model = torch.nn.Linear(4, 2"
