@@ -53,6 +53,7 @@ class RepositoryRun:
     file_errors: int  # files the run reported and left untouched (syntax errors and such)
     first_errors: List[str]
     fixes: Dict[str, int]  # by rule: what `apply --unsafe-fixes` would change
+    second_run: Optional[List[str]] = None  # files a second apply changes (--second-run)
     failure: str = ""
 
 
@@ -95,6 +96,23 @@ def _write_blobs(git: List[str], commit: str, paths: List[str], dest: Path) -> I
         batch.stdin.close()
 
 
+def second_run_changes(folder: Path) -> List[str]:
+    """The files that a second `apply` would change once the first has written its fixes
+    (DESIGN.md section 4: none), relative to `folder`."""
+    env = dict(os.environ, OPTCODEMOD_DEBUG="1")
+    apply = [sys.executable, "-m", "optimizer_codemod", "apply", "--unsafe-fixes", "-j", "2"]
+    apply.append("--no-cache")
+    subprocess.run([*apply, "-q", str(folder)], capture_output=True, env=env)
+    again = subprocess.run(
+        [*apply, "--check", "--output-format", "json", str(folder)], capture_output=True, env=env
+    )
+    try:
+        changed = json.loads(again.stdout).get("changed_files", [])
+    except ValueError:
+        return [f"(no report: exit {again.returncode})"]
+    return sorted(os.path.relpath(path, folder) for path in changed)
+
+
 def run_repository(repo: str, commit: str, folder: Path, files: int) -> RepositoryRun:
     lines = sum(path.read_bytes().count(b"\n") for path in folder.rglob("*.py") if path.is_file())
     argv = [sys.executable, "-m", "optimizer_codemod", "apply", "--check", "--unsafe-fixes"]
@@ -135,7 +153,7 @@ def run_repository(repo: str, commit: str, folder: Path, files: int) -> Reposito
         len(errors),
         errors[:5],
         fixes,
-        failure,
+        failure=failure,
     )
 
 
@@ -163,7 +181,14 @@ def _summary(runs: List[RepositoryRun], missing: List[str]) -> List[str]:
     lines.append(f"files reported and left untouched: {sum(r.file_errors for r in runs)}")
     for run in runs:
         lines += [f"  {run.repo}: {error[:160]}" for error in run.first_errors]
-    lines.append(f"total time: {sum(r.seconds for r in runs):.1f} s")
+    checked = [run for run in runs if run.second_run is not None]
+    if checked:
+        changing = sum(len(run.second_run) for run in checked)
+        lines.append(
+            f"second apply after writing the fixes ({len(checked)} repositories with fixes): "
+            f"{changing} files would change again"
+        )
+    lines.append(f"total time of the checks: {sum(r.seconds for r in runs):.1f} s")
     by_rule: Counter = Counter()
     for run in runs:
         by_rule.update(run.fixes)
@@ -189,6 +214,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--corpus", type=Path, default=ecosystem.DEFAULT_CORPUS)
     parser.add_argument("--mirror", type=Path, action="append")
     parser.add_argument("--only", help="only repositories whose owner/name contains this")
+    parser.add_argument(
+        "--second-run",
+        action="store_true",
+        help="also apply the fixes, then check that a second apply changes nothing",
+    )
     parser.add_argument("--json", type=Path, help="write the records here")
     parser.add_argument("--markdown", type=Path, help="write the summary here, with its header")
     args = parser.parse_args(argv)
@@ -207,6 +237,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 missing.append(repo)
                 continue
             run = run_repository(repo, commit, folder, files)
+            if args.second_run and run.fixes:
+                run.second_run = second_run_changes(folder)
+                if run.second_run:
+                    run.failure = "a second apply changes " + ", ".join(run.second_run[:5])
         runs.append(run)
         flag = "FAIL" if run.failure else "ok"
         print(
@@ -226,6 +260,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "- `apply --check --unsafe-fixes -j 2 --no-cache` over every `.py` file and notebook "
             "of each repository of scripts/ecosystem.toml at its pinned commit, with "
             "`OPTCODEMOD_DEBUG=1`; peak memory is the run's main process (the project index)",
+        ]
+        if args.second_run:
+            header.append(
+                "- `--second-run`: each repository's fixes then written (`apply --unsafe-fixes`) "
+                "and the result checked again"
+            )
+        header += [
             "",
             "```",
         ]
