@@ -231,15 +231,17 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
         cell, line = notebook.locate(diagnostic.line)
         _, end_line = notebook.locate(diagnostic.end_line)
         end_line = max(line, end_line)
+        indent = notebook.indent_of(cell)
+        column, end_column = diagnostic.column + indent, diagnostic.end_column + indent
         edit_lines = _file_lines(notebook, positions, diagnostic.edit_lines)
-        file_region = positions.region(
-            cell, line, diagnostic.column, end_line, diagnostic.end_column
-        )
+        file_region = positions.region(cell, line, column, end_line, end_column)
         diagnostics.append(
             diagnostic.moved(
                 cell=cell,
                 line=line,
+                column=column,
                 end_line=end_line,
+                end_column=end_column,
                 edit_lines=edit_lines,
                 file_region=file_region,
             )

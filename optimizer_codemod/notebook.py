@@ -8,6 +8,7 @@ notebook's own JSON layout (indent, key order, escaping) is kept.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ class _Cell:
     ends_with_newline: bool
     magics: Dict[int, str] = field(default_factory=dict)  # placeholder number -> original line
     newline: str = "\n"  # the cell's own line break, put back in the lines a rule changed
+    # IPython runs a cell indented as a whole (its `leading_indent` transform): the indent
+    # taken off for Python, and the cell's lines as written, to put back.
+    indent: str = ""
+    original: str = ""
 
 
 class _Continuation:
@@ -162,9 +167,13 @@ class Notebook:
         # Only \n breaks lines: a form feed or U+2028 inside the code is not a line break.
         lines = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
         lines = lines if text else []
+        indent = _leading_indent(lines)
+        original = "\n".join(lines) + ("\n" if lines else "")
+        if indent:
+            lines = [line[len(indent) :] if line.startswith(indent) else line for line in lines]
         masked = []
         magic_continues = False
-        indent = ""
+        magic_indent = ""
         python = _Continuation()
         for line in lines:
             if magic_continues or (not python.continuing and _MAGIC_RE.search(line)):
@@ -174,18 +183,23 @@ class Notebook:
                 # A continuation line (`!pip install \` then `    torch \`) stands in at
                 # the indent of the magic it continues, not its own.
                 if not magic_continues:
-                    indent = re.match(r"[ \t]*", line).group(0)
-                masked.append(indent + _MAGIC_PLACEHOLDER.format(number))
+                    magic_indent = re.match(r"[ \t]*", line).group(0)
+                masked.append(magic_indent + _MAGIC_PLACEHOLDER.format(number))
                 magic_continues = line.endswith("\\")
             else:
                 masked.append(line)
                 python.feed(line)
         body = "\n".join(masked) + ("\n" if masked else "")
-        return _Cell(index, body, was_list, ends_with_newline, magics, newline)
+        return _Cell(index, body, was_list, ends_with_newline, magics, newline, indent, original)
 
     # Python text ------------------------------------------------------------------------
     def python_text(self) -> str:
         return "".join(_CELL_MARKER.format(cell.index) + "\n" + cell.text for cell in self.cells)
+
+    def indent_of(self, cell_number: int) -> int:
+        """How many columns IPython's leading indent took off the cell (1-based number)."""
+        cell = next((c for c in self.cells if c.index + 1 == cell_number), None)
+        return len(cell.indent) if cell is not None else 0
 
     def locate(self, line: int) -> Tuple[int, int]:
         """(1-based cell number in the notebook, line within that cell) for a Python line."""
@@ -209,6 +223,8 @@ class Notebook:
                 continue
             old = self._restore_magics(cell, cell.text)
             new = self._restore_magics(cell, text)
+            if cell.indent:
+                old, new = cell.original, _indented_like(old, new, cell.original, cell.indent)
             if not cell.ends_with_newline:
                 old, new = _drop_final_newline(old), _drop_final_newline(new)
             if cell.newline != "\n":
@@ -258,6 +274,33 @@ class Notebook:
             "unrelated lines; left untouched (saving it once from Jupyter normalises it)",
             self.path,
         )
+
+
+def _leading_indent(lines: List[str]) -> str:
+    """The indent IPython takes off a cell before running it (`leading_indent`, after
+    `leading_empty_lines`): the first line with code's, from every line that starts with it.
+    Only when every line with code starts with it: then a line a fix adds or changes gets it
+    back for sure (a cell whose indented first line is a comment reads as Python does)."""
+    written = [line for line in lines if line.strip()]
+    indent = re.match(r"[ \t]*", written[0]).group(0) if written else ""
+    return indent if all(line.startswith(indent) for line in written) else ""
+
+
+def _indented_like(old: str, new: str, original: str, indent: str) -> str:
+    """`new` (a rewrite of the dedented `old`) indented back: the lines kept are the cell's
+    own, as written; the lines a rule added or changed get the cell's indent."""
+    old_lines, new_lines = old.split("\n"), new.split("\n")
+    original_lines = original.split("\n")
+    out: List[str] = []
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, first, last, new_first, new_last in matcher.get_opcodes():
+        if tag == "equal":
+            out += original_lines[first:last]
+        else:
+            out += [
+                indent + line if line.strip() else line for line in new_lines[new_first:new_last]
+            ]
+    return "\n".join(out)
 
 
 def _split_cells(text: str) -> List[Tuple[int, str]]:

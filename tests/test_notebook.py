@@ -146,6 +146,28 @@ def test_a_top_level_await_is_valid_in_a_notebook() -> None:
         rewrite_source(cell.encode(), "train.py", Settings().options_for("train.py"))
 
 
+def test_a_cell_indented_as_a_whole_runs_as_ipython_runs_it() -> None:
+    # IPython takes a whole cell's indent off (leading_indent; mrdbourke's course notebooks).
+    cell = "  # on the GPU\n  import torch\n  \n" + "".join(
+        "  " + line for line in TRAINING_CELL.splitlines(keepends=True)
+    )
+    result = rewrite(single_cell_notebook(cell), select=("OPT501",))
+    source = json.loads(result.new)["cells"][0]["source"]
+    assert source[:3] == ["  # on the GPU\n", "  import torch\n", "  \n"]  # kept as written
+    assert (
+        source[-1] == "  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n"
+    )
+    [diagnostic] = result.diagnostics
+    assert (diagnostic.cell, diagnostic.line, diagnostic.column) == (1, 6, 15)
+
+
+def test_a_cell_whose_indented_first_line_is_a_comment_reads_as_python_does() -> None:
+    result = rewrite(single_cell_notebook("  # a note\n" + TRAINING_CELL))
+    source = json.loads(result.new)["cells"][0]["source"]
+    assert source[0] == "  # a note\n"
+    assert source[-1] == "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n"
+
+
 def test_syntax_error_names_the_cell() -> None:
     broken = notebook_json().replace(
         "model = torch.nn.Linear(4, 2)", "model = torch.nn.Linear(4, 2"
