@@ -39,6 +39,13 @@ from benchmarks.coverage import _machine  # noqa: E402
 from scripts import ecosystem  # noqa: E402  (corpus and mirrors are shared)
 
 TIMEOUT_SECONDS = 1800
+APPLY = (sys.executable, "-m", "optimizer_codemod", "apply", "--unsafe-fixes", "-j", "2")
+APPLY += ("--no-cache",)
+
+
+def _debug_environment() -> dict:
+    """A bug in the project index raises here instead of only warning."""
+    return dict(os.environ, OPTCODEMOD_DEBUG="1")
 
 
 @dataclass
@@ -99,12 +106,10 @@ def _write_blobs(git: List[str], commit: str, paths: List[str], dest: Path) -> I
 def second_run_changes(folder: Path) -> List[str]:
     """The files that a second `apply` would change once the first has written its fixes
     (DESIGN.md section 4: none), relative to `folder`."""
-    env = dict(os.environ, OPTCODEMOD_DEBUG="1")
-    apply = [sys.executable, "-m", "optimizer_codemod", "apply", "--unsafe-fixes", "-j", "2"]
-    apply.append("--no-cache")
-    subprocess.run([*apply, "-q", str(folder)], capture_output=True, env=env)
+    env = _debug_environment()
+    subprocess.run([*APPLY, "-q", str(folder)], capture_output=True, env=env)
     again = subprocess.run(
-        [*apply, "--check", "--output-format", "json", str(folder)], capture_output=True, env=env
+        [*APPLY, "--check", "--output-format", "json", str(folder)], capture_output=True, env=env
     )
     try:
         changed = json.loads(again.stdout).get("changed_files", [])
@@ -115,9 +120,8 @@ def second_run_changes(folder: Path) -> List[str]:
 
 def run_repository(repo: str, commit: str, folder: Path, files: int) -> RepositoryRun:
     lines = sum(path.read_bytes().count(b"\n") for path in folder.rglob("*.py") if path.is_file())
-    argv = [sys.executable, "-m", "optimizer_codemod", "apply", "--check", "--unsafe-fixes"]
-    argv += ["--output-format", "json", "-j", "2", "--no-cache", str(folder)]
-    env = dict(os.environ, OPTCODEMOD_DEBUG="1")
+    argv = [*APPLY, "--check", "--output-format", "json", str(folder)]
+    env = _debug_environment()
     start = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(argv, stdout=out, stderr=err, env=env)

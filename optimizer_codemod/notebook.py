@@ -183,7 +183,7 @@ class Notebook:
                 # A continuation line (`!pip install \` then `    torch \`) stands in at
                 # the indent of the magic it continues, not its own.
                 if not magic_continues:
-                    magic_indent = re.match(r"[ \t]*", line).group(0)
+                    magic_indent = _indent(line)
                 masked.append(magic_indent + _MAGIC_PLACEHOLDER.format(number))
                 magic_continues = line.endswith("\\")
             else:
@@ -276,13 +276,17 @@ class Notebook:
         )
 
 
+def _indent(line: str) -> str:
+    return re.match(r"[ \t]*", line).group(0)
+
+
 def _leading_indent(lines: List[str]) -> str:
     """The indent IPython takes off a cell before running it (`leading_indent`, after
     `leading_empty_lines`): the first line with code's, from every line that starts with it.
     Only when every line with code starts with it: then a line a fix adds or changes gets it
     back for sure (a cell whose indented first line is a comment reads as Python does)."""
     written = [line for line in lines if line.strip()]
-    indent = re.match(r"[ \t]*", written[0]).group(0) if written else ""
+    indent = _indent(written[0]) if written else ""
     return indent if all(line.startswith(indent) for line in written) else ""
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import TYPE_CHECKING, Callable, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, FrozenSet, Iterable, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -562,9 +562,15 @@ def xla_device_source(facts: "ScriptFacts") -> Optional[str]:
     or calls torch_xla itself, "accelerate" where an Accelerate `Accelerator` picks the
     device at launch (`accelerate config` may choose a TPU, with no change to the file);
     None otherwise."""
+    return _package_named(facts, ("torch_xla", "accelerate"))
+
+
+def _package_named(facts: "ScriptFacts", packages: Sequence[str]) -> Optional[str]:
+    """The first of `packages` (dotted names) that the script imports or calls, itself or
+    something inside it; None when it names none."""
     names = [b.target for b in facts.imports.bindings]
     names += [call.qualname or "" for call in facts.records.calls]
-    for package in ("torch_xla", "accelerate"):
+    for package in packages:
         if any(name == package or name.startswith(package + ".") for name in names):
             return package
     return None
@@ -580,12 +586,9 @@ def deepspeed_engine(facts: "ScriptFacts") -> Optional[str]:
     """What makes the script train under DeepSpeed, as its text shows: `deepspeed` (an import
     or call of the package), `DeepSpeedPlugin` or a `deepspeed_plugin=` keyword; None
     otherwise. (A DeepSpeed chosen at launch, by `accelerate config`, does not show.)"""
-    names = [b.target for b in facts.imports.bindings]
-    names += [call.qualname or "" for call in facts.records.calls]
-    for name in names:
-        for known in _DEEPSPEED_NAMES:
-            if name == known or name.startswith(known + "."):
-                return known.rsplit(".", 1)[-1]
+    named = _package_named(facts, _DEEPSPEED_NAMES)
+    if named is not None:
+        return named.rsplit(".", 1)[-1]
     for call in facts.records.calls:
         for arg in call.node.args:
             if arg.keyword is not None and arg.keyword.value in _DEEPSPEED_KEYWORDS:

@@ -332,23 +332,27 @@ _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 def _without_comprehensions_of(statement: cst.CSTNode, name: str) -> cst.CSTNode:
     """`statement` less the comprehensions that bind `name`: in their own scope, their
     `for i in ...` neither reads nor binds the statement's `i`."""
-
-    class Drop(cst.CSTTransformer):
-        def leave_ListComp(self, original, updated):
-            return _placeholder(updated, name)
-
-        leave_SetComp = leave_DictComp = leave_GeneratorExp = leave_ListComp
-
-    return statement.visit(Drop()) if find_all(statement, *_COMPREHENSIONS) else statement
+    if not find_all(statement, *_COMPREHENSIONS):
+        return statement
+    return statement.visit(_ComprehensionsOf(name))
 
 
-def _placeholder(comprehension: cst.CSTNode, name: str) -> cst.CSTNode:
-    binds = set()
-    for_in = comprehension.for_in
-    while for_in is not None:
-        binds.update(n.value for n in target_name_nodes(for_in.target))
-        for_in = for_in.inner_for_in
-    return cst.Name("None") if name in binds else comprehension
+class _ComprehensionsOf(cst.CSTTransformer):
+    """Replaces each comprehension that binds `name` with `None`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def leave_ListComp(self, original_node, updated_node):
+        binds = set()
+        for_in = updated_node.for_in
+        while for_in is not None:
+            binds.update(n.value for n in target_name_nodes(for_in.target))
+            for_in = for_in.inner_for_in
+        return cst.Name("None") if self.name in binds else updated_node
+
+    leave_SetComp = leave_DictComp = leave_GeneratorExp = leave_ListComp
 
 
 def _statement_use_of_else(orelse: Union[cst.If, cst.Else], name: str) -> Optional[str]:
