@@ -671,6 +671,85 @@ def test_the_kept_engine_loop_says_why_at_each_site(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_no_compile_for_a_loop_of_a_module_that_hands_models_to_deepspeed(
+    tmp_path: Path,
+) -> None:
+    """A model compiled before DeepSpeed's engine wraps it breaks under ZeRO-3
+    (pytorch/pytorch#115484): where the module whose loop trains it calls
+    `deepspeed.initialize`, main.py gets no compile."""
+    folder = copy("engine_loop", tmp_path)
+    engine = folder / "engine.py"
+    engine.write_text(
+        engine.read_text()
+        + "\n\ndef wrap(model, optimizer, config):\n"
+        + "    import deepspeed\n\n"
+        + "    engine, optimizer, _, _ = deepspeed.initialize(\n"
+        + "        model=model, optimizer=optimizer, config=config\n"
+        + "    )\n"
+        + "    return engine, optimizer\n"
+    )
+    outcomes = apply(folder, write=False, why_not=True)
+    assert "OPT402" not in fixed(outcomes["main.py"])
+    [reason] = messages_by_code(outcomes["main.py"], Status.DECLINED)["OPT402"]
+    assert "engine.py hands models to DeepSpeed, whose engine wraps the model" in reason
+
+
+LAUNCHER = """\
+from accelerate import Accelerator{plugin_import}
+
+
+def make_accelerator():
+    return Accelerator({plugin})
+"""
+
+OWN_LOOP = """\
+import torch
+from launcher import make_accelerator
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
+accelerator = make_accelerator()
+model = Net()
+model.to("cuda")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(100):
+    loss = model(torch.randn(4, 8, device="cuda")).sum()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("deepspeed", [True, False])
+def test_no_compile_in_a_loop_whose_script_imports_a_deepspeed_launcher(
+    tmp_path: Path, deepspeed: bool
+) -> None:
+    """The script trains the model itself, with an Accelerator another module builds with
+    DeepSpeed's plugin: declined, naming that module; with a plain Accelerator, compiled."""
+    plugin = dict(plugin_import=", DeepSpeedPlugin", plugin="deepspeed_plugin=DeepSpeedPlugin()")
+    (tmp_path / "launcher.py").write_text(
+        LAUNCHER.format(**(plugin if deepspeed else dict(plugin_import="", plugin="")))
+    )
+    (tmp_path / "train.py").write_text(OWN_LOOP)
+    outcomes = apply(tmp_path, write=False, why_not=True)
+    if deepspeed:
+        assert "OPT402" not in fixed(outcomes["train.py"])
+        [reason] = messages_by_code(outcomes["train.py"], Status.DECLINED)["OPT402"]
+        assert "DeepSpeed (in launcher.py, which this script imports)" in reason
+    else:
+        assert "OPT402" in fixed(outcomes["train.py"])
+
+
 def test_ddp_gets_no_bucket_views_where_an_imported_module_touches_grad(tmp_path: Path) -> None:
     """guided-diffusion's train_util.py wraps its model in DDP and runs the loop itself; its
     fp16_util.py resets gradients with `param.grad.detach_()`, which raises on a bucket view."""

@@ -109,8 +109,9 @@ class ModelTrainedWithoutCompile(Rule):
         a compiled module cannot be differentiated, and the second backward raises
         "torch.compile with aot_autograd does not currently support double backward" (torch
         2.13, `_functorch/_aot_autograd/runtime_wrappers.py`; tests/test_compile_claims.py
-        runs it). Nor when the script trains under DeepSpeed (it imports `deepspeed`, or
-        gives Accelerate a `DeepSpeedPlugin`): DeepSpeed's engine wraps the model, a module
+        runs it). Nor when the script trains under DeepSpeed (it, or a module of the run it
+        imports, imports `deepspeed` or gives Accelerate a `DeepSpeedPlugin`: a launcher
+        helper that builds the Accelerator counts): DeepSpeed's engine wraps the model, a module
         compiled before it breaks under ZeRO-3's partitioned parameters
         (pytorch/pytorch#115484), and DeepSpeed compiles through `engine.compile()` or the
         `compile` section of its configuration (accelerate's DeepSpeed test scripts had
@@ -325,13 +326,13 @@ def _compile_on_cuda(facts, name: str, device: cst.BaseExpression) -> cst.BaseSt
 
 def _why_compile_would_fail(facts, twice) -> "str | None":
     engine = deepspeed_engine(facts)
+    project = facts.project
+    if engine is None and project is not None and project.imported.deepspeed:
+        engine = f"in {project.decided_by('deepspeed')}, which this script imports"
+    elif engine is not None:
+        engine = f"`{engine}`"
     if engine is not None:
-        return (
-            f"the script trains under DeepSpeed (`{engine}`), whose engine wraps the model: "
-            "a module compiled before it breaks under ZeRO-3's partitioned parameters "
-            "(pytorch/pytorch#115484); DeepSpeed compiles through `engine.compile()` or the "
-            "`compile` section of its configuration"
-        )
+        return f"the script trains under DeepSpeed ({engine}), {_DEEPSPEED_WRAPS}"
     if twice:
         return (
             f"this file differentiates a gradient again (`{excerpt(twice[0].node)}`, a gradient "
@@ -341,8 +342,15 @@ def _why_compile_would_fail(facts, twice) -> "str | None":
     return None
 
 
+_DEEPSPEED_WRAPS = (
+    "whose engine wraps the model: a module compiled before it breaks under ZeRO-3's "
+    "partitioned parameters (pytorch/pytorch#115484); DeepSpeed compiles through "
+    "`engine.compile()` or the `compile` section of its configuration"
+)
+
 # What in a module of the run stops the compile of a model trained in another module, and why.
 _ELSEWHERE_HAZARDS = (
+    ("deepspeed", "hands models to DeepSpeed, " + _DEEPSPEED_WRAPS),
     ("compiles", "already compiles (`torch.compile`, `.compile()` or TorchScript)"),
     (
         "differentiates_twice",
