@@ -11,7 +11,14 @@ from optimizer_codemod.analysis.calls import (
     literal,
     with_keyword,
 )
-from optimizer_codemod.analysis.devices import xla_device_source
+from optimizer_codemod.analysis.devices import (
+    comment_naming_tpus,
+    declares_xla_runs,
+    dtensor_parameters,
+    reads_skipped_steps,
+    sharded_grad_scaler,
+    xla_device_source,
+)
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -62,12 +69,26 @@ class OptimizerWithoutFusedKernel(Rule):
         version branch, an `except TypeError` retry) keeps its options (analysis/guards.py).
         Fused kernels exist for CPU, CUDA, MPS, XPU, HPU and MTIA parameters (torch 2.13
         `torch.utils._foreach_utils._get_fused_kernels_supported_devices`), not for XLA: on a TPU
-        `step()` raises. A script that uses `torch_xla` itself is left alone; in one whose
+        `step()` raises. A script that uses `torch_xla` itself is left alone, and so is one
+        written to run on TPUs too (a branch on `DistributedType.XLA`, `is_torch_xla_available`,
+        an `_mp_fn` for `xla_spawn`, or in an Accelerate script a comment naming TPUs:
+        Accelerate's examples and test scripts); in one whose
         device an Accelerate `Accelerator` picks at launch (`accelerate config` may choose a
         TPU with no change to the file, and Accelerate's own examples say they run there)
         the fix is `behavior`, applied with `--unsafe-fixes` only: the tool cannot see where
         the script will be launched, and most Accelerate users train on GPUs, where the fix
-        is as sound as elsewhere.
+        is as sound as elsewhere. Under fp16 loss scaling a fused optimizer's `step()` is
+        always called (its kernel skips the update on an overflow), so Accelerate, which
+        tells a skipped step by `step()` not being called, steps its wrapped scheduler on
+        those steps too; a script that reads `step_was_skipped` or
+        `optimizer_step_was_skipped` is left alone. So is one whose fp16 losses FSDP's
+        `ShardedGradScaler` may scale (itself, or Accelerate's FSDP plugin): it all-reduces
+        the overflow flag across ranks in `unscale_`, which `GradScaler.step` skips for a
+        fused optimizer. Fused SGD and Adagrad have no DTensor sharding strategy (torch 2.13:
+        `step()` raises NotImplementedError), so they are left alone where the parameters may
+        be DTensors (FSDP2's `fully_shard`, tensor parallelism, a device mesh, torchft,
+        Accelerate's `ParallelismConfig` or `fsdp_version=2`); fused Adam and AdamW step
+        them. tests/test_fused_optimizer_claims.py runs each of these on the installed torch.
 
     Expected gain:
         Optimizer-step time, which grows with parameter count; the effect on a whole training
@@ -133,22 +154,19 @@ class OptimizerWithoutFusedKernel(Rule):
                     call, "the script uses sparse gradients, which fused kernels do not take"
                 )
                 continue
-            xla = xla_device_source(self.facts)
-            if xla == "torch_xla":
-                self.decline(
-                    call,
-                    "the script uses torch_xla: fused optimizers have no XLA kernel, and "
-                    "`step()` raises on an XLA device",
-                )
+            reason = _why_fused_would_fail(self.facts, label)
+            if reason is not None:
+                self.decline(call, reason)
                 continue
             fixed = with_keyword(call, "fused", cst.Name("True"))
-            if xla == "accelerate":
+            if xla_device_source(self.facts) == "accelerate":
                 self.report(
                     call,
                     Fix((Replace(call, fixed),)),
                     message=f"{label} built without its fused kernel; Accelerate picks the "
                     "device at launch, and on a TPU (XLA) a fused optimizer's `step()` raises: "
-                    "add it only where the script never runs on one",
+                    "add it only where the script never runs on one (under fp16 loss scaling "
+                    "Accelerate's scheduler then also steps on the steps the scaler skips)",
                     safety=Safety.BEHAVIOR,
                 )
                 continue
@@ -157,3 +175,45 @@ class OptimizerWithoutFusedKernel(Rule):
                 Fix((Replace(call, fixed),)),
                 message=f"{label} built without its fused kernel",
             )
+
+
+def _why_fused_would_fail(facts, label: str) -> "str | None":
+    """Where the parameters or the loss scaler make a fused step raise or change what the
+    script sees: XLA devices, DTensor parameters (SGD and Adagrad), FSDP's sharded loss
+    scaler, and Accelerate's skipped-step flag."""
+    if xla_device_source(facts) == "torch_xla":
+        return (
+            "the script uses torch_xla: fused optimizers have no XLA kernel, and `step()` "
+            "raises on an XLA device"
+        )
+    declared = declares_xla_runs(facts)
+    if declared is None and xla_device_source(facts) == "accelerate":
+        declared = comment_naming_tpus(facts)
+    if declared is not None:
+        return (
+            f"the script is written to run on TPUs too (`{declared}`): fused optimizers have "
+            "no XLA kernel, and `step()` raises on an XLA device"
+        )
+    sharded = dtensor_parameters(facts)
+    if sharded is not None and label in ("SGD", "Adagrad"):
+        return (
+            f"the parameters may be DTensors (`{sharded}`: FSDP2, tensor parallelism), and "
+            f"torch has no sharding strategy for the fused {label} kernel: `step()` raises "
+            "NotImplementedError (torch 2.13; the fused Adam and AdamW kernels have one)"
+        )
+    scaler = sharded_grad_scaler(facts)
+    if scaler is not None:
+        return (
+            f"the script may scale fp16 losses with FSDP's ShardedGradScaler (`{scaler}`), "
+            "which all-reduces the overflow flag across ranks in `unscale_`; for a fused "
+            "optimizer `GradScaler.step` checks each rank's gradients alone, so ranks could "
+            "disagree on skipping a step and on the loss scale"
+        )
+    skipped = reads_skipped_steps(facts)
+    if skipped is not None:
+        return (
+            f"the script reads `{skipped.attr.value}`: Accelerate tells a skipped step by "
+            "`GradScaler.step` not calling `step()`, but with a fused optimizer it always "
+            "calls it and the kernel skips the update, so the flag would stay False"
+        )
+    return None

@@ -565,14 +565,181 @@ def xla_device_source(facts: "ScriptFacts") -> Optional[str]:
     return _package_named(facts, ("torch_xla", "accelerate"))
 
 
+# What says a script that Accelerate launches is written to run on TPUs too: a branch on the
+# XLA distributed type, an availability check or test marker for torch_xla, or `_mp_fn`, the
+# entry point `xla_spawn` calls (accelerate's examples and test scripts).
+_XLA_SPELLINGS = (
+    "DistributedType.XLA",
+    "DistributedType.TPU",
+    "is_torch_xla_available",
+    "is_tpu_available",
+    "require_torch_xla",
+    "require_tpu",
+)
+
+
+def declares_xla_runs(facts: "ScriptFacts") -> Optional[str]:
+    """The first thing in the script that says it runs on XLA devices as well (see
+    _XLA_SPELLINGS), as written; None when nothing does."""
+    memo = facts.memo("declares_xla_runs")
+    if None not in memo:
+        memo[None] = _declared_xla(facts)
+    return memo[None]
+
+
+def _declared_xla(facts: "ScriptFacts") -> Optional[str]:
+    if "_mp_fn" in facts.top_level_definitions:
+        return "def _mp_fn"
+    for node in find_all(facts.module, cst.Attribute, cst.Name):
+        spelled = dotted_name(node) or ""
+        if any(spelled == s or spelled.endswith("." + s) for s in _XLA_SPELLINGS):
+            return spelled
+    return None
+
+
+_TPU_WORD = re.compile(r"\bTPUs?\b")
+
+
+def comment_naming_tpus(facts: "ScriptFacts") -> Optional[str]:
+    """A comment of the script that names TPUs (accelerate's examples list "(multi) TPUs"
+    among the setups they run on), stripped; None when none does."""
+    memo = facts.memo("comment_naming_tpus")
+    if None not in memo:
+        memo[None] = next(
+            (
+                node.value.lstrip("#").strip()
+                for node in find_all(facts.module, cst.Comment)
+                if _TPU_WORD.search(node.value)
+            ),
+            None,
+        )
+    return memo[None]
+
+
+# Parameters that are DTensors when the optimizer steps: FSDP2's `fully_shard`, tensor
+# parallelism, a device mesh, torchft, or Accelerate's ParallelismConfig and FSDP2 plugin.
+_DTENSOR_PACKAGES = (
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp.FSDPModule",
+    "torch.distributed._composable.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed._tensor",
+    "torch.distributed.device_mesh",
+    "torchft",
+    "accelerate.ParallelismConfig",
+    "accelerate.parallelism_config",
+)
+_DTENSOR_KEYWORDS = frozenset({"tp_plan", "parallelism_config", "device_mesh"})
+
+
+def dtensor_parameters(facts: "ScriptFacts") -> Optional[str]:
+    """What in the script may make the parameters DTensors (see _DTENSOR_PACKAGES; a
+    `tp_plan=`, `parallelism_config=` or `device_mesh=` keyword, `fsdp_version=2`), as
+    written; None when nothing does."""
+    memo = facts.memo("dtensor_parameters")
+    if None not in memo:
+        memo[None] = _package_named(facts, _DTENSOR_PACKAGES) or _keyword_named(
+            facts,
+            lambda arg: arg.keyword.value in _DTENSOR_KEYWORDS
+            or (arg.keyword.value == "fsdp_version" and literal(arg.value, None) == 2),
+        )
+    return memo[None]
+
+
+# What scales fp16 losses for a sharded model (FSDP1): torch's ShardedGradScaler, which
+# Accelerate also picks for a model its FSDP plugin wraps.
+_ACCELERATE_FSDP_PLUGIN = (
+    "accelerate.FullyShardedDataParallelPlugin",
+    "accelerate.utils.FullyShardedDataParallelPlugin",
+)
+_SHARDED_SCALER_NAMES = (
+    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+    "torch.distributed.fsdp.ShardedGradScaler",
+    *_ACCELERATE_FSDP_PLUGIN,
+)
+
+
+def sharded_grad_scaler(facts: "ScriptFacts") -> Optional[str]:
+    """`ShardedGradScaler`, or Accelerate's FSDP plugin (or an `fsdp_plugin=` keyword) that
+    brings one under fp16, where the script names it; None otherwise."""
+    memo = facts.memo("sharded_grad_scaler")
+    if None not in memo:
+        named = _package_named(facts, _SHARDED_SCALER_NAMES)
+        memo[None] = (
+            named.rsplit(".", 1)[-1]
+            if named is not None
+            else _keyword_named(facts, lambda arg: arg.keyword.value == "fsdp_plugin")
+        )
+    return memo[None]
+
+
+_FSDP_PACKAGES = (
+    "torch.distributed.fsdp",
+    "torch.distributed._composable.fsdp",
+    *_ACCELERATE_FSDP_PLUGIN,
+)
+
+
+def sharding_wrapper(facts: "ScriptFacts") -> Optional[str]:
+    """What may wrap the script's models in a wrapper that builds its state on their first
+    forward (FSDP's lazy init, `fully_shard`, DeepSpeed's engine), as written; None when
+    nothing does."""
+    return (
+        _package_named(facts, _FSDP_PACKAGES)
+        or sharded_grad_scaler(facts)
+        or dtensor_parameters(facts)
+        or deepspeed_engine(facts)
+    )
+
+
+def multithreaded_runtime(facts: "ScriptFacts") -> Optional[str]:
+    """`jax`, `flax` or `tensorflow` where the script imports or calls it: runtimes that
+    start threads of their own, which a forked DataLoader worker would inherit locked."""
+    return _package_named(facts, ("jax", "flax", "tensorflow"))
+
+
+def reads_skipped_steps(facts: "ScriptFacts") -> Optional[cst.Attribute]:
+    """A read of Accelerate's `step_was_skipped` or `optimizer_step_was_skipped`: whether
+    the loss scaler skipped the last step, which Accelerate learns by watching whether
+    `GradScaler.step` calls the optimizer's `step()`."""
+    memo = facts.memo("reads_skipped_steps")
+    if None not in memo:
+        memo[None] = next(
+            (
+                node
+                for node in find_all(facts.module, cst.Attribute)
+                if node.attr.value in ("step_was_skipped", "optimizer_step_was_skipped")
+            ),
+            None,
+        )
+    return memo[None]
+
+
 def _package_named(facts: "ScriptFacts", packages: Sequence[str]) -> Optional[str]:
     """The first of `packages` (dotted names) that the script imports or calls, itself or
-    something inside it; None when it names none."""
-    names = [b.target for b in facts.imports.bindings]
-    names += [call.qualname or "" for call in facts.records.calls]
-    for package in packages:
-        if any(name == package or name.startswith(package + ".") for name in names):
-            return package
+    something inside it; None when it names none. Memoised: rules ask per call site."""
+    memo = facts.memo("package_named")
+    key = tuple(packages)
+    if key not in memo:
+        names = [b.target for b in facts.imports.bindings]
+        names += [call.qualname or "" for call in facts.records.calls]
+        memo[key] = next(
+            (
+                package
+                for package in packages
+                if any(name == package or name.startswith(package + ".") for name in names)
+            ),
+            None,
+        )
+    return memo[key]
+
+
+def _keyword_named(facts: "ScriptFacts", accepts: Callable[[cst.Arg], bool]) -> Optional[str]:
+    """The first keyword argument of a call in the script that `accepts`, as `name=`."""
+    for call in facts.records.calls:
+        for arg in call.node.args:
+            if arg.keyword is not None and accepts(arg):
+                return f"{arg.keyword.value}="
     return None
 
 
@@ -586,14 +753,15 @@ def deepspeed_engine(facts: "ScriptFacts") -> Optional[str]:
     """What makes the script train under DeepSpeed, as its text shows: `deepspeed` (an import
     or call of the package), `DeepSpeedPlugin` or a `deepspeed_plugin=` keyword; None
     otherwise. (A DeepSpeed chosen at launch, by `accelerate config`, does not show.)"""
-    named = _package_named(facts, _DEEPSPEED_NAMES)
-    if named is not None:
-        return named.rsplit(".", 1)[-1]
-    for call in facts.records.calls:
-        for arg in call.node.args:
-            if arg.keyword is not None and arg.keyword.value in _DEEPSPEED_KEYWORDS:
-                return f"{arg.keyword.value}="
-    return None
+    memo = facts.memo("deepspeed_engine")
+    if None not in memo:
+        named = _package_named(facts, _DEEPSPEED_NAMES)
+        memo[None] = (
+            named.rsplit(".", 1)[-1]
+            if named is not None
+            else _keyword_named(facts, lambda arg: arg.keyword.value in _DEEPSPEED_KEYWORDS)
+        )
+    return memo[None]
 
 
 def on_device(

@@ -1,0 +1,93 @@
+"""The torch behaviours OPT501 declines on, run on the installed torch: if a release changes
+them, these fail and the rule's reasons must be revisited (transforms/opt501_...).
+
+Each runs in a fresh interpreter with a one-rank gloo group (a HashStore: no port), so no
+process group outlives the test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ONE_RANK = """\
+import torch, torch.nn as nn, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+"""
+
+
+def _run(body: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_RANK + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_fused_sgd_and_adagrad_raise_on_dtensor_parameters_adam_and_adamw_step() -> None:
+    out = _run("""
+        from torch.distributed.tensor import distribute_tensor, Shard
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (1,))
+        for cls in (torch.optim.SGD, torch.optim.Adagrad, torch.optim.Adam, torch.optim.AdamW):
+            p = nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)]))
+            optimizer = cls([p], lr=0.1, fused=True)
+            p.grad = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])
+            try:
+                optimizer.step()
+                print(cls.__name__, "steps")
+            except NotImplementedError as exc:
+                print(cls.__name__, "raises", "sharding strategy" in str(exc))
+        """)
+    assert out.split("\n")[:4] == [
+        "SGD raises True",
+        "Adagrad raises True",
+        "Adam steps",
+        "AdamW steps",
+    ]
+
+
+def test_sharded_grad_scaler_all_reduces_the_overflow_flag_only_for_an_unfused_optimizer() -> None:
+    out = _run("""
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        reduced = []
+        all_reduce = dist.all_reduce
+        dist.all_reduce = lambda *a, **k: (reduced.append(1), all_reduce(*a, **k))[1]
+        for fused in (None, True):
+            reduced.clear()
+            model = nn.Linear(4, 4)
+            optimizer = torch.optim.AdamW(model.parameters(), fused=fused)
+            scaler = ShardedGradScaler(device="cpu")
+            scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            print(fused, len(reduced))
+        """)
+    assert out.split() == ["None", "1", "True", "0"]
+
+
+def test_grad_scaler_calls_a_fused_step_even_when_it_skips_the_update() -> None:
+    """Accelerate's `step_was_skipped` is True when `GradScaler.step` did not call `step()`."""
+    called = {}
+    for fused in (None, True):
+        model = torch.nn.Linear(5, 5)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=fused)
+        calls = []
+        step = optimizer.step
+        optimizer.step = lambda *a, **k: (calls.append(1), step(*a, **k))[1]
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(model(torch.randn(2, 5)).sum()).backward()
+        model.weight.grad[0, 0] = float("nan")  # an overflow: the scaler skips this update
+        before = model.weight.detach().clone()
+        scaler.step(optimizer)
+        scaler.update()
+        assert torch.equal(before, model.weight)
+        called[fused] = bool(calls)
+    assert called == {None: False, True: True}
