@@ -90,3 +90,25 @@ def test_the_same_penalty_in_eager_mode_trains() -> None:
     ((gradient.norm(2, dim=1) - 1) ** 2).mean().backward()
     assert model.hidden.weight.grad is not None
     assert model.hidden.weight.grad.abs().sum() > 0
+
+
+def test_numpy_noise_in_a_legacy_typed_constructor_raises_under_compile() -> None:
+    """PyTorch-GAN's UNIT encoder: `Tensor(np.random.normal(...))` in the forward. Eager mode
+    runs it; Dynamo traces the numpy draw into a float64 tensor, which the float32
+    constructor refuses while tracing (OPT402 declines such models)."""
+    np = pytest.importorskip("numpy")
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mean = nn.Linear(4, 4)
+
+        def forward(self, x):
+            mu = self.mean(x)
+            return mu + torch.FloatTensor(np.random.normal(0, 1, mu.shape))
+
+    model = Encoder()
+    model(torch.randn(2, 4))
+    model.compile(backend=_CountingBackend())
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError):
+        model(torch.randn(2, 4))

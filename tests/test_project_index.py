@@ -742,12 +742,69 @@ def test_no_compile_in_a_loop_whose_script_imports_a_deepspeed_launcher(
     )
     (tmp_path / "train.py").write_text(OWN_LOOP)
     outcomes = apply(tmp_path, write=False, why_not=True)
-    if deepspeed:
-        assert "OPT402" not in fixed(outcomes["train.py"])
-        [reason] = messages_by_code(outcomes["train.py"], Status.DECLINED)["OPT402"]
-        assert "DeepSpeed (in launcher.py, which this script imports)" in reason
-    else:
-        assert "OPT402" in fixed(outcomes["train.py"])
+    because = "DeepSpeed (in launcher.py, which this script imports)"
+    assert_compile_declined(outcomes["train.py"], because if deepspeed else None)
+
+
+WRAPPER = """\
+import torch
+from torch import nn
+
+
+class TestTimeTrained(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net, self.head = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.net(x)
+        inner = (self.head(h) ** 2).mean()
+        (g,) = torch.autograd.grad(inner, self.head.weight, create_graph=self.training)
+        return (nn.functional.linear(h, self.head.weight - 1e-3 * g) ** 2).mean()
+"""
+
+WRAPPER_LOOP = """\
+import torch
+from wrapper import TestTimeTrained
+
+model = TestTimeTrained()
+model.to("cuda")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100):
+    model(torch.randn(4, 8, device="cuda")).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("differentiates", [True, False])
+def test_no_compile_of_a_model_whose_imported_class_differentiates_in_forward(
+    tmp_path: Path, differentiates: bool
+) -> None:
+    """x-transformers' XLAutoregressiveWrapper runs test-time training in its forward
+    (`torch.autograd.grad(..., create_graph=self.training)`): the loop's backward then
+    differentiates a compiled backward again, which raises. Without that call, compiled."""
+    wrapper = WRAPPER
+    if not differentiates:
+        wrapper = wrapper.replace(
+            "torch.autograd.grad(inner, self.head.weight, create_graph=self.training)",
+            "(inner * self.head.weight,)",
+        )
+    (tmp_path / "wrapper.py").write_text(wrapper)
+    (tmp_path / "train.py").write_text(WRAPPER_LOOP)
+    outcomes = apply(tmp_path, write=False, why_not=True)
+    because = "of wrapper.py, whose methods call `torch.autograd.grad`"
+    assert_compile_declined(outcomes["train.py"], because if differentiates else None)
+
+
+def assert_compile_declined(outcome: FileOutcome, because: "str | None") -> None:
+    """OPT402 declined with a reason that says `because`; compiled when `because` is None."""
+    if because is None:
+        assert "OPT402" in fixed(outcome)
+        return
+    assert "OPT402" not in fixed(outcome)
+    [reason] = messages_by_code(outcome, Status.DECLINED)["OPT402"]
+    assert because in reason
 
 
 def test_ddp_gets_no_bucket_views_where_an_imported_module_touches_grad(tmp_path: Path) -> None:

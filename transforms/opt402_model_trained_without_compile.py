@@ -11,7 +11,7 @@ from optimizer_codemod.analysis.entry_points import (
     placed_device,
     rebound_after_placement,
 )
-from optimizer_codemod.analysis.gradients import double_backward_calls
+from optimizer_codemod.analysis.gradients import SECOND_DERIVATIVE_CALLS, double_backward_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
@@ -20,6 +20,7 @@ from optimizer_codemod.analysis.training import (
     compiles,
     each_trained_model,
     imported_layer,
+    model_layer_calls,
     device_type_code,
     model_built,
     model_device,
@@ -109,7 +110,13 @@ class ModelTrainedWithoutCompile(Rule):
         a compiled module cannot be differentiated, and the second backward raises
         "torch.compile with aot_autograd does not currently support double backward" (torch
         2.13, `_functorch/_aot_autograd/runtime_wrappers.py`; tests/test_compile_claims.py
-        runs it). Nor when the script trains under DeepSpeed (it, or a module of the run it
+        runs it); nor when a class of the model from another module of the run calls
+        `torch.autograd.grad` or a Hessian in its methods (x-transformers'
+        XLAutoregressiveWrapper trains at test time inside its forward); nor when the
+        model's code, here or in its classes of other modules, draws numpy random numbers
+        (PyTorch-GAN's UNIT encoder, `Tensor(np.random.normal(0, 1, mu.shape))`: Dynamo traces
+        the draw into a float64 tensor and the float32 constructor raises TorchRuntimeError
+        on the first step; tests/test_compile_claims.py runs it). Nor when the script trains under DeepSpeed (it, or a module of the run it
         imports, imports `deepspeed` or gives Accelerate a `DeepSpeedPlugin`: a launcher
         helper that builds the Accelerator counts): DeepSpeed's engine wraps the model, a module
         compiled before it breaks under ZeRO-3's partitioned parameters
@@ -222,7 +229,11 @@ class ModelTrainedWithoutCompile(Rule):
                 ),
             )
             return
-        reason = self._why_compile_would_not_pay(model) or _why_compile_would_fail(facts, twice)
+        reason = (
+            self._why_compile_would_not_pay(model)
+            or _why_compile_would_fail(facts, twice)
+            or _why_imported_class_would_fail(facts, model)
+        )
         if reason is not None:
             self.decline(anchor, reason)
             return
@@ -336,10 +347,46 @@ def _why_compile_would_fail(facts, twice) -> "str | None":
     if twice:
         return (
             f"this file differentiates a gradient again (`{excerpt(twice[0].node)}`, a gradient "
-            "penalty or a Hessian), and torch.compile does not support double backward: the "
-            "second backward through a compiled module raises a RuntimeError"
+            f"penalty or a Hessian), {_DOUBLE_BACKWARD_RAISES}"
         )
     return None
+
+
+def _why_imported_class_would_fail(facts, model) -> "str | None":
+    """A class of the model from another module of the run that differentiates inside its
+    methods (x-transformers' XLAutoregressiveWrapper runs test-time training in its forward,
+    `torch.autograd.grad(..., create_graph=self.training)`): the loop's backward would then
+    differentiate the compiled graph's backward again. Or model code, here or there, that
+    draws numpy random numbers (PyTorch-GAN's UNIT encoder)."""
+    found = imported_layer(facts, model, SECOND_DERIVATIVE_CALLS.__contains__)
+    if found is not None:
+        call, imported = found
+        return (
+            f"`{model.name}` is built from `{imported.name}` of {imported.module}, whose methods "
+            f"call `{call}`: it may differentiate a gradient again, {_DOUBLE_BACKWARD_RAISES}"
+        )
+    own = next(
+        (c.qualname for c in model_layer_calls(facts, model) if _numpy_random(c.qualname)), None
+    )
+    found = imported_layer(facts, model, _numpy_random)
+    if own is None and found is None:
+        return None
+    shown = f"`{own}`" if own is not None else f"`{found[0]}` in {found[1].module}"
+    return (
+        f"`{model.name}` draws numpy random numbers in its code ({shown}): Dynamo traces them "
+        "into float64 tensors, and a legacy typed constructor around them (PyTorch-GAN's "
+        "`Tensor(np.random.normal(...))`) raises TorchRuntimeError on the first step"
+    )
+
+
+def _numpy_random(qualname: "str | None") -> bool:
+    return (qualname or "").startswith("numpy.random.")
+
+
+_DOUBLE_BACKWARD_RAISES = (
+    "and torch.compile does not support double backward: the second backward through a "
+    "compiled module raises a RuntimeError"
+)
 
 
 _DEEPSPEED_WRAPS = (

@@ -6,6 +6,7 @@ from typing import List
 
 import libcst as cst
 
+from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
 from optimizer_codemod.analysis.calls import keyword
 from optimizer_codemod.analysis.imports import dotted_name
@@ -170,7 +171,10 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         too when the model's output is fed to another trained model that flattens its
         feature maps (`critic(encoder(x))` where the critic calls `out.view(out.size(0), -1)`):
         a convolution keeps the channels_last layout of its input, so the view there raises
-        as well. Skipped
+        as well. So is a view of a gradient anywhere in the script: `p.grad.view(-1)` (a
+        gradient keeps its parameter's layout; cleanrl's hand-written all-reduce) or the
+        result of `torch.autograd.grad` (a convolution's input gradient takes its weight's
+        layout; a gradient penalty's `gradients.view(n, -1)`, PyTorch-GAN's dualgan). Skipped
         when the analysis cannot find the one statement after which the model is built and
         placed, before its optimizer.
 
@@ -396,6 +400,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             and call.node.func.value in facts.records.functions
         }
         outputs = model_output_names(facts, model)
+        gradients = input_gradient_names(facts) if on_outputs else set()
         names = model.spellings
         found = []
         for method in VIEW_METHODS:
@@ -404,6 +409,10 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 on_output = on_outputs and (
                     call.receiver in outputs
                     or (isinstance(inner, cst.Call) and dotted_name(inner.func) in names)
+                    # Gradients keep a channels_last parameter's layout, and a convolution's
+                    # input gradient takes its weight's (a gradient penalty's `g.view(n, -1)`).
+                    or call.receiver in gradients
+                    or (call.receiver or "").endswith((".grad", ".grad.data"))
                 )
                 function = call.site.function
                 in_helper = function is not None and function.name.value in helpers

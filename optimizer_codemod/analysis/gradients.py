@@ -67,6 +67,11 @@ _HESSIANS = frozenset(
 )
 
 
+# Calls that may differentiate a gradient again, as named in another module's summary (the
+# project index keeps qualified names, not arguments: a `create_graph` cannot be read there).
+SECOND_DERIVATIVE_CALLS = _HESSIANS | {"torch.autograd.grad"}
+
+
 def double_backward_calls(facts: "ScriptFacts") -> List[CallSite]:
     """Calls that build a graph of the backward pass so that it can be differentiated again:
     `torch.autograd.grad(..., create_graph=True)` (a gradient penalty), `loss.backward(
@@ -90,6 +95,22 @@ def double_backward_calls(facts: "ScriptFacts") -> List[CallSite]:
         if _builds_graph(argument(call.node, "create_graph", 2))
     ]
     return sorted(found, key=lambda call: call.site.order)
+
+
+def input_gradient_names(facts: "ScriptFacts") -> Set[str]:
+    """Names bound to what `torch.autograd.grad` returns, or to an element of it
+    (`gradients = autograd.grad(outputs, inputs, ...)[0]`, `(g,) = torch.autograd.grad(...)`)."""
+    names = set()
+    for assignment in facts.records.assignments:
+        value = assignment.value
+        if isinstance(value, cst.Subscript):
+            value = value.value
+        if (
+            isinstance(value, cst.Call)
+            and facts.qualified_name(value.func) == "torch.autograd.grad"
+        ):
+            names.add(assignment.target)
+    return names
 
 
 def _builds_graph(create_graph) -> bool:

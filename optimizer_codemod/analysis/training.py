@@ -1641,6 +1641,8 @@ def class_without_forward(facts: "ScriptFacts", model: TrainedModel) -> Optional
             call.func.value
             for call in find_all(expression, cst.Call)
             if isinstance(call.func, cst.Name) and call.func.value in facts.classes
+            # the environment wrapper it is handed (`Agent(envs)`) is built there too
+            and is_module_class(facts, call.func.value)
         ]
         built.update(calls)  # (the device and other names it is built from call none)
     if len(built) != 1:
