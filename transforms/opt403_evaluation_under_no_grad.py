@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.model_calls import (
     TRAINING_FIRST,
     forward_may_keep_for_training,
+    model_differentiates_in_forward,
     kept_for_training_after_calls,
     training_may_follow,
 )
@@ -139,7 +140,14 @@ class EvaluationUnderNoGrad(Rule):
         function decorated with `no_grad` included): its forward may be the model's first,
         which builds what the model caches (a `self.cache` made on first use would be an
         inference tensor, and the first training step would raise saving it for backward;
-        tests/test_inference_mode_before_training.py runs it). A block after an epoch's
+        tests/test_inference_mode_before_training.py runs it); a block before the first
+        step is kept too where the model may be sharded (FSDP, `fully_shard`, DeepSpeed:
+        they build their state on the first forward, and the first training step then
+        raises, pytorch/pytorch#113203), and under DeepSpeed any block a training step
+        follows, between epochs too (ZeRO-3 keeps the parameters a forward gathers for the
+        next: snowflakedb/ArcticTraining#265), and training counts as following a block in a
+        function that returns its results after the loop (a baseline evaluation, then
+        training, then `return before, after`). A block after an epoch's
         steps, in the loop that trains again (the usual validation), meets the caches
         training built, but a model that grows one again (a longer sequence, as a rotary
         table sized on demand) would hand the next epoch's first step an inference tensor:
@@ -151,6 +159,10 @@ class EvaluationUnderNoGrad(Rule):
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
         out of sight; the decline says so. The model's own `forward` is assumed not to
         keep its inputs.
+        Nothing is changed where a trained model differentiates inside its forward
+        (`torch.enable_grad`, `torch.autograd.grad` among its layers, in this file or in its
+        classes of other modules of the run: x-transformers' test-time training): under
+        `no_grad` `enable_grad` turns autograd back on, under `inference_mode` it does not.
         Wrapping a loop that had autograd on is `behavior`, applied only with
         `--unsafe-fixes`: the analysis sees the loop, not the model's `forward`, which might
         want gradients itself (`torch.autograd.grad` on its inputs); the loop's own target
@@ -237,7 +249,16 @@ class EvaluationUnderNoGrad(Rule):
             return
         training = set(map(id, self.facts.training_loops))
         self._evaluation_without_no_grad(training)
+        differentiates = model_differentiates_in_forward(self.facts)
         for call, site in self._no_grad_blocks():
+            if differentiates is not None:
+                self.decline(
+                    call,
+                    f"the trained model differentiates inside its forward (`{differentiates}`): "
+                    "under `no_grad` it turns autograd back on, which `inference_mode` does not "
+                    'allow ("element 0 of tensors does not require grad")',
+                )
+                continue
             scope = site.function if site.function is not None else self.facts.module
             reason = block_escape(self.facts, site.statement, scope)
             inside = any(id(loop) in training for loop in site.loops)
@@ -355,6 +376,11 @@ class EvaluationUnderNoGrad(Rule):
                 continue
             scope = loop.function if loop.function is not None else facts.module
             reason = block_escape(facts, loop.node, scope)
+            if reason is None and model_differentiates_in_forward(facts) is not None:
+                reason = (
+                    "the trained model differentiates inside its forward "
+                    f"(`{model_differentiates_in_forward(facts)}`)"
+                )
             if reason is None:
                 follows = training_may_follow(facts, loop.node, loop.function, loop.start)
                 kept = forward_may_keep_for_training(facts, follows)

@@ -395,12 +395,21 @@ def training_may_follow(
     first training step, which raises when it saves it for backward. TRAINING_AGAIN: only
     in a later pass of a loop around both that trained before it (an evaluation after an
     epoch's steps); the model's caches exist, but one that grows again (a longer sequence)
-    would meet the next epoch's first step the same way. NO_TRAINING when its block returns
-    right after it, or no training follows. Training is a loop with a backward call, or a
-    call of a function of this file that reaches one (epochs.calls_training_function)."""
-    if id(statement) in _statements_before_leaving(facts):
+    would meet the next epoch's first step the same way. NO_TRAINING when its block exits
+    the program right after it, or no training follows; when its block returns right after
+    it, only what follows the function's calls counts. Training is a loop with a backward
+    call, or a call of a function of this file that reaches one
+    (epochs.calls_training_function)."""
+    leaves = _statements_before_leaving(facts).get(id(statement))
+    if leaves == _EXIT:
         return NO_TRAINING
-    return _followed_by_training(facts, function, order, 0, set())
+    return _followed_by_training(facts, function, _after(order, leaves), 0, set())
+
+
+def _after(order: int, leaves: Optional[str]) -> int:
+    """Where a statement stands for what may follow it in its function: past every training
+    site when its block returns right after it (only the function's callers may train)."""
+    return sys.maxsize if leaves == _RETURN else order
 
 
 def _followed_by_training(facts, function, order, depth, seen) -> int:
@@ -417,10 +426,14 @@ def _followed_by_training(facts, function, order, depth, seen) -> int:
     seen.add(id(function))
     leaving = _statements_before_leaving(facts)
     for call in _callers(facts, function):
-        if id(call.site.statement) in leaving:
+        leaves = leaving.get(id(call.site.statement))
+        if leaves == _EXIT:
             continue
         site = call.site
-        found = max(found, _followed_by_training(facts, site.function, site.order, depth + 1, seen))
+        follows = _followed_by_training(
+            facts, site.function, _after(site.order, leaves), depth + 1, seen
+        )
+        found = max(found, follows)
         if found == TRAINING_FIRST:
             break
     return found
@@ -446,6 +459,40 @@ def _callers(facts: "ScriptFacts", function: cst.FunctionDef) -> List["CallSite"
     return calls
 
 
+# What a forward may call to differentiate inside itself: autograd turned back on, or a
+# gradient taken (test-time training, an input-gradient step): neither works under
+# inference_mode, where `enable_grad` has no effect.
+_GRADIENTS_IN_FORWARD = frozenset(
+    {"torch.enable_grad", "torch.set_grad_enabled", "torch.autograd.grad", "torch.func.grad"}
+)
+
+
+def model_differentiates_in_forward(facts: "ScriptFacts") -> Optional[str]:
+    """A call among a trained model's layers, in this file or its classes from other modules
+    of the run, that differentiates inside the forward (`torch.autograd.grad` in
+    x-transformers' test-time training), as `call` or `call in module`; None when none."""
+    from optimizer_codemod.analysis.training import imported_layer, model_layer_calls
+    from optimizer_codemod.analysis.training import trained_models
+
+    memo = facts.memo("model_differentiates_in_forward")
+    if None not in memo:
+        found = None
+        for model in trained_models(facts):
+            own = next(
+                (c for c in model_layer_calls(facts, model) if c.qualname in _GRADIENTS_IN_FORWARD),
+                None,
+            )
+            if own is not None:
+                found = own.qualname
+                break
+            elsewhere = imported_layer(facts, model, _GRADIENTS_IN_FORWARD.__contains__)
+            if elsewhere is not None:
+                found = f"{elsewhere[0]}` in `{elsewhere[1].module}"
+                break
+        memo[None] = found
+    return memo[None]
+
+
 def forward_may_keep_for_training(facts: "ScriptFacts", follows: int) -> Optional[str]:
     """Why a forward under `inference_mode` followed by training of kind `follows`
     (training_may_follow) might hand the training step an inference tensor it kept; None
@@ -453,40 +500,69 @@ def forward_may_keep_for_training(facts: "ScriptFacts", follows: int) -> Optiona
     a later pass of a loop only the classes of this file are asked (a cache built in training
     and grown again under `inference_mode`): torch's own modules keep nothing from a
     forward, and a model of other code is taken to as well."""
+    from optimizer_codemod.analysis.devices import deepspeed_engine, sharding_wrapper
+
     if follows == NO_TRAINING:
         return None
+    wrapper = sharding_wrapper(facts) if follows == TRAINING_FIRST else None
+    if wrapper is not None:
+        # FSDP's lazy init under inference_mode: "The grad_fn is needed to access the
+        # AccumulateGrad" (pytorch/pytorch#113203); fully_shard: "Inplace update to
+        # inference tensor outside InferenceMode" at the first training step.
+        return (
+            f"the model may be sharded (`{wrapper}`): FSDP and DeepSpeed build their state on "
+            "the model's first forward"
+        )
+    engine = deepspeed_engine(facts)
+    if engine is not None:
+        return (
+            f"the model may train under DeepSpeed (`{engine}`), whose ZeRO-3 keeps the "
+            "parameters it gathers in a forward for the next: after an evaluation under "
+            '`inference_mode`, training raises "Inference tensors cannot be saved for '
+            'backward" (snowflakedb/ArcticTraining#265, modelscope/ms-swift#3237)'
+        )
     return trained_classes_keep_nothing(facts, seen_only=follows == TRAINING_AGAIN)
 
 
-def _statements_before_leaving(facts: "ScriptFacts") -> Set[int]:
-    """Statements after which their block leaves the function or the program (`return`,
-    `raise`, `sys.exit()`): pytorch/examples' imagenet `if args.evaluate: validate(...);
-    return` runs no training after that call. Found once per pass, kept as ids."""
+_EXIT, _RETURN = "exit", "return"
+
+
+def _statements_before_leaving(facts: "ScriptFacts") -> Dict[int, str]:
+    """Statements after which their block leaves the program (`sys.exit()`: _EXIT) or the
+    function (`return`, `raise`: _RETURN) with no training in between: pytorch/examples'
+    imagenet `if args.evaluate: validate(...); return` runs no training after that call
+    (nor does main's caller). A statement with training between it and the leaving one
+    (`evaluate(); for batch in loader: ...backward()...; return results`) is not among
+    them. Found once per pass, by id."""
     memo = facts.memo("statements_before_leaving")
     if None not in memo:
-        found: Set[int] = set()
+        training = {id(call.node) for call in _training_calls(facts)}
+        found: Dict[int, str] = {}
         for body in statement_bodies(facts):
-            leaves = False
+            leaves: Optional[str] = None
             for statement in reversed(body.body):
-                if leaves:
-                    found.add(id(statement))
-                elif _leaves(facts, statement):
-                    leaves = True
+                if leaves is not None:
+                    if any(id(node) in training for node in find_all(statement, cst.Call)):
+                        leaves = None
+                    else:
+                        found[id(statement)] = leaves
+                if leaves is None:
+                    leaves = _leaves(facts, statement)
         memo[None] = found
     return memo[None]
 
 
-def _leaves(facts: "ScriptFacts", statement: cst.CSTNode) -> bool:
+def _leaves(facts: "ScriptFacts", statement: cst.CSTNode) -> Optional[str]:
     if not isinstance(statement, cst.SimpleStatementLine):
-        return False
+        return None
     for small in statement.body:
         if isinstance(small, (cst.Return, cst.Raise)):
-            return True
+            return _RETURN
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             func = small.value.func
             if facts.qualified_name(func) in _EXITS or dotted_name(func) in ("exit", "quit"):
-                return True
-    return False
+                return _EXIT
+    return None
 
 
 _EXITS = frozenset({"sys.exit", "os._exit"})
@@ -499,15 +575,20 @@ class _Where(NamedTuple):
     end: int
 
 
+def _training_calls(facts: "ScriptFacts") -> List["CallSite"]:
+    """Each backward call, and each call of a function of this file that reaches one."""
+    return facts.backward_calls + [
+        call for call in facts.records.calls if calls_training_function(facts, call.node)
+    ]
+
+
 def _training_sites(facts: "ScriptFacts") -> List[_Where]:
     """Where training runs: each backward call, and each call of a function of this file
     that reaches one, with the outermost loop around it. Found once per pass."""
     memo = facts.memo("training_sites")
     if None not in memo:
         sites = []
-        for call in facts.backward_calls + [
-            call for call in facts.records.calls if calls_training_function(facts, call.node)
-        ]:
+        for call in _training_calls(facts):
             site = call.site
             around = [loop for loop in site.loops if loop.function is site.function]
             start, end = (around[0].start, around[0].end) if around else (0, -1)
