@@ -1546,6 +1546,8 @@ def _runs(module: _Module, files: Dict[str, _Module]) -> Set[str]:
 
 def _runs_as_script(module: _Module, files: Dict[str, _Module]) -> bool:
     facts = module.facts
+    if facts.is_test_module:  # imported by its test runner (ScriptFacts.runs_as_script)
+        return False
     if facts.records.has_main_guard:
         return True
     for call in facts.records.calls:

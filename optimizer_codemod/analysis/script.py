@@ -266,7 +266,11 @@ class ScriptFacts:
         """The file is run, not imported: a `__main__` guard, or a module-level statement that
         trains (a backward call, or a call of a function or method of this file that reaches
         one). A process-wide setting added to an importable module would change the numerics
-        of whoever imports it."""
+        of whoever imports it. A test module is imported by its runner whatever its guard
+        says (pytest collects `unittest.TestCase` classes and `test_*` functions), so it
+        does not count (torchtitan's unit tests end in `unittest.main()`)."""
+        if self.is_test_module:
+            return False
         if self.records.has_main_guard:
             return True
         training = self.functions_reaching_backward
@@ -276,6 +280,25 @@ class ScriptFacts:
             and call.site.class_name is None
             and (callee_name(call.node) in training or id(call.node) in backward)
             for call in self.records.calls
+        )
+
+    @cached_property
+    def is_test_module(self) -> bool:
+        """The module defines a `unittest.TestCase` class, or imports pytest and defines a
+        top-level `test_*` function: what test runners collect by importing it. (A
+        tutorial's `def test_step(model, loader)` with no pytest is an evaluation step.)"""
+        if any(
+            (base or "").startswith("unittest.") and (base or "").endswith("TestCase")
+            for info in self.classes.values()
+            for base in info.bases
+        ):
+            return True
+        imports_pytest = any(
+            b.target == "pytest" or b.target.startswith("pytest.") for b in self.imports.bindings
+        )
+        return imports_pytest and any(
+            name.startswith("test_") and isinstance(node, cst.FunctionDef)
+            for name, node in self.top_level_definitions.items()
         )
 
     @cached_property
