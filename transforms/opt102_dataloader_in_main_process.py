@@ -7,6 +7,7 @@ from dataclasses import replace
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, is_literal, with_keyword
+from optimizer_codemod.analysis.devices import multithreaded_runtime
 from optimizer_codemod.analysis.loaders import (
     DatasetKind,
     collate_places_on_accelerator,
@@ -84,7 +85,11 @@ class DataloaderInMainProcess(Rule):
     Fix safety:
         `behavior`: workers draw random numbers from their own generators (seeded per worker),
         so random augmentations differ from a run without workers, and side effects of
-        `__getitem__` (caching into the dataset, logging) happen in other processes. Applied
+        `__getitem__` (caching into the dataset, logging) happen in other processes; the
+        `persistent_workers=True` it adds also moves the main process's random stream from
+        the second epoch on (see OPT103). Never in a script that runs JAX, Flax or TensorFlow,
+        whose threads a forked worker would inherit (a deadlock risk JAX warns of at every
+        fork). Applied
         only in a file with an `if __name__ == "__main__":` guard that keeps the loader or every
         loop over it from running on import (workers started with `spawn` or `forkserver`, the
         default on macOS, Windows and since Python 3.14 Linux, import the main module again);
@@ -92,7 +97,8 @@ class DataloaderInMainProcess(Rule):
         functions the other files of the run call only under their own guard
         (docs/projects.md); and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
         `TensorDataset`, a dataset class of the file whose `__getitem__` only reads tensors it
-        holds at the index (`self.x[i]`, as OPT104 derives it), or a dataset of device tensors
+        holds at the index (`self.x[i]`, as OPT104 derives it) or calls nothing at all
+        (diffusers' PromptDataset returns a prompt and the index), or a dataset of device tensors
         (workers add only overhead, or would touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
         whole stream unless it shards by worker), a `collate_fn` that moves batches to the
         device, a `collate_fn`, `worker_init_fn` or dataset class that workers started by
@@ -196,6 +202,14 @@ class DataloaderInMainProcess(Rule):
                         "prepared in the training process, so raise it where it is set",
                     )
                 continue
+            runtime = multithreaded_runtime(facts)
+            if runtime is not None:
+                self.decline(
+                    call,
+                    f"the script runs `{runtime}`, which is multithreaded: forking worker "
+                    "processes from it may deadlock (JAX warns at every `os.fork()`)",
+                )
+                continue
             kind = dataset_kind(facts, site)
             collate = collate_places_on_accelerator(facts, call)
             if kind not in (DatasetKind.PER_ITEM, DatasetKind.UNKNOWN) or collate is True:
@@ -205,8 +219,9 @@ class DataloaderInMainProcess(Rule):
             if in_memory is not None:
                 self.decline(
                     call,
-                    f"`{in_memory}.__getitem__` only reads tensors the dataset holds in memory "
-                    "at the index: workers would only add inter-process copies",
+                    f"`{in_memory}.__getitem__` only reads what the dataset holds in memory "
+                    "(tensors at the index, or values with no call at all): workers would only "
+                    "add inter-process copies",
                 )
                 continue
             if not runs_only_under_main_guard(facts, site):

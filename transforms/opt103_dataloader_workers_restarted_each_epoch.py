@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import excerpt, literal, with_keyword
+from optimizer_codemod.analysis.calls import excerpt, is_literal, literal, with_keyword
 from optimizer_codemod.analysis.loaders import (
     by_options_dict,
     dataset_mutated,
@@ -18,6 +18,7 @@ from optimizer_codemod.analysis.loaders import (
     OptionsDict,
     option,
     option_sources,
+    option_settings,
     option_value,
     options_unknown,
     repetition_unknown,
@@ -87,7 +88,14 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
     Fix safety:
         `behavior`: workers keep their random generators across epochs instead of being reseeded
         at the start of each, so random augmentations differ from the original run, and
-        `worker_init_fn` runs once instead of once per epoch. Never applied when the loader is
+        `worker_init_fn` runs once instead of once per epoch. The main process's random
+        stream moves too: every new iterator of a loader draws its workers' base seed from
+        the loader's `generator` (torch's global CPU generator when none is given), and a
+        persistent loader makes its iterator once, so from the second epoch on the global
+        generator is one draw behind the original at each epoch, and the shuffle order of a
+        `RandomSampler` without its own generator, with every later global draw (CPU dropout,
+        `torch.rand`), differs (measured with torch 2.13; a `DistributedSampler` seeded by
+        `set_epoch` or a loader given `generator=` keeps its order). Never applied when the loader is
         built again for each epoch, when the dataset is changed from outside after it is built
         (`dataset.set_epoch(...)`, assigning its attributes, also `loader.dataset.x = ...` in
         a function the loader is handed to: persistent workers would keep a stale copy; a
@@ -211,6 +219,9 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
             count = literal(workers, NOT_LITERAL)
             if count is not NOT_LITERAL and not (type(count) is int and count > 0):
                 continue  # 0 (no workers), or a literal DataLoader would reject anyway
+            settled = option_settings(facts, call, "num_workers")
+            if settled and all(is_literal(value, 0) for value in settled):
+                continue  # a name the script binds to 0 only: no workers to restart
             if not self._repeated_and_unchanged(site):
                 continue
             if options_unknown(facts, call):

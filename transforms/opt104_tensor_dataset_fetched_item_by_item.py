@@ -17,6 +17,7 @@ from optimizer_codemod.analysis.calls import (
 from optimizer_codemod.analysis.loaders import (
     PARAMETERS,
     TENSOR_DATASETS,
+    legacy_tensor_dataset,
     dataset_call,
     dataset_classes,
     dataset_parameter,
@@ -225,6 +226,12 @@ class TensorDatasetFetchedItemByItem(Rule):
         file that has one; else why the loader's batches cannot be fetched at once."""
         dataset = dataset_call(self.facts, site)
         if dataset is not None and self.facts.qualified_name(dataset.func) in TENSOR_DATASETS:
+            if legacy_tensor_dataset(dataset):
+                return (
+                    "the TensorDataset is built with keywords (`data_tensor=`, "
+                    "`target_tensor=`), the signature of torch before 0.4: the code was "
+                    "written for a torch whose DataLoader has no `batch_size=None`"
+                )
             return None
         local = dotted_name(dataset.func) if dataset is not None else None
         if local is None or self.facts.qualified_name(dataset.func) is not None:

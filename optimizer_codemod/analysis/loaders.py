@@ -80,6 +80,14 @@ PARAMETERS = (
 TENSOR_DATASETS = frozenset(
     {"torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset"}
 )
+
+
+def legacy_tensor_dataset(call: cst.Call) -> bool:
+    """`TensorDataset(data_tensor=x, target_tensor=y)`: the signature of torch before 0.4
+    (today's takes `*tensors` and no keyword), in code written for that torch."""
+    return any(arg.keyword is not None for arg in call.args)
+
+
 ITERABLE_BASES = frozenset(
     {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 )
@@ -284,7 +292,7 @@ def _kind_of(
         return DatasetKind.UNKNOWN
     qualname = facts.qualified_name(node.func)
     if qualname in TENSOR_DATASETS:
-        return DatasetKind.TENSORS
+        return DatasetKind.UNKNOWN if legacy_tensor_dataset(node) else DatasetKind.TENSORS
     if qualname and qualname.startswith(PER_ITEM_PREFIXES):
         return DatasetKind.PER_ITEM
     args = positional(node)
@@ -361,12 +369,24 @@ def _class_kind(facts: "ScriptFacts", name: str, depth: int, classes: List[str])
 def in_memory_dataset_class(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
     """A dataset class of this file the loader's dataset is built from whose `__getitem__`
     only reads tensors the instance holds, at the index (`self.x[i]`, a window of it,
-    arithmetic with numbers: batched_items.py derives its batched form): its items cost
-    nothing to prepare, as a TensorDataset's (LLMs-from-scratch's ToyDataset)."""
+    arithmetic with numbers: batched_items.py derives its batched form), or calls nothing
+    at all (diffusers' PromptDataset returns `{"prompt": self.prompt, "index": index}`):
+    its items cost nothing to prepare, as a TensorDataset's (LLMs-from-scratch's ToyDataset)."""
     for name in dataset_classes(facts, site):
-        if name in facts.classes and isinstance(batched_items(facts, name), BatchedItems):
+        if name in facts.classes and (
+            _calls_nothing(facts.classes[name].node, "__getitem__")
+            or isinstance(batched_items(facts, name), BatchedItems)
+        ):
             return name
     return None
+
+
+def _calls_nothing(node: cst.ClassDef, method: str) -> bool:
+    """The class defines `method`, and its body makes no call."""
+    for statement in node.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
+            return not find_all(statement.body, cst.Call)
+    return False
 
 
 def dataset_classes(facts: "ScriptFacts", site: CallSite) -> List[str]:
