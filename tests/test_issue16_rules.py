@@ -257,7 +257,7 @@ def test_a_name_also_bound_to_a_host_value_is_no_device_value() -> None:
     [
         # The author draws on the CPU on purpose (torch's PowerSGD hook: every replica
         # seeds the CPU generator alike to draw the same matrix).
-        ("torch.randn(4, device='cpu').to(device)", "torch.randn(4).to(device)"),
+        ("x = torch.randn(4, device='cpu').to(device)", "x = torch.randn(4).to(device)"),
         (
             "with torch.random.fork_rng(devices=[]):\n        x = torch.randn(4).to(device)",
             "with torch.no_grad():\n        x = torch.randn(4).to(device)",

@@ -75,7 +75,9 @@ class TensorCreatedOnHostThenMoved(Rule):
         where the CPU uses float64, and a name may hold a float. `behavior` for the random
         factories: the device's generator draws other
         numbers than the CPU's, so a seeded run is not reproduced (applied with
-        `--unsafe-fixes`). Never changed: `.to(x)` where `x` may be a tensor (it converts the
+        `--unsafe-fixes`). Never changed: a move whose result is thrown away (`_ =
+        torch.zeros(shape).to(device)`, a warm-up of the copy kernels, as in diffusers'
+        Neuron tests), `.to(x)` where `x` may be a tensor (it converts the
         dtype too), a target known to be the CPU, `*args`/`**kwargs` in `.to()`,
         `memory_format=`, factories that choose their device themselves (`device="cpu"` on
         purpose: torch's PowerSGD hook draws its random matrices on the CPU so that every
@@ -167,6 +169,14 @@ class TensorCreatedOnHostThenMoved(Rule):
                 fix_title="Make it on the device: `Tensor(*shape).fill_(value)`",
             )
         for creation in host_creations_moved(self.facts):
+            if _result_discarded(self.facts, creation.move.node):
+                self.decline(
+                    creation.move.node,
+                    "the tensor is thrown away (`_ = ...` or a bare expression): the statement is "
+                    "there for its host-to-device copy (a warm-up of the copy kernels), which "
+                    "creating the tensor on the device would drop",
+                )
+                continue
             random = creation.kind == "random"
             message = f"`{excerpt(creation.factory)}` is created on the host, then copied"
             if random:
@@ -182,6 +192,20 @@ class TensorCreatedOnHostThenMoved(Rule):
                     Safety.BEHAVIOR if random else (None if creation.bit_exact else Safety.NUMERICS)
                 ),
             )
+
+
+def _result_discarded(facts, move: cst.Call) -> bool:
+    """The move is the whole of a statement whose value nobody keeps: `x.to(device)` on its
+    own line, or bound to `_`."""
+    statement = facts.parents.get(move)
+    if isinstance(statement, cst.Expr):
+        return True
+    if isinstance(statement, cst.Assign) and statement.value is move:
+        return all(
+            isinstance(target.target, cst.Name) and target.target.value == "_"
+            for target in statement.targets
+        )
+    return False
 
 
 def _created_on_device(creation: HostCreation) -> cst.BaseExpression:
