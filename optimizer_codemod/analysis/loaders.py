@@ -850,14 +850,24 @@ def _zipped_names(facts: "ScriptFacts") -> Set[str]:
 
 def _loaders_through_parameter(facts: "ScriptFacts", loop: Loop) -> List[CallSite]:
     """`def train(model, loader): for batch in loader:` called as `train(model, train_loader)`."""
-    function = loop.function
     name = facts.iterated_name(loop.iter)
-    if function is None or name is None:
+    if loop.function is None or name is None:
         return []
+    return _parameter_loaders(facts, loop.function, name, set())
+
+
+def _parameter_loaders(
+    facts: "ScriptFacts", function: cst.FunctionDef, name: str, seen: Set[int]
+) -> List[CallSite]:
+    """The DataLoaders the callers of `function` bind its parameter `name` to; through a
+    caller's own parameter (`train(model, train_dataloader)` handing it on to
+    `train_step(model, dataloader=train_dataloader)`), that caller's callers in turn, never
+    a module-level loader that happens to share the parameter's name."""
     params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
     kwonly = [p.name.value for p in function.params.kwonly_params]
-    if name not in params and name not in kwonly:
+    if (name not in params and name not in kwonly) or id(function) in seen:
         return []
+    seen.add(id(function))
     method = bool(params) and params[0] in ("self", "cls")
     index = params.index(name) - (1 if method else 0) if name in params else None
     loaders = []
@@ -869,10 +879,13 @@ def _loaders_through_parameter(facts: "ScriptFacts", loop: Loop) -> List[CallSit
         if bound is None:
             continue
         direct = facts.call_site_of.get(bound.value)
+        spelled = dotted_name(bound.value)
         if direct is not None and direct.qualname == DATALOADER:
             loaders.append(direct)
-        elif dotted_name(bound.value):
-            named = facts.loader_named(dotted_name(bound.value))
+        elif _names_a_parameter(bound.value, caller.site.function):
+            loaders += _parameter_loaders(facts, caller.site.function, spelled, seen)
+        elif spelled:
+            named = facts.loader_named(spelled)
             if named is not None:
                 loaders.append(named)
     return loaders
@@ -1011,6 +1024,8 @@ def _handoffs_by_site(facts: "ScriptFacts") -> Dict[int, Handoffs]:
     found: Dict[int, Handoffs] = {}
     for call in facts.records.calls:
         for arg in call.node.args:
+            if _names_a_parameter(arg.value, call.site.function):
+                continue  # bound by the function's callers (_loaders_through_parameter)
             site, assigned_in = _loader_value(facts, arg.value, local)
             if site is None:
                 continue
@@ -1066,6 +1081,16 @@ def _handed_away(call: cst.Call) -> str:
         "function that is not in the files of this run (or is called through a name that "
         "cannot be followed), so what that does with the loader cannot be read"
     )
+
+
+def _names_a_parameter(node: cst.BaseExpression, function: Optional[cst.CSTNode]) -> bool:
+    """`node` is a plain name that a parameter of `function` binds: a module-level loader of
+    the same name (mrdbourke's `train(model, train_dataloader)` beside a global
+    `train_dataloader`) is not what it holds. (`self.train_loader` is an attribute, followed
+    as such.)"""
+    if not isinstance(node, cst.Name) or not isinstance(function, cst.FunctionDef):
+        return False
+    return node.value in parameter_names(function) and node.value not in ("self", "cls")
 
 
 def _loader_value(facts, node, local) -> Tuple[Optional[CallSite], Tuple[Loop, ...]]:
