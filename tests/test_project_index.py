@@ -730,20 +730,26 @@ for step in range(100):
 """
 
 
-@pytest.mark.parametrize("deepspeed", [True, False])
+@pytest.mark.parametrize("launcher", ["plugin", "import only", "plain"])
 def test_no_compile_in_a_loop_whose_script_imports_a_deepspeed_launcher(
-    tmp_path: Path, deepspeed: bool
+    tmp_path: Path, launcher: str
 ) -> None:
     """The script trains the model itself, with an Accelerator another module builds with
-    DeepSpeed's plugin: declined, naming that module; with a plain Accelerator, compiled."""
-    plugin = dict(plugin_import=", DeepSpeedPlugin", plugin="deepspeed_plugin=DeepSpeedPlugin()")
-    (tmp_path / "launcher.py").write_text(
-        LAUNCHER.format(**(plugin if deepspeed else dict(plugin_import="", plugin="")))
-    )
+    DeepSpeed's plugin: declined, naming that module. A module that only imports deepspeed
+    (a library supporting it optionally, as diffusers' training_utils.py) hands nothing to
+    it, and neither does a plain Accelerator: compiled."""
+    options = {
+        "plugin": dict(
+            plugin_import=", DeepSpeedPlugin", plugin="deepspeed_plugin=DeepSpeedPlugin()"
+        ),
+        "import only": dict(plugin_import="\nimport deepspeed", plugin=""),
+        "plain": dict(plugin_import="", plugin=""),
+    }
+    (tmp_path / "launcher.py").write_text(LAUNCHER.format(**options[launcher]))
     (tmp_path / "train.py").write_text(OWN_LOOP)
     outcomes = apply(tmp_path, write=False, why_not=True)
     because = "DeepSpeed (in launcher.py, which this script imports)"
-    assert_compile_declined(outcomes["train.py"], because if deepspeed else None)
+    assert_compile_declined(outcomes["train.py"], because if launcher == "plugin" else None)
 
 
 WRAPPER = """\

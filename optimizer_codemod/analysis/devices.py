@@ -764,6 +764,24 @@ def deepspeed_engine(facts: "ScriptFacts") -> Optional[str]:
     return memo[None]
 
 
+_DEEPSPEED_HANDOFFS = frozenset(
+    {"deepspeed.initialize", "accelerate.DeepSpeedPlugin", "accelerate.utils.DeepSpeedPlugin"}
+)
+
+
+def hands_models_to_deepspeed(facts: "ScriptFacts") -> bool:
+    """The module calls `deepspeed.initialize`, builds a `DeepSpeedPlugin` or passes a
+    `deepspeed_plugin=` keyword: what a launcher helper of a project does. (Importing
+    deepspeed is not enough: a library that supports it optionally, as diffusers'
+    training_utils.py, hands nothing to it.)"""
+    memo = facts.memo("hands_models_to_deepspeed")
+    if None not in memo:
+        memo[None] = any(call.qualname in _DEEPSPEED_HANDOFFS for call in facts.records.calls) or (
+            _keyword_named(facts, lambda arg: arg.keyword.value in _DEEPSPEED_KEYWORDS) is not None
+        )
+    return memo[None]
+
+
 def on_device(
     facts: "ScriptFacts", node: cst.BaseExpression, names: Set[str], modules: Set[str]
 ) -> bool:

@@ -169,7 +169,7 @@ class Settings:
     custom_autograd: bool = False
     recurrent_layers: bool = False
     sparse_tensors: bool = False
-    deepspeed: bool = False  # hands a model to DeepSpeed's engine (devices.deepspeed_engine)
+    deepspeed: bool = False  # hands a model to DeepSpeed (devices.hands_models_to_deepspeed)
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -1029,7 +1029,7 @@ def _methods(facts, class_name: str) -> Set[str]:
 # One module's facts --------------------------------------------------------------------------
 def _settings(facts) -> Settings:
     from optimizer_codemod.analysis import precision
-    from optimizer_codemod.analysis.devices import deepspeed_engine
+    from optimizer_codemod.analysis.devices import hands_models_to_deepspeed
     from optimizer_codemod.analysis.gradients import bucket_view_hazards, double_backward_calls
     from optimizer_codemod.analysis.training import compile_hazards
 
@@ -1043,7 +1043,7 @@ def _settings(facts) -> Settings:
         variable_shapes=precision.variable_input_shapes(facts) is not None,
         breaks_bucket_views=bool(bucket_view_hazards(facts)),
         differentiates_twice=bool(double_backward_calls(facts)),
-        deepspeed=deepspeed_engine(facts) is not None,
+        deepspeed=hands_models_to_deepspeed(facts),
         **compile_hazards(facts),
     )
 
