@@ -95,35 +95,36 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         generator is one draw behind the original at each epoch, and the shuffle order of a
         `RandomSampler` without its own generator, with every later global draw (CPU dropout,
         `torch.rand`), differs (measured with torch 2.13; a `DistributedSampler` seeded by
-        `set_epoch` or a loader given `generator=` keeps its order). Never applied when the loader is
-        built again for each epoch, when the dataset is changed from outside after it is built
-        (`dataset.set_epoch(...)`, assigning its attributes, also `loader.dataset.x = ...` in
-        a function the loader is handed to: persistent workers would keep a stale copy; a
-        change earlier in the function that builds the loader, outside any loop, is seen by
-        every worker and does not count), or
-        when `persistent_workers` is already chosen. A copy prepared by Accelerate counts
-        only when it is iterated and nothing else (`loader.set_epoch(epoch)` on it hands the
+        `set_epoch` or a loader given `generator=` keeps its order). Never applied when the
+        loader is built again for each epoch, when the dataset is changed from outside after
+        it is built (`dataset.set_epoch(...)`, assigning its attributes, also
+        `loader.dataset.x = ...` in a function the loader is handed to: persistent workers
+        would keep a stale copy; a change earlier in the function that builds the loader,
+        outside any loop, is seen by every worker and does not count), or when
+        `persistent_workers` is already chosen. A copy prepared by Accelerate counts only
+        when it is iterated and nothing else (`loader.set_epoch(epoch)` on it hands the
         epoch to the dataset in the main process, which persistent workers would not see),
-        and only when it is prepared once, outside the epoch loop. `loader.sampler.set_epoch(epoch)` is fine:
-        the sampler runs in the main process, which draws a fresh iterator from it at every
-        epoch (torch/utils/data/dataloader.py, `_BaseDataLoaderIter._reset`). A loader handed
-        inside the epoch loop to a function that is not in the files of the run (or through
-        `*args`) is left alone with a reason naming that function. Options built in a dict
-        (`loader_args = dict(...)` or `{...}`, assigned once and passed as `**loader_args`) are
-        read like keywords; the fix goes into the dict when every loader built from it gets it,
-        else onto the call (`persistent_workers=loader_args["num_workers"] > 0`). A dict chosen
-        by a condition (`kwargs = {"num_workers": 1} if use_cuda else {}`) gets the entry only
-        in the branches that start workers, never in `{}`; a dict filled by `.update(...)`
-        (`if use_accel: train_kwargs.update(accel_kwargs)`) gets it in the one dict that holds
+        and only when it is prepared once, outside the epoch loop.
+        `loader.sampler.set_epoch(epoch)` is fine: the sampler runs in the main process,
+        which draws a fresh iterator from it at every epoch (torch/utils/data/dataloader.py,
+        `_BaseDataLoaderIter._reset`). A loader handed inside the epoch loop to a function
+        that is not in the files of the run (or through `*args`) is left alone with a reason
+        naming that function. Options built in a dict (`loader_args = dict(...)` or `{...}`,
+        assigned once and passed as `**loader_args`) are read like keywords; the fix goes
+        into the dict when every loader built from it gets it, else onto the call
+        (`persistent_workers=loader_args["num_workers"] > 0`). A dict chosen by a condition
+        (`kwargs = {"num_workers": 1} if use_cuda else {}`) gets the entry only in the
+        branches that start workers, never in `{}`; a dict filled by `.update(...)` (`if
+        use_accel: train_kwargs.update(accel_kwargs)`) gets it in the one dict that holds
         `num_workers`, once for every loader that dict reaches. Left alone, with the reason,
         when two merged dicts both set `num_workers`, when a loader sharing the dict gets no
-        fix (iterated only once, say), or when the merged dict is changed otherwise or merged
-        into more than loader options. Reported, not
-        fixed, when options arrive through `*args`/`**kwargs` the file does not show in full
-        (they may carry `persistent_workers`) or when `num_workers` is computed by a call that
-        might not return the same value twice. A loader in the fallback branch of a feature
-        check (the `else` of a version comparison for `persistent_workers`, an `except
-        TypeError` handler) is left alone (analysis/guards.py).
+        fix (iterated only once, say), or when the merged dict is changed otherwise or
+        merged into more than loader options. Reported, not fixed, when options arrive
+        through `*args`/`**kwargs` the file does not show in full (they may carry
+        `persistent_workers`) or when `num_workers` is computed by a call that might not
+        return the same value twice. A loader in the fallback branch of a feature check (the
+        `else` of a version comparison for `persistent_workers`, an `except TypeError`
+        handler) is left alone (analysis/guards.py).
 
     Expected gain:
         The start-up time of the workers, once per epoch after the first. Measured on CPU

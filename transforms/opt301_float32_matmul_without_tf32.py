@@ -79,10 +79,11 @@ class Float32MatmulWithoutTF32(Rule):
 
         Reported without a fix when the file looks importable (no `__main__` guard, and no
         module-level statement that trains: a backward call, or a call of one of its own
-        functions that reaches one), or is a test module (a `unittest.TestCase` class or a
-        `test_*` function: pytest imports it with the others, whatever its guard): the
-        setting is process-wide and would change whoever imports the module. When the files are rewritten together (`apply` on a folder), the
-        setting goes into the script that runs such a module's loop (`Trainer(...).run()`
+        functions that reaches one), or is a test module (a `unittest.TestCase` class, or
+        pytest and `test_*` functions: the runner imports it with the others, whatever its
+        guard): the setting is process-wide and would change whoever imports the module.
+        When the files are rewritten together (`apply` on a folder), the setting goes into
+        the script that runs such a module's loop (`Trainer(...).run()`
         under its `__main__` guard, with `Trainer` from trainer.py), each script when several
         do, as for a loop of its own, and the module declines, naming them; the precision,
         determinism and float64 checks then cover the modules the script imports too, also

@@ -20,7 +20,7 @@ from optimizer_codemod.analysis.training import (
     compiles,
     each_trained_model,
     imported_layer,
-    model_layer_calls,
+    model_code_call,
     device_type_code,
     model_built,
     model_device,
@@ -116,9 +116,11 @@ class ModelTrainedWithoutCompile(Rule):
         model's code, here or in its classes of other modules, draws numpy random numbers
         (PyTorch-GAN's UNIT encoder, `Tensor(np.random.normal(0, 1, mu.shape))`: Dynamo traces
         the draw into a float64 tensor and the float32 constructor raises TorchRuntimeError
-        on the first step; tests/test_compile_claims.py runs it). Nor when the script trains under DeepSpeed (it, or a module of the run it
-        imports, imports `deepspeed` or gives Accelerate a `DeepSpeedPlugin`: a launcher
-        helper that builds the Accelerator counts): DeepSpeed's engine wraps the model, a module
+        on the first step; tests/test_compile_claims.py runs it). Nor when the script
+        trains under DeepSpeed (it imports `deepspeed` or gives Accelerate a
+        `DeepSpeedPlugin`, or a module of the run it imports calls `deepspeed.initialize` or
+        builds that plugin, as a launcher helper does; a library that merely supports
+        DeepSpeed does not count): DeepSpeed's engine wraps the model, a module
         compiled before it breaks under ZeRO-3's partitioned parameters
         (pytorch/pytorch#115484), and DeepSpeed compiles through `engine.compile()` or the
         `compile` section of its configuration (accelerate's DeepSpeed test scripts had
@@ -232,7 +234,7 @@ class ModelTrainedWithoutCompile(Rule):
         reason = (
             self._why_compile_would_not_pay(model)
             or _why_compile_would_fail(facts, twice)
-            or _why_imported_class_would_fail(facts, model)
+            or _why_model_code_would_fail(facts, model)
         )
         if reason is not None:
             self.decline(anchor, reason)
@@ -352,12 +354,13 @@ def _why_compile_would_fail(facts, twice) -> "str | None":
     return None
 
 
-def _why_imported_class_would_fail(facts, model) -> "str | None":
+def _why_model_code_would_fail(facts, model) -> "str | None":
     """A class of the model from another module of the run that differentiates inside its
     methods (x-transformers' XLAutoregressiveWrapper runs test-time training in its forward,
     `torch.autograd.grad(..., create_graph=self.training)`): the loop's backward would then
-    differentiate the compiled graph's backward again. Or model code, here or there, that
-    draws numpy random numbers (PyTorch-GAN's UNIT encoder)."""
+    differentiate the compiled graph's backward again. (This file's own calls are read with
+    their `create_graph`: double_backward_calls.) Or model code, here or there, that draws
+    numpy random numbers (PyTorch-GAN's UNIT encoder)."""
     found = imported_layer(facts, model, SECOND_DERIVATIVE_CALLS.__contains__)
     if found is not None:
         call, imported = found
@@ -365,22 +368,18 @@ def _why_imported_class_would_fail(facts, model) -> "str | None":
             f"`{model.name}` is built from `{imported.name}` of {imported.module}, whose methods "
             f"call `{call}`: it may differentiate a gradient again, {_DOUBLE_BACKWARD_RAISES}"
         )
-    own = next(
-        (c.qualname for c in model_layer_calls(facts, model) if _numpy_random(c.qualname)), None
-    )
-    found = imported_layer(facts, model, _numpy_random)
-    if own is None and found is None:
+    drawn = model_code_call(facts, model, _numpy_random)
+    if drawn is None:
         return None
-    shown = f"`{own}`" if own is not None else f"`{found[0]}` in {found[1].module}"
     return (
-        f"`{model.name}` draws numpy random numbers in its code ({shown}): Dynamo traces them "
+        f"`{model.name}` draws numpy random numbers in its code ({drawn}): Dynamo traces them "
         "into float64 tensors, and a legacy typed constructor around them (PyTorch-GAN's "
         "`Tensor(np.random.normal(...))`) raises TorchRuntimeError on the first step"
     )
 
 
-def _numpy_random(qualname: "str | None") -> bool:
-    return (qualname or "").startswith("numpy.random.")
+def _numpy_random(qualname: str) -> bool:
+    return qualname.startswith("numpy.random.")
 
 
 _DOUBLE_BACKWARD_RAISES = (

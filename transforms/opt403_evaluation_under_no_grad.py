@@ -254,7 +254,7 @@ class EvaluationUnderNoGrad(Rule):
             if differentiates is not None:
                 self.decline(
                     call,
-                    f"the trained model differentiates inside its forward (`{differentiates}`): "
+                    f"the trained model differentiates inside its forward ({differentiates}): "
                     "under `no_grad` it turns autograd back on, which `inference_mode` does not "
                     'allow ("element 0 of tensors does not require grad")',
                 )
@@ -376,11 +376,9 @@ class EvaluationUnderNoGrad(Rule):
                 continue
             scope = loop.function if loop.function is not None else facts.module
             reason = block_escape(facts, loop.node, scope)
-            if reason is None and model_differentiates_in_forward(facts) is not None:
-                reason = (
-                    "the trained model differentiates inside its forward "
-                    f"(`{model_differentiates_in_forward(facts)}`)"
-                )
+            differentiates = model_differentiates_in_forward(facts)
+            if reason is None and differentiates is not None:
+                reason = f"the trained model differentiates inside its forward ({differentiates})"
             if reason is None:
                 follows = training_may_follow(facts, loop.node, loop.function, loop.start)
                 kept = forward_may_keep_for_training(facts, follows)

@@ -756,11 +756,7 @@ def deepspeed_engine(facts: "ScriptFacts") -> Optional[str]:
     memo = facts.memo("deepspeed_engine")
     if None not in memo:
         named = _package_named(facts, _DEEPSPEED_NAMES)
-        memo[None] = (
-            named.rsplit(".", 1)[-1]
-            if named is not None
-            else _keyword_named(facts, lambda arg: arg.keyword.value in _DEEPSPEED_KEYWORDS)
-        )
+        memo[None] = named.rsplit(".", 1)[-1] if named is not None else _deepspeed_keyword(facts)
     return memo[None]
 
 
@@ -777,9 +773,13 @@ def hands_models_to_deepspeed(facts: "ScriptFacts") -> bool:
     memo = facts.memo("hands_models_to_deepspeed")
     if None not in memo:
         memo[None] = any(call.qualname in _DEEPSPEED_HANDOFFS for call in facts.records.calls) or (
-            _keyword_named(facts, lambda arg: arg.keyword.value in _DEEPSPEED_KEYWORDS) is not None
+            _deepspeed_keyword(facts) is not None
         )
     return memo[None]
+
+
+def _deepspeed_keyword(facts: "ScriptFacts") -> Optional[str]:
+    return _keyword_named(facts, lambda arg: arg.keyword.value in _DEEPSPEED_KEYWORDS)
 
 
 def on_device(

@@ -470,26 +470,21 @@ _GRADIENTS_IN_FORWARD = frozenset(
 def model_differentiates_in_forward(facts: "ScriptFacts") -> Optional[str]:
     """A call among a trained model's layers, in this file or its classes from other modules
     of the run, that differentiates inside the forward (`torch.autograd.grad` in
-    x-transformers' test-time training), as `call` or `call in module`; None when none."""
-    from optimizer_codemod.analysis.training import imported_layer, model_layer_calls
-    from optimizer_codemod.analysis.training import trained_models
+    x-transformers' test-time training), as training.model_code_call shows it; None when
+    none."""
+    from optimizer_codemod.analysis.training import model_code_call, trained_models
 
     memo = facts.memo("model_differentiates_in_forward")
     if None not in memo:
-        found = None
-        for model in trained_models(facts):
-            own = next(
-                (c for c in model_layer_calls(facts, model) if c.qualname in _GRADIENTS_IN_FORWARD),
-                None,
-            )
-            if own is not None:
-                found = own.qualname
-                break
-            elsewhere = imported_layer(facts, model, _GRADIENTS_IN_FORWARD.__contains__)
-            if elsewhere is not None:
-                found = f"{elsewhere[0]}` in `{elsewhere[1].module}"
-                break
-        memo[None] = found
+        memo[None] = next(
+            (
+                found
+                for model in trained_models(facts)
+                for found in [model_code_call(facts, model, _GRADIENTS_IN_FORWARD.__contains__)]
+                if found is not None
+            ),
+            None,
+        )
     return memo[None]
 
 

@@ -1731,6 +1731,21 @@ def imported_layer(
     return None
 
 
+def model_code_call(
+    facts: "ScriptFacts", model: TrainedModel, wanted: Callable[[str], bool]
+) -> Optional[str]:
+    """The first call `wanted` (by qualified name) in `model`'s code: among its layer calls
+    in this file (model_layer_calls), else among those of its classes from other modules
+    (imported_layer); shown as `` `name` `` or `` `name` in module.py ``; None when none."""
+    own = next(
+        (c.qualname for c in model_layer_calls(facts, model) if wanted(c.qualname or "")), None
+    )
+    if own is not None:
+        return f"`{own}`"
+    elsewhere = imported_layer(facts, model, wanted)
+    return f"`{elsewhere[0]}` in {elsewhere[1].module}" if elsewhere is not None else None
+
+
 def is_elementwise_dropout(qualname: str) -> bool:
     return qualname in ELEMENTWISE_DROPOUT or qualname.startswith(SPATIAL_DROPOUT_MODELS)
 
