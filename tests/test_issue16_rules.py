@@ -274,3 +274,85 @@ def test_random_draws_meant_for_the_cpu_generator_stay(guarded: str, plain: str)
     assert rewrite(kept, select=["OPT203"], unsafe_fixes=True).source == kept
     moved = template.format(plain)
     assert rewrite(moved, select=["OPT203"], unsafe_fixes=True).source != moved
+
+
+@pytest.mark.parametrize(
+    "source_line, move, changed",
+    [
+        # The `_like` tensor is made where its source is: already on the target.
+        ("rewards = torch.zeros(8).to(device)", "torch.zeros_like(rewards).to(device)", False),
+        ("rewards = torch.zeros(8, device=device)", "torch.zeros_like(rewards).to(device)", False),
+        ("rewards = torch.zeros(8)", "torch.randn_like(rewards).to(rewards.device)", False),
+        # A source on the host (cleanrl's ppo_trxl keeps its rewards there) is copied each step.
+        ("rewards = torch.zeros(8)", "torch.zeros_like(rewards).to(device)", True),
+        ("rewards = torch.zeros(8).to('cpu')", "torch.zeros_like(rewards).to(device)", True),
+    ],
+)
+def test_a_like_factory_whose_source_is_on_the_target_stays(
+    source_line: str, move: str, changed: bool
+) -> None:
+    source = (
+        "import torch\n"
+        "device = torch.device('cuda')\n"
+        f"{source_line}\n"
+        "for step in range(10):\n"
+        f"    advantages = {move}\n"
+    )
+    result = rewrite(source, select=["OPT203"], unsafe_fixes=True)
+    assert (result.source != source) is changed
+    if changed:
+        (finding,) = result.diagnostics
+        assert "created on its source's device" in finding.message
+
+
+GAN_STEP = """\
+import numpy as np
+import torch
+
+cuda = torch.cuda.is_available()
+Tensor = {tensor_type}
+for epoch in range(10):
+    for i, (imgs, _) in enumerate(loader):
+        real = imgs.type(Tensor)
+        z = {noise}
+        loss = model(real, z)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print("[Epoch %d] [Batch %d] [loss: %f]" % (epoch, i, loss.item()))
+"""
+CUDA_TYPE = "torch.cuda.FloatTensor if cuda else torch.FloatTensor"
+
+
+@pytest.mark.parametrize(
+    "tensor_type, noise, select, gated",
+    [
+        # Host data copied to the GPU by a blocking copy: the host still waits every step.
+        (CUDA_TYPE, "Tensor(np.random.normal(0, 1, (imgs.shape[0], 8)))", ["OPT202"], False),
+        (CUDA_TYPE, "torch.randn(imgs.shape[0], 8).type(Tensor)", ["OPT202"], False),
+        (CUDA_TYPE, "Tensor(np.ones((imgs.shape[0], 1)))", ["OPT202"], False),
+        # OPT203 makes the ones on the device in the same run: no copy stays.
+        (CUDA_TYPE, "Tensor(np.ones((imgs.shape[0], 1)))", ["OPT202", "OPT203"], True),
+        (
+            CUDA_TYPE,
+            "torch.randn(imgs.shape[0], 8).type(Tensor, non_blocking=True)",
+            ["OPT202"],
+            True,
+        ),
+        (
+            CUDA_TYPE,
+            "torch.randn(imgs.shape[0], 8, device=imgs.device)",
+            ["OPT202"],
+            True,
+        ),
+    ],
+)
+def test_a_blocking_copy_of_host_data_keeps_the_loss_print_every_step(
+    tensor_type: str, noise: str, select: list, gated: bool
+) -> None:
+    source = GAN_STEP.format(tensor_type=tensor_type, noise=noise)
+    result = rewrite(source, select=select, unsafe_fixes=True, target_device="cuda")
+    assert ("if i % 10 == 0:" in result.source) is gated
+    if not gated:
+        (finding,) = [d for d in result.diagnostics if d.code == "OPT202"]
+        assert "waits for the device on every step as well" in finding.message

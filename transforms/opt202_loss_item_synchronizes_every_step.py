@@ -129,10 +129,13 @@ class LossItemSynchronizesEveryStep(Rule):
         `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`,
         `empty_cache()`, or a device value printed, formatted or tested: `print(loss)`,
         `if torch.isnan(loss):`; or `.item()`/`.tolist()` in a function of the file that the
-        loop calls on every step, such as a gradient norm): the host would still wait for the
-        device at each step,
+        loop calls on every step, such as a gradient norm; or host data made on every step
+        and copied to a CUDA tensor type, which is a blocking copy that waits for the
+        device's queue: `Tensor(np.random.normal(...))`, `torch.randn(n).type(Tensor)`, as
+        in PyTorch-GAN's scripts): the host would still wait for the device at each step,
         unless another fix of the same run takes that sync off the step too (OPT204 moves a
-        count to the device, OPT703 deletes a bare `synchronize()`). Several accumulations
+        count to the device, OPT703 deletes a bare `synchronize()`, OPT203 makes
+        `Tensor(np.ones(shape))` on the device). Several accumulations
         of the loss in one step are rewritten together. A total that is never read is
         reported too: deleting the accumulation is the fix, not moving it to the device.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, with_keyword
+from optimizer_codemod.analysis.syncs import HOST_FILL
 from optimizer_codemod.analysis.transfers import (
     HostCreation,
     host_creations_moved,
@@ -86,7 +87,10 @@ class TensorCreatedOnHostThenMoved(Rule):
         `pin_memory=`, `out=` or `layout=`, `torch.normal` of tensors, random draws inside
         `torch.random.fork_rng()` or beside a `torch.manual_seed(...)` in the same loop or
         function body (the numbers are meant to be the seeded CPU generator's), and
-        statements that run once at module level. `.to(device, non_blocking=True)` loses the keyword, which has no copy left to
+        statements that run once at module level, and a `_like` factory whose source is
+        already on the target (`torch.zeros_like(x).to(x.device)`, or `x` bound in the same
+        scope by `.to(device)` or `device=device`): it is made there, and the edit would
+        change nothing. `.to(device, non_blocking=True)` loses the keyword, which has no copy left to
         apply to.
 
     Expected gain:
@@ -109,6 +113,7 @@ class TensorCreatedOnHostThenMoved(Rule):
     min_torch = TorchVersion(1, 0)
     # On a CPU target the copy it saves is no copy: `.to("cpu")` returns the tensor itself.
     target_devices = ("cuda",)
+    removes_syncs = {HOST_FILL: Safety.SAFE}
     # Every finding is a factory call followed, in the same expression, by `.to(` or `.cuda(`.
     triggers = (r"\b(?:zeros|ones|empty|eye|full|arange|rand\w*|randperm|normal|tensor)\s*\(",)
     requires = (r"\.\s*(?:to|cuda)\s*\(|\bcuda\.\w*Tensor\b",)
@@ -179,6 +184,11 @@ class TensorCreatedOnHostThenMoved(Rule):
                 continue
             random = creation.kind == "random"
             message = f"`{excerpt(creation.factory)}` is created on the host, then copied"
+            if creation.qualname.endswith("_like"):
+                message = (
+                    f"`{excerpt(creation.factory)}` is created on its source's device, then "
+                    "copied: where that is the host, this is a copy per call"
+                )
             if random:
                 message += (
                     "; created on the device, its numbers come from the device's generator, "

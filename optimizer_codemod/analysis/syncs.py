@@ -26,6 +26,7 @@ from optimizer_codemod.analysis.calls import (
     excerpt,
     has_double_star,
     has_star_args,
+    keyword,
     literal,
     method_name,
     positional,
@@ -39,8 +40,11 @@ from optimizer_codemod.analysis.devices import (
     device_kind,
     device_names,
     on_device,
+    tensor_type_devices,
+    type_conversion_target,
     uses_accelerator,
 )
+from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
@@ -105,6 +109,8 @@ LOSS_ACCUMULATION = "loss-accumulation"  # `running += loss.item()` (OPT202)
 METRIC_ACCUMULATION = "metric-accumulation"  # `correct += (p == y).sum().item()`
 SYNCHRONIZE = "synchronize"  # a bare `torch.cuda.synchronize()` statement
 EMPTY_CACHE = "empty-cache"  # a bare `torch.cuda.empty_cache()` statement
+# `Tensor(np.ones(shape))` into a CUDA tensor type, made on the device instead (OPT203).
+HOST_FILL = "host-fill"
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,7 @@ class HostSyncs:
     def __init__(self, facts: "ScriptFacts") -> None:
         self.facts = facts
         self._sites: Dict[int, Tuple[StepSync, ...]] = {}
+        self._copies: Dict[int, Tuple[StepSync, ...]] = {}
         self._device: Dict[int, Tuple[Set[str], Set[str]]] = {}
         self._metric: Optional[List["Accumulation"]] = None
         self._loss: Optional[List["Accumulation"]] = None
@@ -371,8 +378,59 @@ class HostSyncs:
             elif sync.kind == "empty_cache" and EMPTY_CACHE in enabled:
                 if alone_in_statement(sync):
                     removed[sync.node] = EMPTY_CACHE
-        remaining = tuple(s for s in self.sites(loop) if s.node not in removed)
+        copies = self.blocking_copies(loop)
+        if copies and HOST_FILL in enabled:
+            # transfers.py reads this module's facts through ScriptFacts: imported here.
+            from optimizer_codemod.analysis.transfers import legacy_type_conversions
+
+            fills = {
+                c.call.node
+                for c in legacy_type_conversions(self.facts)
+                if not isinstance(c.sizes, str)
+            }
+            removed.update((c.node, HOST_FILL) for c in copies if c.node in fills)
+        remaining = tuple(s for s in self.sites(loop) + copies if s.node not in removed)
         return SyncPlan(removed, remaining + self._helper_sites(loop))
+
+    def blocking_copies(self, loop: Loop) -> Tuple[StepSync, ...]:
+        """Host data made on every step of `loop` and copied to a CUDA tensor type with a
+        blocking copy, which waits for the device's queue like any sync: `Tensor(np.random
+        .normal(...))` and `torch.randn(n).type(Tensor)`, where `Tensor` may be
+        `torch.cuda.FloatTensor`. Not in `sites`: nothing reads a device value, and no rule
+        reports them as reads."""
+        key = id(loop.node)
+        if key not in self._copies:
+            per_step = every_iteration(loop)
+            found = []
+            for statement in _body_order(loop):
+                if statement not in per_step:
+                    continue
+                for root in _header(statement, loop)[1]:
+                    for node in _walk(root):
+                        if isinstance(node, cst.Call) and self._copies_host_data(node):
+                            found.append(StepSync(node, "copy", None, statement, True, loop))
+            self._copies[key] = tuple(found)
+        return self._copies[key]
+
+    def _copies_host_data(self, call: cst.Call) -> bool:
+        facts = self.facts
+        target = type_conversion_target(call)
+        if target is not None:
+            made = call.func.value
+            return (
+                "cuda" in (tensor_type_devices(facts, target) or ())
+                and not _blocking_free(call)
+                and isinstance(made, cst.Call)
+                and facts.qualified_name(made.func) in FACTORIES
+                and keyword(made, "device") is None
+            )
+        args = positional(call)
+        return (
+            len(call.args) == len(args) == 1
+            and isinstance(args[0].value, cst.Call)
+            and (facts.qualified_name(args[0].value.func) or "").startswith("numpy.")
+            and "cuda" in (tensor_type_devices(facts, call.func) or ())
+        )
 
     def _helper_sites(self, loop: Loop) -> Tuple[StepSync, ...]:
         """The syncs of functions that `loop` runs on every iteration (helper_syncs), as
@@ -383,6 +441,12 @@ class HostSyncs:
             for call in (sync.in_loop,)
             if call is not None and any(outer.node is loop.node for outer in call.site.loops)
         )
+
+
+def _blocking_free(call: cst.Call) -> bool:
+    """`x.type(T, non_blocking=True)`: the copy does not wait."""
+    option = keyword(call, "non_blocking")
+    return option is not None and literal(option.value, None) is not False
 
 
 def _loss_seeds(facts: "ScriptFacts", loop: Loop) -> Set[str]:

@@ -1280,8 +1280,48 @@ def _host_creation(facts: "ScriptFacts", move: CallSite) -> Optional[HostCreatio
         kind != "exact" or keyword(factory, "dtype") is not None or factory is not call.func.value
     ):
         return None
+    if qualname.endswith("_like") and _like_source_on(facts, factory, device, move):
+        return None
     exact = qualname != "torch.arange" or _integral_arange(facts, factory)
     return HostCreation(move, factory, qualname, kind, device, dtype, exact)
+
+
+def _like_source_on(
+    facts: "ScriptFacts", factory: cst.Call, device: cst.BaseExpression, move: CallSite
+) -> bool:
+    """`torch.zeros_like(src)` is made on `src`'s device: already the move's target when that
+    is `src.device`, or when every binding of the name `src` in this scope put it there
+    (`rewards = torch.zeros(n).to(device)`, `torch.zeros(n, device=device)`). Then nothing
+    is made on the host and the move copies nothing."""
+    source = argument(factory, "input", 0)
+    if source is None:
+        return False
+    target = code_of(device)
+    if f"{code_of(source.value)}.device" == target:
+        return True
+    if not isinstance(source.value, cst.Name):
+        return False
+    bindings = facts.assignments_in_scope(source.value.value, move.site.function)
+    return bool(bindings) and all(
+        not b.unpacked and not b.augmented and _placed_on(b.value) == target for b in bindings
+    )
+
+
+def _placed_on(value: cst.BaseExpression) -> Optional[str]:
+    """The device `value` is put on, as written: the last `.to(d)` / `.cuda()` of the
+    expression, or a call's `device=`."""
+    if not isinstance(value, cst.Call):
+        return None
+    device = keyword(value, "device")
+    if device is not None:
+        return code_of(device.value)
+    if not isinstance(value.func, cst.Attribute):
+        return None
+    method = value.func.attr.value
+    if method == "cuda" and not value.args:
+        return '"cuda"'
+    args = positional(value)
+    return code_of(args[0].value) if method == "to" and len(args) == 1 else None
 
 
 INTEGRAL_DTYPES = frozenset(
