@@ -1330,3 +1330,70 @@ def test_a_base_spelled_with_a_name_from_a_star_import_is_qualified(
     assert "torch.nn.Conv2d" in imported.layers
     outcomes = apply(tmp_path, write=False, select=("OPT401", "OPT407"))
     assert set(fixed(outcomes["train.py"])) == {"OPT401", "OPT407"}
+
+
+DISCRIMINATOR = """\
+import torch
+import torch.nn as nn
+
+
+class MultiDiscriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.models = nn.ModuleList([nn.Linear(8, 1), nn.Linear(8, 1)])
+
+    def compute_loss(self, x, gt):
+        return sum(torch.mean((out - gt) ** 2) for out in self.forward(x))
+
+    def forward(self, x):
+        return [m(x) for m in self.models]
+"""
+
+DISCRIMINATOR_LOOP = """\
+import torch
+from models import MultiDiscriminator
+
+D = MultiDiscriminator()
+D.to("cuda")
+optimizer = torch.optim.Adam(D.parameters(), lr=2e-4)
+for step in range(100):
+    loss = D.compute_loss(torch.randn(4, 8, device="cuda"), 1)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("runs_through", ["self.forward(x)", "self(x)"])
+def test_no_compile_of_an_imported_model_run_only_through_a_method(
+    tmp_path: Path, runs_through: str
+) -> None:
+    """PyTorch-GAN's bicyclegan runs its discriminators only as `D.compute_loss(x, gt)`,
+    which calls `self.forward(x)`: `Module.compile()` compiles `__call__` alone. A method
+    that calls `self(x)` runs the compiled call, and the model is compiled."""
+    models = DISCRIMINATOR.replace("self.forward(x)", runs_through)
+    (tmp_path / "models.py").write_text(models)
+    (tmp_path / "train.py").write_text(DISCRIMINATOR_LOOP)
+    outcomes = apply(tmp_path, write=False, why_not=True)
+    because = "`D` is never called itself, only through `D.compute_loss(...)`"
+    assert_compile_declined(outcomes["train.py"], because if "forward" in runs_through else None)
+
+
+def test_compiling_runs_nothing_through_a_method_that_calls_forward() -> None:
+    """The claim behind the decline, run on torch: a compiled module's method that calls
+    `self.forward` runs eagerly; calling the module runs the compiled frame."""
+    import torch
+    namespace: dict = {}
+    exec(DISCRIMINATOR, namespace)
+    model = namespace["MultiDiscriminator"]()
+    counts = {"compiled": 0}
+
+    def counting_backend(graph, example_inputs):
+        counts["compiled"] += 1
+        return graph.forward
+
+    model.compile(backend=counting_backend)
+    model.compute_loss(torch.randn(4, 8), 1)
+    assert counts["compiled"] == 0
+    model(torch.randn(4, 8))
+    assert counts["compiled"] == 1

@@ -17,6 +17,7 @@ from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
     backward_runs_once,
     class_without_forward,
+    model_run_only_through_methods,
     compiles,
     each_trained_model,
     imported_layer,
@@ -84,8 +85,10 @@ class ModelTrainedWithoutCompile(Rule):
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
         graphs break on changing shapes and on outputs kept across steps). Not for a model
         whose class defines no `forward` (cleanrl's PPO `Agent`, used through
-        `get_action_and_value`): `compile()` compiles the module's own call only, so nothing
-        would run compiled. Compiling happens
+        `get_action_and_value`), nor for one the file never calls itself but only through
+        methods of its classes that call `self.forward(...)` or submodules (PyTorch-GAN's
+        `D.compute_loss(x, valid)`): `compile()` compiles the module's own call only, so
+        nothing would run compiled. Compiling happens
         before a DistributedDataParallel wrapper is built, and before Hugging Face
         Accelerate's `model, opt = accelerator.prepare(model, opt)`, which places the model
         on `accelerator.device` (unless the `Accelerator` is built with `device_placement`)
@@ -290,6 +293,13 @@ class ModelTrainedWithoutCompile(Rule):
                 f"`{unused}` defines no `forward`: `{model.name}` runs through its other "
                 "methods (and its submodules), which `Module.compile()` leaves eager, so "
                 "nothing would be compiled"
+            )
+        method = model_run_only_through_methods(self.facts, model)
+        if method is not None:
+            return (
+                f"`{model.name}` is never called itself, only through `{model.name}.{method}(...)` "
+                "and other methods that call its `forward` or submodules directly: "
+                "`Module.compile()` compiles `__call__` alone, so nothing would be compiled"
             )
         once = backward_runs_once(self.facts)
         if once is not None:

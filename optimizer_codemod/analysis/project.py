@@ -85,7 +85,7 @@ from optimizer_codemod.analysis.handoffs import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR
+from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, eager_methods
 
 # A line importing something: its module part (with any leading dots) and the rest.
 _IMPORT_LINE = re.compile(
@@ -202,6 +202,9 @@ class ImportedClass:
     # Layers built only under a condition (`nn.Conv2d(...) if talking_heads else None`):
     # they count for hazards (a layer that may be there), not as what the model is.
     optional: Tuple[str, ...] = ()
+    # Methods of it and its bases in its file that never call `self(...)`: called on a
+    # model, they run it without its `__call__` (training.eager_methods).
+    eager_methods: Tuple[str, ...] = ()
 
     @property
     def possible_layers(self) -> Tuple[str, ...]:
@@ -361,9 +364,8 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
         )
 
     def imported_class(record, kind=ImportedClass) -> ImportedClass:
-        return kind(
-            **{**record, "layers": tuple(record["layers"]), "optional": tuple(record["optional"])}
-        )
+        lists = ("layers", "optional", "eager_methods")
+        return kind(**{**record, **{key: tuple(record.get(key, ())) for key in lists}})
 
     return {
         path: ProjectFacts(
@@ -1223,7 +1225,7 @@ def _registry(
         tuple(sorted(always)),
         view,
         tuple(sorted(optional - always)),
-        namespace,
+        namespace=namespace,
     )
 
 
@@ -1306,7 +1308,12 @@ def _imported_class(
 ) -> ImportedClass:
     layers, optional, view = _class_layers(owner, name, files, 0)
     return ImportedClass(
-        spelling, owner.label, tuple(sorted(layers)), view, tuple(sorted(optional - layers))
+        spelling,
+        owner.label,
+        tuple(sorted(layers)),
+        view,
+        tuple(sorted(optional - layers)),
+        tuple(sorted(eager_methods(owner.facts, (name,)))),
     )
 
 

@@ -10,7 +10,17 @@ rule leaves the script alone or reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import libcst as cst
 
@@ -1666,6 +1676,76 @@ def class_without_forward(facts: "ScriptFacts", model: TrainedModel) -> Optional
             elif base != "torch.nn.Module":
                 return None
     return name
+
+
+# Module methods that never call the module: compiling its `__call__` changes none of them.
+_MODULE_UPKEEP = frozenset(
+    "parameters named_parameters buffers named_buffers modules named_modules children "
+    "named_children to cuda cpu float half double bfloat16 train eval apply state_dict "
+    "load_state_dict zero_grad requires_grad_ share_memory".split()
+)
+
+
+def model_run_only_through_methods(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
+    """A method of the model's classes through which alone the file runs `model`, when the
+    file never calls the model itself: every mention of its name binds it or calls a method,
+    each one of those classes' methods that never calls `self(...)` (which runs
+    `self.forward(...)` or its submodules instead: PyTorch-GAN's `D.compute_loss(x, valid)`),
+    or upkeep such as `.parameters()`. `Module.compile()` compiles `__call__` only, so
+    nothing would run compiled. The classes are this file's, or other modules' of the run
+    (project.ImportedClass.eager_methods). None otherwise."""
+    name = model.name
+    if "." in name or model.wrapped_as or model.handed_in is not None:
+        return None
+    methods = [
+        call.node.func.attr.value
+        for call in facts.records.calls
+        if isinstance(call.node.func, cst.Attribute) and is_name(call.node.func.value, name)
+    ]
+    mentions = len(methods) + len(facts.assignments_to(name))
+    if not methods or facts.records.name_counts.get(name, 0) != mentions:
+        return None
+    local = model_classes(facts, model)
+    imported = model_imported_classes(facts, model)
+    if bool(local) == bool(imported):
+        return None  # built from neither, or from both: not known
+    eager = (
+        eager_methods(facts, local)
+        if local
+        else set.intersection(*(set(c.eager_methods) for c in imported))
+    )
+    runs = None
+    for method in methods:
+        if method in _MODULE_UPKEEP:
+            continue
+        if method not in eager:
+            return None
+        runs = runs or method
+    return runs
+
+
+def eager_methods(facts: "ScriptFacts", class_names: Iterable[str]) -> Set[str]:
+    """The methods that the classes `class_names` of this file and their bases of this file
+    define, and that never call `self(...)`: called on a model, they run its `forward` or its
+    submodules without its `__call__`."""
+    defined: Dict[str, bool] = {}
+    pending, seen = list(class_names), set()
+    while pending:
+        current = pending.pop()
+        info = facts.classes.get(current)
+        if current in seen or info is None:
+            continue
+        seen.add(current)
+        pending.extend(b for b in info.bases if b in facts.classes)
+        for statement in info.node.body.body:
+            if isinstance(statement, cst.FunctionDef):
+                calls_itself = any(
+                    is_name(call.func, "self") for call in find_all(statement, cst.Call)
+                )
+                defined[statement.name.value] = defined.get(statement.name.value, True) and (
+                    not calls_itself
+                )
+    return {method for method, eager in defined.items() if eager}
 
 
 def model_classes(facts: "ScriptFacts", model: TrainedModel) -> Set[str]:
