@@ -21,6 +21,7 @@ from optimizer_codemod.analysis.precision import (
     shape_variation,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import backward_runs_once
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
 
 
@@ -70,7 +71,10 @@ class CudnnBenchmarkDisabled(Rule):
         into a tensor sized by the batch's maximum) or the model is a torchvision
         detection model (images resized keeping their aspect ratio). Other shape changes
         (a smaller last batch, a few evaluation sizes) cost one tuning each and are not
-        detected. Reported without a fix in an importable module and when torch is not
+        detected. Not for a file that takes one training step (a usage demo under a
+        library module's `__main__` guard): the tuning is not earned back. Reported without
+        a fix in an importable module (a `__main__` guard that never runs the training the
+        file defines, a library module's demo, does not make it a script) and when torch is not
         imported in the top import block (see OPT301); with the files rewritten together,
         the setting goes into the script that runs the module's loop, and the convolutions,
         determinism and shape checks cover the modules that script imports too (the
@@ -103,9 +107,15 @@ class CudnnBenchmarkDisabled(Rule):
     process_wide = True
     examples = (
         Example(
-            "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n",
+            "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3).cuda()\n"
+            "for x in batches:\n    model(x).sum().backward()\n",
             "import torch\n\ntorch.backends.cudnn.benchmark = True\n\n"
-            "model = torch.nn.Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n",
+            "model = torch.nn.Conv2d(3, 8, 3).cuda()\n"
+            "for x in batches:\n    model(x).sum().backward()\n",
+        ),
+        # A usage demo that takes one step: the tuning is never earned back.
+        Example(
+            "import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3).cuda()\nmodel(x).sum().backward()\n"
         ),
         # Trained on the CPU (nlp-tutorial's TextCNN): cuDNN is never called.
         Example("import torch\n\nmodel = torch.nn.Conv2d(3, 8, 3)\nmodel(x).sum().backward()\n"),
@@ -183,6 +193,15 @@ class CudnnBenchmarkDisabled(Rule):
         imported_by = imported_by_others(facts)
         if imported_by is not None:
             self.decline(first, imported_by)
+            return
+        once = backward_runs_once(facts) if elsewhere is None else None
+        if once is not None:
+            self.decline(
+                first,
+                f"the file takes one training step (`{excerpt(once.node)}` runs in no loop, nor "
+                "in a function called from one): the autotuner times every convolution on its "
+                "first call, which one step never earns back",
+            )
             return
         message = None
         if not convolutions and elsewhere is not None:

@@ -1555,7 +1555,7 @@ def _runs_as_script(module: _Module, files: Dict[str, _Module]) -> bool:
     facts = module.facts
     if facts.is_test_module:  # imported by its test runner (ScriptFacts.runs_as_script)
         return False
-    if facts.records.has_main_guard:
+    if facts.records.has_main_guard and facts.main_guard_may_train:
         return True
     for call in facts.records.calls:
         if call.site.function is not None or call.site.class_name is not None:

@@ -14,13 +14,14 @@ from optimizer_codemod.analysis.collect import (
     Loop,
     Records,
     collect,
+    is_main_guard,
 )
 from optimizer_codemod.analysis.autocast_escapes import AutocastEscapes
 from optimizer_codemod.analysis.debugging import DebugSwitches
 from optimizer_codemod.analysis.devices import under_views
 from optimizer_codemod.analysis.guards import FeatureGuards
 from optimizer_codemod.analysis.imports import ImportTable, dotted_name
-from optimizer_codemod.analysis.nodes import is_docstring, is_name
+from optimizer_codemod.analysis.nodes import find_all, is_docstring, is_name
 from optimizer_codemod.analysis.walk import parents
 from optimizer_codemod.analysis.periodic import LogLines
 from optimizer_codemod.analysis.syncs import HostSyncs
@@ -271,7 +272,7 @@ class ScriptFacts:
         does not count (torchtitan's unit tests end in `unittest.main()`)."""
         if self.is_test_module:
             return False
-        if self.records.has_main_guard:
+        if self.records.has_main_guard and self.main_guard_may_train:
             return True
         training = self.functions_reaching_backward
         backward = {id(call.node) for call in self.backward_calls}
@@ -281,6 +282,39 @@ class ScriptFacts:
             and (callee_name(call.node) in training or id(call.node) in backward)
             for call in self.records.calls
         )
+
+    @cached_property
+    def main_guard_may_train(self) -> bool:
+        """The `__main__` guard may run the training this file defines: it calls backward, or
+        names a function, method or class of the file from which a chain of mentions leads to
+        one that reaches backward (`main()` handing `main_worker` to `mp.spawn`,
+        `fire.Fire(Trainer)`). False for a usage demo in a library module
+        (denoising-diffusion-pytorch's guided_diffusion.py samples from a model and never
+        names its `Trainer`); True when the file's own functions train nothing (the training,
+        if any, is imported)."""
+        training = self.functions_reaching_backward
+        if not training:
+            return True
+        mentioned_in: Dict[str, Set[str]] = {}
+        for definition in find_all(self.module, cst.FunctionDef, cst.ClassDef):
+            for name in find_all(definition.body, cst.Name):
+                mentioned_in.setdefault(name.value, set()).add(definition.name.value)
+        leading = set(training)
+        pending = list(training)
+        while pending:
+            for definer in mentioned_in.get(pending.pop(), ()):
+                if definer not in leading:
+                    leading.add(definer)
+                    pending.append(definer)
+        backward = {id(call.node) for call in self.backward_calls}
+        for guard in self.module.body:
+            if isinstance(guard, cst.If) and is_main_guard(guard):
+                for node in find_all(guard, cst.Name, cst.Call):
+                    if id(node) in backward or (
+                        isinstance(node, cst.Name) and node.value in leading
+                    ):
+                        return True
+        return False
 
     @cached_property
     def is_test_module(self) -> bool:
