@@ -97,8 +97,13 @@ class DataloaderInMainProcess(Rule):
         functions the other files of the run call only under their own guard
         (docs/projects.md); and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
         `TensorDataset`, a dataset class of the file whose `__getitem__` only reads tensors it
-        holds at the index (`self.x[i]`, as OPT104 derives it) or calls nothing at all
-        (diffusers' PromptDataset returns a prompt and the index), or a dataset of device tensors
+        holds at the index (`self.x[i]`, as OPT104 derives it) or calls nothing but size and
+        dtype reads and one `torch.randint(..., (1,))` for a window's start (diffusers'
+        PromptDataset returns a prompt and the index; x-transformers' TextSamplerDataset slices
+        its text at a random start, which in workers would also come from other generators;
+        with the files rewritten
+        together, the same holds for a class of another module of the run, as accelerate's
+        RegressionDataset returning `{"x": self.x[i], "y": self.y[i]}`), or a dataset of device tensors
         (workers add only overhead, or would touch CUDA from a forked process), an `IterableDataset` (each worker would yield the
         whole stream unless it shards by worker), a `collate_fn` that moves batches to the
         device, a `collate_fn`, `worker_init_fn` or dataset class that workers started by
@@ -220,7 +225,8 @@ class DataloaderInMainProcess(Rule):
                 self.decline(
                     call,
                     f"`{in_memory}.__getitem__` only reads what the dataset holds in memory "
-                    "(tensors at the index, or values with no call at all): workers would only "
+                    "(values at the index, or a window at one random start; no loading, decoding "
+                    "or transform): workers would only "
                     "add inter-process copies",
                 )
                 continue

@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.calls import (
     excerpt,
     has_double_star,
     has_star_args,
+    is_literal,
     keyword,
     literal,
     positional,
@@ -367,26 +368,59 @@ def _class_kind(facts: "ScriptFacts", name: str, depth: int, classes: List[str])
 
 
 def in_memory_dataset_class(facts: "ScriptFacts", site: CallSite) -> Optional[str]:
-    """A dataset class of this file the loader's dataset is built from whose `__getitem__`
+    """A dataset class (of this file, or of another module of the run: project.py asks
+    holds_its_items there) the loader's dataset is built from whose `__getitem__`
     only reads tensors the instance holds, at the index (`self.x[i]`, a window of it,
     arithmetic with numbers: batched_items.py derives its batched form), or calls nothing
     at all (diffusers' PromptDataset returns `{"prompt": self.prompt, "index": index}`):
     its items cost nothing to prepare, as a TensorDataset's (LLMs-from-scratch's ToyDataset)."""
     for name in dataset_classes(facts, site):
-        if name in facts.classes and (
-            _calls_nothing(facts.classes[name].node, "__getitem__")
-            or isinstance(batched_items(facts, name), BatchedItems)
-        ):
+        if name in facts.classes and holds_its_items(facts, name):
+            return name
+        imported = imported_dataset(facts, name) if name not in facts.classes else None
+        if imported is not None and imported.holds_items:
             return name
     return None
 
 
-def _calls_nothing(node: cst.ClassDef, method: str) -> bool:
-    """The class defines `method`, and its body makes no call."""
+def holds_its_items(facts: "ScriptFacts", class_name: str) -> bool:
+    """The dataset class `class_name` of this file has a `__getitem__` that only reads what
+    the instance holds (in_memory_dataset_class): accelerate's RegressionDataset returns
+    `{"x": self.x[i], "y": self.y[i]}`."""
+    return class_name in facts.classes and (
+        _calls_nothing(facts, facts.classes[class_name].node, "__getitem__")
+        or isinstance(batched_items(facts, class_name), BatchedItems)
+    )
+
+
+# Calls an item may make and cost no more than reading it: dtype conversions and size reads,
+# and one random index drawn for a window (x-transformers' TextSamplerDataset:
+# `torch.randint(0, n - seq_len, (1,))`, then a slice of the tensor it holds).
+_CHEAP_ITEM_METHODS = frozenset({"long", "int", "float", "size", "item", "dim"})
+_CHEAP_ITEM_BUILTINS = frozenset({"len", "int", "min", "max", "slice"})
+
+
+def _calls_nothing(facts: "ScriptFacts", node: cst.ClassDef, method: str) -> bool:
+    """The class defines `method`, and its body calls nothing but what reads as cheaply as
+    an index: dtype and size methods, `len`/`int`/`min`/`max`, one `torch.randint` of a
+    single number."""
     for statement in node.body.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
-            return not find_all(statement.body, cst.Call)
+            return all(_cheap_item_call(facts, call) for call in find_all(statement.body, cst.Call))
     return False
+
+
+def _cheap_item_call(facts: "ScriptFacts", call: cst.Call) -> bool:
+    if isinstance(call.func, cst.Name) and not facts.imports.is_bound(call.func.value):
+        return call.func.value in _CHEAP_ITEM_BUILTINS and call.func.value not in facts.classes
+    if facts.qualified_name(call.func) == "torch.randint":
+        size = argument(call, "size", len(positional(call)) - 1)
+        return size is not None and is_literal(size.value, (1,))
+    return (
+        isinstance(call.func, cst.Attribute)
+        and facts.qualified_name(call.func) is None
+        and call.func.attr.value in _CHEAP_ITEM_METHODS
+    )
 
 
 def dataset_classes(facts: "ScriptFacts", site: CallSite) -> List[str]:

@@ -250,6 +250,9 @@ class ImportedDataset:
     # call in it or an argument of the instance it returns (pinning a device tensor raises).
     places_on_accelerator: bool
     opens_handles: bool  # an `__init__` of it or of a base keeps an open file handle
+    # A class whose `__getitem__` only reads what the instance holds (loaders.holds_its_items):
+    # workers would only add inter-process copies.
+    holds_items: bool = False
 
 
 @dataclass(frozen=True)
@@ -1074,6 +1077,7 @@ def _own_facts(
 ) -> ProjectFacts:
     """What `module` is told apart from incoming calls: the module classes it imports, the
     files that import it, and, for a script, the loops of other modules it runs."""
+    from optimizer_codemod.analysis.loaders import holds_its_items
     from optimizer_codemod.analysis.training import is_module_class
 
     classes = []
@@ -1101,13 +1105,15 @@ def _own_facts(
         defined = _defined(files, path, obj)
         found = _dataset_summary(*defined, files, 0) if defined is not None else None
         if found is not None:
-            datasets.append(ImportedDataset(name, defined[0].label, *found))
+            held = holds_its_items(defined[0].facts, defined[1])
+            datasets.append(ImportedDataset(name, defined[0].label, *found, held))
     for spelling, path in module.modules.items():
         owner = files.get(path)
         for name in owner.facts.top_level_definitions if owner is not None else ():
             found = _dataset_summary(owner, name, files, 0)
             if found is not None:
-                datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found))
+                held = holds_its_items(owner.facts, name)
+                datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found, held))
     loaders = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
