@@ -56,7 +56,9 @@ class EvaluationUnderNoGrad(Rule):
         trains and whose results leave it only as plain Python values (`.item()`, counts,
         `len(...)`) or NumPy arrays (`.numpy()`).
         An evaluation loop with no `no_grad` at all (a `for` loop right after `model.eval()`
-        on the model the training loop calls, with no `.train()` between) is put under
+        on the model the training loop calls, with no `.train()` between, whose body names
+        that model or calls a function of the file: a loop that only logs numbers after
+        `teacher_model.eval()`, as cleanrl's, evaluates nothing) is put under
         `with torch.inference_mode():` on the same conditions.
 
     Why is it slow:
@@ -158,7 +160,10 @@ class EvaluationUnderNoGrad(Rule):
         Never in a callback that the file hands to a trainer of another module
         (`trainer.set_callback("on_batch_end", fn)`): it runs inside that trainer's loop,
         out of sight; the decline says so. The model's own `forward` is assumed not to
-        keep its inputs.
+        keep its inputs. Nor where a comment on or above the `with` line names
+        `inference_mode` (mrdbourke's "no_grad() required for PyTorch 2.0, I found some
+        errors with `torch.inference_mode()`"): the author chose `no_grad` knowing it, and
+        the edit would leave the comment contradicting the code.
         Nothing is changed where a trained model differentiates inside its forward
         (`torch.enable_grad`, `torch.autograd.grad` among its layers, in this file or in its
         classes of other modules of the run: x-transformers' test-time training): under
@@ -251,6 +256,14 @@ class EvaluationUnderNoGrad(Rule):
         self._evaluation_without_no_grad(training)
         differentiates = model_differentiates_in_forward(self.facts)
         for call, site in self._no_grad_blocks():
+            comment = _comment_naming_inference_mode(site.statement)
+            if comment is not None:
+                self.decline(
+                    call,
+                    f"the comment at the block names `inference_mode` ({comment!r}): the author "
+                    "chose `no_grad` knowing it, and the edit would leave the comment saying so",
+                )
+                continue
             if differentiates is not None:
                 self.decline(
                     call,
@@ -404,6 +417,20 @@ class EvaluationUnderNoGrad(Rule):
                 safety=Safety.BEHAVIOR,
                 fix_title="Run the loop under `torch.inference_mode()`",
             )
+
+
+def _comment_naming_inference_mode(statement: cst.With) -> Optional[str]:
+    """The comment on the `with` line or on the lines right above it, when it mentions
+    `inference_mode` (mrdbourke's "no_grad() required for PyTorch 2.0, I found some errors
+    with `torch.inference_mode()`"), else None."""
+    comments = [line.comment for line in statement.leading_lines]
+    if isinstance(statement.body, cst.IndentedBlock):
+        comments.append(statement.body.header.comment)
+    for comment in comments:
+        if comment is not None and "inference_mode" in comment.value:
+            text = comment.value.lstrip("# ").strip()
+            return text if len(text) <= 60 else text[:57] + "..."
+    return None
 
 
 def _inference_mode_fix(node: cst.BaseExpression, target: cst.BaseExpression) -> Fix:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
+from optimizer_codemod.analysis.calls import callee_name, code_of, excerpt, method_name
 from optimizer_codemod.analysis.collect import target_names
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES, HOST_BUILTINS, HOST_METHODS
 from optimizer_codemod.analysis.imports import dotted_name
@@ -461,9 +461,22 @@ def evaluation_loops(facts: "ScriptFacts", training: Set[int]) -> List["Loop"]:
             key=lambda call: call.site.order,
             default=None,
         )
-        if last is not None and last.method == "eval":
+        if last is not None and last.method == "eval" and _may_run(facts, loop, last.receiver):
             found.append(loop)
     return found
+
+
+def _may_run(facts: "ScriptFacts", loop: "Loop", model: Optional[str]) -> bool:
+    """The loop's body mentions the model put in eval mode (`model(x)`, `evaluate(model)`)
+    or calls a function of this file, which may run it: a loop that only logs Python numbers
+    after `model.eval()` (cleanrl's episodic returns) evaluates nothing."""
+    for node in find_all(loop.node.body, cst.Name, cst.Attribute, cst.Call):
+        if isinstance(node, cst.Call):
+            if callee_name(node) in facts.records.functions:
+                return True
+        elif model is not None and dotted_name(node) == model:
+            return True
+    return False
 
 
 # What callers do with a returned value -----------------------------------------------------------
