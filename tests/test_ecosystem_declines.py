@@ -178,3 +178,47 @@ def test_fused_under_accelerate_is_behavior_and_under_torch_xla_declined() -> No
     assert "no XLA kernel" in finding.message
     plain = OPTIMIZER.replace("{imports}", "")
     assert _only(plain, "OPT501")[1].status is Status.FIXED
+
+
+CPU_TRAINING = """\
+import torch
+import torch.nn as nn
+
+
+def train_model(model, loader, epochs=1, device="cpu"):
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-6)
+    for epoch in range(epochs):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+train_model(nn.Linear(8, 2), loader, device={device})
+"""
+
+
+@pytest.mark.parametrize(
+    "device, target, autocast",
+    [
+        # llama-recipes' prompt_guard notebook trains on the CPU by every call's argument.
+        ('"cpu"', "cuda", False),
+        ('"cuda"', "cuda", True),
+        ('"cpu"', "cpu", True),
+    ],
+)
+def test_no_cuda_autocast_for_a_model_every_call_trains_on_the_cpu(
+    device: str, target: str, autocast: bool
+) -> None:
+    source = CPU_TRAINING.format(device=device)
+    result = rewrite(source, select=["OPT302"], target_device=target, why_not=True)
+    assert ("torch.autocast" in result.source) is autocast
+    if not autocast:
+        (finding,) = result.diagnostics
+        assert finding.status is Status.DECLINED
+        assert "every call of `train_model` passes the CPU" in finding.message
+    literal = source.replace("model.to(device)", 'model.to("cpu")')
+    assert "torch.autocast" not in rewrite(literal, select=["OPT302"], target_device="cuda").source

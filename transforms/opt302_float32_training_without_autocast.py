@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.devices import placed_on_the_cpu
 from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import (
@@ -127,7 +128,10 @@ class Float32TrainingWithoutAutocast(Rule):
         when the script already chose a precision (autocast, `.half()`, 16-bit dtypes; other
         than its own autocast, `--why-not` says so at the training step, even where the choice
         is made on one path only, as DALLE-pytorch's `--fp16`), when
-        the model is never placed on a device (a CPU-only script), or when the loss is not
+        the model is never placed on a device (a CPU-only script) or, for a CUDA target, is
+        placed on the CPU only (`model.to("cpu")`, or a device parameter that every call of
+        the file gives as the CPU: llama-recipes' prompt_guard notebook; bfloat16 autocast
+        there is for `target-device = "cpu"`), or when the loss is not
         computed in the same block as backward. An evaluation forward in a function where the
         device variable is not bound (a sampler that only receives the model) stays in
         float32: the autocast written there would raise NameError. `BCELoss` and
@@ -269,6 +273,17 @@ class Float32TrainingWithoutAutocast(Rule):
             self._reports_hazard_elsewhere(model, anchor) for model in models
         ):
             return
+        for model in models if self.context.target_device == "cuda" else ():
+            cpu = placed_on_the_cpu(facts, model)
+            if cpu is not None:
+                self.decline(
+                    anchor,
+                    f"`{model.name}` trains on the CPU ({cpu}): there are no tensor cores for "
+                    "autocast to use, and on a CPU without bfloat16 instructions (AMX, "
+                    'AVX512-BF16) autocast is slower; run with `target-device = "cpu"` to '
+                    "autocast there",
+                )
+                return
         codes = []
         for step, model in zip(steps, owners):
             placement = model_placement(facts, model)

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import TYPE_CHECKING, Callable, FrozenSet, Iterable, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    FrozenSet,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import libcst as cst
 
 from optimizer_codemod.analysis.nodes import COMPREHENSIONS, STRING_NODES, find_all, parameters_of
-from optimizer_codemod.analysis.calls import keyword, literal, positional
+from optimizer_codemod.analysis.calls import code_of, keyword, literal, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.reachability import reaches_seed
-from optimizer_codemod.analysis.training import holds_module
+from optimizer_codemod.analysis.training import holds_module, placements
 from optimizer_codemod.analysis.values import imported_dataset, parameter_names, parameter_values
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -1075,3 +1085,27 @@ def under_views(node: cst.BaseExpression) -> cst.BaseExpression:
     ):
         node = node.func.value
     return node
+
+
+def placed_on_the_cpu(facts: "ScriptFacts", model: "TrainedModel") -> Optional[str]:
+    """How the model is placed on the CPU, and only there: `model.to("cpu")`, or
+    `model.to(device)` with `device` a parameter of the function placing it that every call
+    of the file (and its default) gives as the CPU (llama-recipes' prompt_guard notebook:
+    `train_model(..., device='cpu')`). None when it may be placed elsewhere."""
+    devices, homes = placements(facts, model)
+    literals: List[str] = []
+    functions: List[str] = []
+    for device, home in zip(devices, homes):
+        if device_kind(facts, device) is DeviceKind.CPU:
+            literals.append(f"`{code_of(device)}`")
+            continue
+        name = device.value if isinstance(device, cst.Name) else None
+        if home is None or name is None or name not in parameter_names(home):
+            return None
+        values = parameter_values(facts, home, name)
+        if not values or any(device_kind(facts, value) is not DeviceKind.CPU for value in values):
+            return None
+        functions.append(f"`{home.name.value}`")
+    if functions:
+        literals.append(f"every call of {' and '.join(dict.fromkeys(functions))} passes the CPU")
+    return ", ".join(dict.fromkeys(literals)) or None

@@ -1065,7 +1065,7 @@ def model_placement(
     facts: "ScriptFacts", model: TrainedModel
 ) -> Optional[Tuple[cst.BaseExpression, Optional[cst.FunctionDef]]]:
     """model_device, with the function whose `.to(...)` call reads it."""
-    found, scopes = _placements(facts, model)
+    found, scopes = placements(facts, model)
     texts = {cst.Module([]).code_for_node(node) for node in found}
     return (found[0], scopes[0]) if len(texts) == 1 else None
 
@@ -1073,11 +1073,11 @@ def model_placement(
 def placement_devices(facts: "ScriptFacts", model: TrainedModel) -> List[str]:
     """The devices (as written; `"cuda"` for `.cuda()`) the model is placed on, each once,
     in source order: more than one, and model_device has no answer."""
-    found, _ = _placements(facts, model)
+    found, _ = placements(facts, model)
     return list(dict.fromkeys(cst.Module([]).code_for_node(node) for node in found))
 
 
-def _placements(
+def placements(
     facts: "ScriptFacts", model: TrainedModel
 ) -> Tuple[List[cst.BaseExpression], List[Optional[cst.FunctionDef]]]:
     """The device of each `.to(...)`/`.cuda()` placement of the model, with its function."""
