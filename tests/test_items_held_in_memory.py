@@ -23,6 +23,12 @@ WINDOW = (
         ("", "", False),
         # A draw of several numbers, or work on the window, is work a worker could take.
         ("(1,))", "(4,))[0]", True),
+        # The same window, its start drawn with Python's generator.
+        (
+            "torch.randint(0, self.data.size(0) - self.seq_len - 1, (1,))",
+            "random.randint(0, self.data.size(0) - self.seq_len - 1)",
+            False,
+        ),
         (".long()", ".long().flip(0)", True),
         (
             "self.data[rand_start : rand_start + self.seq_len + 1]",
@@ -32,7 +38,7 @@ WINDOW = (
     ],
 )
 def test_a_random_window_of_held_data_gets_no_workers(old: str, new: str, workers: bool) -> None:
-    source = WINDOW.read_text()
+    source = "import random\n" + WINDOW.read_text()
     if old:
         assert old in source
         source = source.replace(old, new)

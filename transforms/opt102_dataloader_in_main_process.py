@@ -98,7 +98,8 @@ class DataloaderInMainProcess(Rule):
         (docs/projects.md); and never in a notebook, whose classes spawned workers cannot unpickle. Never for a
         `TensorDataset`, a dataset class of the file whose `__getitem__` only reads tensors it
         holds at the index (`self.x[i]`, as OPT104 derives it) or calls nothing but size and
-        dtype reads and one `torch.randint(..., (1,))` for a window's start (diffusers'
+        dtype reads and one draw of a window's start (`torch.randint(..., (1,))`,
+        `random.randint(a, b)`) (diffusers'
         PromptDataset returns a prompt and the index; x-transformers' TextSamplerDataset slices
         its text at a random start, which in workers would also come from other generators;
         with the files rewritten

@@ -398,12 +398,16 @@ def holds_its_items(facts: "ScriptFacts", class_name: str) -> bool:
 # `torch.randint(0, n - seq_len, (1,))`, then a slice of the tensor it holds).
 _CHEAP_ITEM_METHODS = frozenset({"long", "int", "float", "size", "item", "dim"})
 _CHEAP_ITEM_BUILTINS = frozenset({"len", "int", "min", "max", "slice"})
+# Draws of one number for a window's start, as `torch.randint(0, n, (1,))` is.
+_ONE_NUMBER_DRAWS = frozenset(
+    {"random.randint", "random.randrange", "numpy.random.randint", "numpy.random.randrange"}
+)
 
 
 def _calls_nothing(facts: "ScriptFacts", node: cst.ClassDef, method: str) -> bool:
     """The class defines `method`, and its body calls nothing but what reads as cheaply as
-    an index: dtype and size methods, `len`/`int`/`min`/`max`, one `torch.randint` of a
-    single number."""
+    an index: dtype and size methods, `len`/`int`/`min`/`max`, a draw of one number
+    (`torch.randint(..., (1,))`, `random.randint(a, b)`)."""
     for statement in node.body.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
             return all(_cheap_item_call(facts, call) for call in find_all(statement.body, cst.Call))
@@ -413,9 +417,12 @@ def _calls_nothing(facts: "ScriptFacts", node: cst.ClassDef, method: str) -> boo
 def _cheap_item_call(facts: "ScriptFacts", call: cst.Call) -> bool:
     if isinstance(call.func, cst.Name) and not facts.imports.is_bound(call.func.value):
         return call.func.value in _CHEAP_ITEM_BUILTINS and call.func.value not in facts.classes
-    if facts.qualified_name(call.func) == "torch.randint":
+    qualname = facts.qualified_name(call.func)
+    if qualname == "torch.randint":
         size = argument(call, "size", len(positional(call)) - 1)
         return size is not None and is_literal(size.value, (1,))
+    if qualname in _ONE_NUMBER_DRAWS:
+        return keyword(call, "size") is None and len(positional(call)) <= 2
     return (
         isinstance(call.func, cst.Attribute)
         and facts.qualified_name(call.func) is None
