@@ -942,6 +942,8 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
         if call.receiver == model.name and call.method in PLACEMENT_METHODS:
             if not _same_variable(facts, model, call.site.function, moved=True):
                 continue
+            if call.method == "to" and (call.node.args and _converts_dtype_only(call.node)):
+                continue  # `model.to(dtype=torch.float32)` places nothing
             statement = call.site.statement
             if is_expression_statement(statement, call.node):
                 events.append((call.site.order, statement, call.site.loop, call.site.function))
@@ -961,6 +963,12 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     if any(w.site.order < order for w in wrappers):
         return None
     return statement
+
+
+def _converts_dtype_only(call: cst.Call) -> bool:
+    """`model.to(dtype=...)`: a `.to` call whose only argument is the `dtype` keyword
+    (diffusers' train_llada2.py converts to float32 in a branch that runs without CUDA)."""
+    return all(arg.keyword is not None and arg.keyword.value == "dtype" for arg in call.args)
 
 
 def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseStatement]:
