@@ -21,7 +21,7 @@ from optimizer_codemod.analysis.precision import (
     shape_variation,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.training import backward_runs_once
+from optimizer_codemod.analysis.training import one_training_step
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
 
 
@@ -194,13 +194,12 @@ class CudnnBenchmarkDisabled(Rule):
         if imported_by is not None:
             self.decline(first, imported_by)
             return
-        once = backward_runs_once(facts) if elsewhere is None else None
+        once = one_training_step(facts) if elsewhere is None else None
         if once is not None:
             self.decline(
                 first,
-                f"the file takes one training step (`{excerpt(once.node)}` runs in no loop, nor "
-                "in a function called from one): the autotuner times every convolution on its "
-                "first call, which one step never earns back",
+                f"{once}: the autotuner times every convolution on its first call, which one "
+                "step never earns back",
             )
             return
         message = None

@@ -15,9 +15,9 @@ from optimizer_codemod.analysis.gradients import SECOND_DERIVATIVE_CALLS, double
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
-    backward_runs_once,
     class_without_forward,
     model_run_only_through_methods,
+    one_training_step,
     compiles,
     each_trained_model,
     imported_layer,
@@ -301,13 +301,9 @@ class ModelTrainedWithoutCompile(Rule):
                 "and other methods that call its `forward` or submodules directly: "
                 "`Module.compile()` compiles `__call__` alone, so nothing would be compiled"
             )
-        once = backward_runs_once(self.facts)
+        once = one_training_step(self.facts)
         if once is not None:
-            return (
-                f"the file takes one training step (`{excerpt(once.node)}` runs in no loop, "
-                "nor in a function called from one): compiling costs seconds, far more than "
-                "one step could save"
-            )
+            return f"{once}: compiling costs seconds, far more than one step could save"
         recurrent = model_recurrent_layers(self.facts, model)
         elsewhere = imported_layer(self.facts, model, RECURRENT_LAYERS.__contains__)
         if recurrent or elsewhere is not None:

@@ -13,7 +13,7 @@ from optimizer_codemod.analysis.escapes import (
     host_names,
     is_host_value,
 )
-from optimizer_codemod.analysis.calls import code_of
+from optimizer_codemod.analysis.calls import code_of, excerpt
 from optimizer_codemod.analysis.collect import Site
 from optimizer_codemod.analysis.loaders import module_name
 from optimizer_codemod.analysis.model_calls import (
@@ -260,7 +260,7 @@ class EvaluationUnderNoGrad(Rule):
             if comment is not None:
                 self.decline(
                     call,
-                    f"the comment at the block names `inference_mode` ({comment!r}): the author "
+                    f"the comment at the block names `inference_mode` (`{comment}`): the author "
                     "chose `no_grad` knowing it, and the edit would leave the comment saying so",
                 )
                 continue
@@ -428,8 +428,7 @@ def _comment_naming_inference_mode(statement: cst.With) -> Optional[str]:
         comments.append(statement.body.header.comment)
     for comment in comments:
         if comment is not None and "inference_mode" in comment.value:
-            text = comment.value.lstrip("# ").strip()
-            return text if len(text) <= 60 else text[:57] + "..."
+            return excerpt(comment)
     return None
 
 

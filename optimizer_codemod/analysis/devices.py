@@ -27,6 +27,7 @@ from optimizer_codemod.analysis.values import imported_dataset, parameter_names,
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
+    from optimizer_codemod.analysis.training import TrainedModel
 
 MAX_DEPTH = 4
 

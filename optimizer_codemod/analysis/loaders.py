@@ -424,8 +424,8 @@ def _cheap_item_call(facts: "ScriptFacts", call: cst.Call) -> bool:
     if qualname in _ONE_NUMBER_DRAWS:
         return keyword(call, "size") is None and len(positional(call)) <= 2
     return (
-        isinstance(call.func, cst.Attribute)
-        and facts.qualified_name(call.func) is None
+        qualname is None
+        and isinstance(call.func, cst.Attribute)
         and call.func.attr.value in _CHEAP_ITEM_METHODS
     )
 

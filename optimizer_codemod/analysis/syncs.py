@@ -205,12 +205,8 @@ class HostSyncs:
                 seen.add(node)
                 found.append(StepSync(node, kind, value, statement, certain, loop))
 
-        per_step = every_iteration(loop)
-        statements = [s for s in _body_order(loop) if s in per_step]
-        if isinstance(loop.node, cst.While):
-            statements.insert(0, loop.node)
         accelerated = self.accelerated
-        for statement in statements:
+        for statement in _every_step_statements(loop):
             tests, roots = _header(statement, loop)
             for test in tests:
                 for value in self._truth_reads(loop, test):
@@ -400,11 +396,8 @@ class HostSyncs:
         reports them as reads."""
         key = id(loop.node)
         if key not in self._copies:
-            per_step = every_iteration(loop)
             found = []
-            for statement in _body_order(loop):
-                if statement not in per_step:
-                    continue
+            for statement in _every_step_statements(loop):
                 for root in _header(statement, loop)[1]:
                     for node in _walk(root):
                         if isinstance(node, cst.Call) and self._copies_host_data(node):
@@ -536,6 +529,16 @@ def _off_device(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
 
 def _is_string(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+
+
+def _every_step_statements(loop: Loop) -> List[cst.CSTNode]:
+    """The statements of `loop`'s own body that run on every iteration, in source order, a
+    `while` loop's own test first (the loop node stands for it)."""
+    per_step = every_iteration(loop)
+    statements: List[cst.CSTNode] = [s for s in _body_order(loop) if s in per_step]
+    if isinstance(loop.node, cst.While):
+        statements.insert(0, loop.node)
+    return statements
 
 
 def _header(statement: cst.CSTNode, loop: Loop) -> Tuple[List[cst.BaseExpression], List]:

@@ -26,6 +26,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import (
     callee_name,
+    excerpt,
     has_star_args,
     is_prepare,
     keyword,
@@ -872,6 +873,19 @@ def backward_runs_once(facts: "ScriptFacts") -> "CallSite | None":
     return memo["call"]
 
 
+def one_training_step(facts: "ScriptFacts") -> Optional[str]:
+    """Why the file's training is one step, said for rules whose gain is paid for up front
+    (compiling, cuDNN autotuning): the lone backward call (backward_runs_once); None when a
+    step may repeat."""
+    once = backward_runs_once(facts)
+    if once is None:
+        return None
+    return (
+        f"the file takes one training step (`{excerpt(once.node)}` runs in no loop, nor in a "
+        "function called from one)"
+    )
+
+
 def _runs_once(facts: "ScriptFacts", call: "CallSite", depth: int) -> bool:
     statement = call.site.statement
     if call.site.loops or not isinstance(statement, cst.SimpleStatementLine):
@@ -942,7 +956,7 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
         if call.receiver == model.name and call.method in PLACEMENT_METHODS:
             if not _same_variable(facts, model, call.site.function, moved=True):
                 continue
-            if call.method == "to" and (call.node.args and _converts_dtype_only(call.node)):
+            if placement_device(facts, call) is None:
                 continue  # `model.to(dtype=torch.float32)` places nothing
             statement = call.site.statement
             if is_expression_statement(statement, call.node):
@@ -963,12 +977,6 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     if any(w.site.order < order for w in wrappers):
         return None
     return statement
-
-
-def _converts_dtype_only(call: cst.Call) -> bool:
-    """`model.to(dtype=...)`: a `.to` call whose only argument is the `dtype` keyword
-    (diffusers' train_llada2.py converts to float32 in a branch that runs without CUDA)."""
-    return all(arg.keyword is not None and arg.keyword.value == "dtype" for arg in call.args)
 
 
 def model_constructed(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.BaseStatement]:

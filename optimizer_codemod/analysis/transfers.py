@@ -29,6 +29,7 @@ from optimizer_codemod.analysis.calls import (
     has_star_args,
     keyword,
     literal,
+    method_name,
     positional,
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, Site, target_names
@@ -1303,25 +1304,25 @@ def _like_source_on(
         return False
     bindings = facts.assignments_in_scope(source.value.value, move.site.function)
     return bool(bindings) and all(
-        not b.unpacked and not b.augmented and _placed_on(b.value) == target for b in bindings
+        not b.unpacked and not b.augmented and _placed_on(facts, b.value) == target
+        for b in bindings
     )
 
 
-def _placed_on(value: cst.BaseExpression) -> Optional[str]:
-    """The device `value` is put on, as written: the last `.to(d)` / `.cuda()` of the
-    expression, or a call's `device=`."""
+def _placed_on(facts: "ScriptFacts", value: cst.BaseExpression) -> Optional[str]:
+    """The device `value` is put on, as written: its own `.to(d)` / `.cuda()`, or a factory's
+    `device=`."""
     if not isinstance(value, cst.Call):
         return None
-    device = keyword(value, "device")
-    if device is not None:
-        return code_of(device.value)
-    if not isinstance(value.func, cst.Attribute):
-        return None
-    method = value.func.attr.value
-    if method == "cuda" and not value.args:
-        return '"cuda"'
-    args = positional(value)
-    return code_of(args[0].value) if method == "to" and len(args) == 1 else None
+    method = method_name(value)
+    if method == "cuda":
+        return None if value.args else '"cuda"'
+    if method == "to":
+        device = copy_target(facts, value)
+    else:
+        option = keyword(value, "device")
+        device = option.value if option is not None else None
+    return code_of(device) if device is not None else None
 
 
 INTEGRAL_DTYPES = frozenset(
