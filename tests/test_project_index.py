@@ -302,6 +302,22 @@ def test_files_that_import_nothing_local_are_not_parsed(
     assert project_facts([str(tmp_path / "c.py")]) == {}  # one file: nothing to index
 
 
+def test_a_module_imported_whole_that_does_not_parse_is_reported_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    # timgaripov/swa: train.py runs `import utils`, whose utils.py is Python 2 code.
+    (tmp_path / "utils.py").write_text("def log(x):\n    print x\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport utils\n\nmodel = torch.nn.Linear(2, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(3):\n    loss = model(torch.ones(4, 2)).sum()\n"
+        "    loss.backward()\n    optimizer.step()\n    utils.log(step)\n"
+    )
+    outcomes = apply(tmp_path, write=False)
+    assert "cannot parse" in (outcomes["utils.py"].error or "")
+    assert "OPT501" in [d.code for d in outcomes["train.py"].fixed]
+
+
 LIBRARY_MODULE = '''\
 import torch
 

@@ -661,6 +661,12 @@ def _imported_name(module: "_Module", name: Optional[str]) -> Optional[Tuple[str
     return None
 
 
+def _parsed(files: Dict[str, "_Module"], path: str) -> Optional["_Module"]:
+    """The module of the run at `path`, where it parsed (a file of Python 2 code has no facts)."""
+    module = files.get(path)
+    return module if module is not None and module.facts is not None else None
+
+
 def _defined(
     files: Dict[str, "_Module"], path: str, name: str, depth: int = 0, assigned: bool = False
 ):
@@ -1086,8 +1092,8 @@ def _own_facts(
         if defined is not None and is_module_class(defined[0].facts, defined[1]):
             classes.append(_imported_class(name, *defined, files))
     for spelling, path in module.modules.items():
-        owner = files.get(path)
-        for name in owner.facts.classes if owner is not None and owner.facts else ():
+        owner = _parsed(files, path)
+        for name in owner.facts.classes if owner is not None else ():
             if is_module_class(owner.facts, name):
                 classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
     functions = []
@@ -1108,7 +1114,7 @@ def _own_facts(
             held = holds_its_items(defined[0].facts, defined[1])
             datasets.append(ImportedDataset(name, defined[0].label, *found, held))
     for spelling, path in module.modules.items():
-        owner = files.get(path)
+        owner = _parsed(files, path)
         for name in owner.facts.top_level_definitions if owner is not None else ():
             found = _dataset_summary(owner, name, files, 0)
             if found is not None:
@@ -1120,7 +1126,7 @@ def _own_facts(
         for summary in _returned_loaders(*defined) if defined is not None else ():
             loaders.append(ImportedLoader(name, defined[0].label, *summary))
     for spelling, path in module.modules.items():
-        owner = files.get(path)
+        owner = _parsed(files, path)
         for name in owner.facts.top_level_definitions if owner is not None else ():
             for summary in _returned_loaders(owner, name):
                 loaders.append(ImportedLoader(f"{spelling}.{name}", owner.label, *summary))
