@@ -14,6 +14,8 @@ The command line is built on `rewrite_source`, which works on bytes and notebook
 from __future__ import annotations
 
 import gc
+import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -65,8 +67,29 @@ def is_notebook(path: str) -> bool:
     return path.endswith(NOTEBOOK_SUFFIX)
 
 
+# What test runners collect at the top of a module: pytest's `test_*` functions and `Test*`
+# classes (in files named `test_*.py` or `*_test.py`), unittest's TestCase classes (anywhere).
+_PYTEST_FILE = re.compile(r"(?:test_.*|.*_test)\.py")
+_PYTEST_ITEMS = re.compile(rb"^(?:(?:async\s+)?def\s+test_\w*\s*\(|class\s+Test\w*\s*[(:])", re.M)
+_TEST_CASES = re.compile(rb"^class\s+\w+\s*\([^)]*TestCase\s*[,)]", re.M)
+TEST_MODULE_SKIPPED = "a test module (exclude-tests)"
+
+
+def test_module(src: bytes, path: str) -> bool:
+    """The file is what a test runner collects: its edits would buy no training time and
+    could break assertions on exact values (a fused optimizer's last bits)."""
+    if is_notebook(path):
+        return False
+    named = _PYTEST_FILE.fullmatch(os.path.basename(path)) is not None
+    return bool(named and _PYTEST_ITEMS.search(src)) or _TEST_CASES.search(src) is not None
+
+
 def settle_without_parsing(
-    src: bytes, path: str, rules: Sequence[type], project: object = None
+    src: bytes,
+    path: str,
+    rules: Sequence[type],
+    project: object = None,
+    exclude_tests: bool = False,
 ) -> Optional[SourceRewrite]:
     """The outcome of a file the cheap pre-filter settles, else None (it needs rewriting).
 
@@ -77,6 +100,9 @@ def settle_without_parsing(
         return SourceRewrite(src, False, skipped="empty file")
     if has_skip_file(src):
         return SourceRewrite(src, False, skipped="# optcodemod: skip-file")
+    if exclude_tests and test_module(src, path):
+        check_syntax(src, path)
+        return SourceRewrite(src, False, skipped=TEST_MODULE_SKIPPED)
     if may_contain_findings(src, rules, project):
         return None
     if is_notebook(path):
@@ -110,7 +136,9 @@ def rewrite_source(
     shows no text: findings and whether the file changes are the same). `resume`: go on
     from an earlier rewrite of a Python file (engine.Resume)."""
     if resume is None:
-        settled = settle_without_parsing(src, path, options.rules, options.project)
+        settled = settle_without_parsing(
+            src, path, options.rules, options.project, options.exclude_tests
+        )
         if settled is not None:
             return settled
     # The parser refuses what nests deeper than MAX_NESTING; below that, LibCST's recursive

@@ -80,6 +80,9 @@ class Settings:
     # Apply `exclude` to paths named on the command line too: pre-commit names every file.
     force_exclude: bool = False
     respect_gitignore: bool = True
+    # Leave test suites alone: folders named `tests`, `conftest.py` (discovery.py) and test
+    # modules (api.test_module). Their edits buy no training time.
+    exclude_tests: bool = True
     why_not: bool = False
     # Where results are cached (relative to `root`); None: `.optcodemod_cache` (cache.py).
     cache_dir: Optional[str] = None
@@ -120,6 +123,7 @@ class Settings:
             extend_safe_fixes=self.extend_safe_fixes,
             extend_unsafe_fixes=self.extend_unsafe_fixes,
             why_not=self.why_not,
+            exclude_tests=self.exclude_tests,
         )
 
     def excludes(self, path: str) -> bool:
@@ -357,6 +361,7 @@ _PARSERS: Dict[str, Tuple[str, Any]] = {
     "exclude": ("exclude", _strings),
     "force-exclude": ("force_exclude", _bool),
     "respect-gitignore": ("respect_gitignore", _bool),
+    "exclude-tests": ("exclude_tests", _bool),
     "cache-dir": ("cache_dir", _string),
 }
 CONFIG_KEYS = tuple(_PARSERS)

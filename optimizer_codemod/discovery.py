@@ -79,7 +79,23 @@ def excluded_reason(path: str, settings: Settings) -> Optional[str]:
         for name in parts:
             if name in DEFAULT_EXCLUDE:
                 return f"force-exclude: inside {name!r}, a folder always skipped"
+        if settings.exclude_tests:
+            kinds = [True] * (len(parts) - 1) + [os.path.isdir(path)]
+            for name, is_dir in zip(parts, kinds):
+                test_reason = test_path_reason(name, is_dir)
+                if test_reason is not None:
+                    return f"force-exclude: {test_reason}"
     return None
+
+
+# A test suite's folder and pytest's fixture file. Files named like tests elsewhere
+# (`test_*.py`) are read first: research repositories name evaluation scripts so
+# (api.test_module).
+def test_path_reason(name: str, is_dir: bool) -> Optional[str]:
+    """Why a file or folder of this name is left alone as part of a test suite, else None."""
+    if is_dir:
+        return "a test suite's folder (exclude-tests)" if name == "tests" else None
+    return "pytest's conftest.py (exclude-tests)" if name == "conftest.py" else None
 
 
 def discover(paths: List[str], settings: Settings) -> Discovery:
@@ -136,6 +152,9 @@ def _walk(
     def why_not(child: Path, is_dir: bool) -> Optional[str]:
         if is_dir and child.name in DEFAULT_EXCLUDE:
             return "a folder always skipped"
+        test_reason = test_path_reason(child.name, is_dir) if settings.exclude_tests else None
+        if test_reason is not None:
+            return test_reason
         pattern = settings.exclude_pattern(str(child))
         if pattern is not None:
             return f"matches exclude pattern {pattern!r}"

@@ -5,7 +5,7 @@
 - report_NAME.py: must not change, but the rule reports a finding (no sound fix here).
 A line `# fixture: key=value ...` sets options: unsafe-fixes (default true), target-torch,
 precision, target-device (default cuda), select (comma-separated codes, default the folder's
-rule: shows rules composing).
+rule: shows rules composing), exclude-tests (default true: a test module is left alone).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class Fixture:
             target_torch=TorchVersion.parse(options.get("target-torch", "2.4")),
             precision=options.get("precision", "bf16"),
             target_device=options.get("target-device", "cuda"),
+            exclude_tests=options.get("exclude-tests", "true") == "true",
         )
 
 
