@@ -91,3 +91,25 @@ def test_grad_scaler_calls_a_fused_step_even_when_it_skips_the_update() -> None:
         assert torch.equal(before, model.weight)
         called[fused] = bool(calls)
     assert called == {None: False, True: True}
+
+
+def test_fused_sgd_on_the_cpu_leaves_16_bit_parameters_almost_unchanged() -> None:
+    # Why OPT501 declines SGD where parameters may be float16 or bfloat16; Adam is updated.
+    out = _run("""
+        for dtype in (torch.float16, torch.bfloat16):
+            for cls in (torch.optim.SGD, torch.optim.Adam):
+                changed = []
+                for fused in (False, True):
+                    p = nn.Parameter(torch.randn(4096).to(dtype))
+                    before = p.detach().clone()
+                    optimizer = cls([p], lr=0.1, fused=fused)
+                    p.grad = torch.ones_like(p)
+                    optimizer.step()
+                    changed.append(int((p != before).sum()))
+                print(cls.__name__, *changed)
+        """)
+    lines = out.split("\n")
+    for sgd, adam in (lines[0:2], lines[2:4]):
+        _, unfused, fused = sgd.split()
+        assert int(unfused) > 4000 and int(fused) < 100  # only the tail past the vectors
+        assert [int(n) > 4000 for n in adam.split()[1:]] == [True, True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import (
+    excerpt,
     has_double_star,
     has_star_args,
     keyword,
@@ -15,10 +16,12 @@ from optimizer_codemod.analysis.devices import (
     comment_naming_tpus,
     declares_xla_runs,
     dtensor_parameters,
+    may_run_on_the_cpu,
     reads_skipped_steps,
     sharded_grad_scaler,
     xla_device_source,
 )
+from optimizer_codemod.analysis.precision import sixteen_bit_conversion
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -82,13 +85,22 @@ class OptimizerWithoutFusedKernel(Rule):
         tells a skipped step by `step()` not being called, steps its wrapped scheduler on
         those steps too; a script that reads `step_was_skipped` or
         `optimizer_step_was_skipped` is left alone. So is one whose fp16 losses FSDP's
-        `ShardedGradScaler` may scale (itself, or Accelerate's FSDP plugin): it all-reduces
+        `ShardedGradScaler` may scale (itself, Accelerate's FSDP plugin, or a script that
+        reads `accelerator.state.fsdp_plugin`, `is_fsdp2` or `DistributedType.FSDP`, even
+        through `getattr(state, "fsdp_plugin", None)`): it all-reduces
         the overflow flag across ranks in `unscale_`, which `GradScaler.step` skips for a
         fused optimizer. Fused SGD and Adagrad have no DTensor sharding strategy (torch 2.13:
         `step()` raises NotImplementedError), so they are left alone where the parameters may
         be DTensors (FSDP2's `fully_shard`, tensor parallelism, a device mesh, torchft,
         Accelerate's `ParallelismConfig` or `fsdp_version=2`); fused Adam and AdamW step
-        them. tests/test_fused_optimizer_claims.py runs each of these on the installed torch.
+        them. SGD is left alone where parameters may be float16 or bfloat16 (`.half()`,
+        `.bfloat16()`, a 16-bit dtype handed to `.to()` or `from_pretrained`, or bound to a
+        name) and the script may run on the CPU (anything but a script that places on CUDA
+        alone, with `.cuda()` and no `is_available()` fallback): torch 2.13's fused SGD
+        kernel for the CPU updates only the last few elements of each 16-bit tensor, so a
+        run on the CPU would silently stop training (fused Adam, AdamW and Adagrad update
+        them all; airbench's fp16 SGD on CUDA is fused by its author). tests/test_fused_optimizer_claims.py runs each
+        of these on the installed torch.
 
     Expected gain:
         Optimizer-step time, which grows with parameter count; the effect on a whole training
@@ -200,6 +212,14 @@ def _why_fused_would_fail(facts, label: str) -> "str | None":
             f"the parameters may be DTensors (`{sharded}`: FSDP2, tensor parallelism), and "
             f"torch has no sharding strategy for the fused {label} kernel: `step()` raises "
             "NotImplementedError (torch 2.13; the fused Adam and AdamW kernels have one)"
+        )
+    converted = sixteen_bit_conversion(facts) if label == "SGD" else None
+    if converted is not None and may_run_on_the_cpu(facts):
+        return (
+            f"the parameters may be 16-bit (`{excerpt(converted)}`), and torch 2.13's fused "
+            "SGD kernel for the CPU updates only the last few elements of each float16 or "
+            "bfloat16 tensor (a bfloat16 Linear's 4,096 weights stay as they were): where the "
+            "script runs on the CPU, training would silently stop"
         )
     scaler = sharded_grad_scaler(facts)
     if scaler is not None:

@@ -318,6 +318,46 @@ def _looks_like_dtype(node: cst.BaseExpression) -> bool:
     return name.endswith("dtype")
 
 
+# Calls that ask at run time which device there is: a script calling one may fall back on
+# the CPU.
+_DEVICE_QUESTIONS = frozenset(
+    {"torch.cuda.is_available", "torch.backends.mps.is_available", "torch.cuda.device_count"}
+)
+
+
+def may_run_on_the_cpu(facts: "ScriptFacts") -> bool:
+    """False only for a script written for CUDA alone: it places things with `.cuda()` or on
+    a CUDA device named in the file, asks nothing about the machine (`is_available()`), and
+    names no other device to move to (`"cpu"`, `args.device`: a tensor's own `x.device`
+    follows the tensor, so it does not count). Accelerate, Lightning and the like choose
+    the device at launch: they may pick the CPU."""
+    memo = facts.memo("may_run_on_the_cpu")
+    if None not in memo:
+        memo[None] = _may_run_on_the_cpu(facts)
+    return memo[None]
+
+
+def _may_run_on_the_cpu(facts: "ScriptFacts") -> bool:
+    on_cuda = False
+    for call in facts.records.calls:
+        if call.qualname in _DEVICE_QUESTIONS or (call.qualname or "").startswith(
+            ("accelerate.", "lightning.", "pytorch_lightning.")
+        ):
+            return True
+        if call.method == "cuda":
+            on_cuda = True
+            continue
+        target = copy_target(facts, call.node) if call.method == "to" else None
+        device = keyword(call.node, "device")
+        for node in (target, device.value if device is not None else None):
+            if node is None or (isinstance(node, cst.Attribute) and node.attr.value == "device"):
+                continue
+            if device_kind(facts, node) is not DeviceKind.ACCELERATOR:
+                return True
+            on_cuda = True
+    return not on_cuda
+
+
 def places_on_accelerator(facts: "ScriptFacts", call: cst.Call) -> bool:
     """Whether this call may put its result on an accelerator (`.cuda()`, `.to(dev)`, `device=`)."""
     return _memoized(facts, "places_on_accelerator", call, _places_on_accelerator, call)
@@ -680,8 +720,33 @@ def sharded_grad_scaler(facts: "ScriptFacts") -> Optional[str]:
             named.rsplit(".", 1)[-1]
             if named is not None
             else _keyword_named(facts, lambda arg: arg.keyword.value == "fsdp_plugin")
+            or _reads_fsdp_state(facts)
         )
     return memo[None]
+
+
+# Accelerate's state says FSDP is on: `accelerator.state.fsdp_plugin` (also through
+# `getattr(state, "fsdp_plugin", None)`), `is_fsdp2`, `DistributedType.FSDP`.
+_FSDP_STATE_ATTRIBUTES = frozenset({"fsdp_plugin", "is_fsdp2"})
+
+
+def _reads_fsdp_state(facts: "ScriptFacts") -> Optional[str]:
+    """A read of Accelerate's FSDP state, as written: a script that branches on it is run
+    under FSDP, whose plugin brings ShardedGradScaler under fp16."""
+    for node in find_all(facts.module, cst.Attribute):
+        name = node.attr.value
+        if name in _FSDP_STATE_ATTRIBUTES or (
+            name == "FSDP" and (dotted_name(node.value) or "").endswith("DistributedType")
+        ):
+            return code_of(node)
+    for call in facts.records.calls:
+        if call.qualname in ("getattr", "hasattr") or (
+            isinstance(call.node.func, cst.Name) and call.node.func.value in ("getattr", "hasattr")
+        ):
+            args = call.node.args
+            if len(args) >= 2 and literal(args[1].value, None) in _FSDP_STATE_ATTRIBUTES:
+                return code_of(call.node)
+    return None
 
 
 _FSDP_PACKAGES = (

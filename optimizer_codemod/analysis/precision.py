@@ -296,6 +296,24 @@ def reduced_precision_use(
     return facts.module if entered else None
 
 
+def sixteen_bit_conversion(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """The first node by which tensors or modules, parameters maybe among them, may become
+    16-bit: `.half()`/`.bfloat16()`, a 16-bit dtype handed to a call other than autocast
+    (`.to(torch.bfloat16)`, `from_pretrained(torch_dtype=torch.float16)`) or bound to a name,
+    a 16-bit default dtype. Autocast alone keeps parameters in float32."""
+    for call in facts.records.calls:
+        if call.qualname in AUTOCAST or call.method == "autocast":
+            continue
+        if call.method in LOW_PRECISION_METHODS:
+            return call.node
+        if any(facts.qualified_name(arg.value) in LOW_PRECISION_DTYPES for arg in call.node.args):
+            return call.node
+    for assignment in facts.records.assignments:
+        if facts.qualified_name(assignment.value) in LOW_PRECISION_DTYPES:
+            return assignment.statement_node
+    return None
+
+
 def float64_model(facts: "ScriptFacts") -> bool:
     """A module computes in float64: cast (`model.double()`, `model.to(torch.float64)`) or
     built so (`nn.Linear(8, 8, dtype=torch.float64)`). `.double()` on a tensor (a metric,
