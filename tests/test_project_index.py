@@ -318,6 +318,30 @@ def test_a_module_imported_whole_that_does_not_parse_is_reported_not_a_crash(
     assert "OPT501" in [d.code for d in outcomes["train.py"].fixed]
 
 
+@pytest.mark.parametrize("placed, settings", [("", []), (".cuda()", ["OPT301"])])
+def test_a_script_whose_loop_elsewhere_trains_on_the_cpu_gets_no_settings(
+    tmp_path: Path, placed: str, settings: List[str]
+) -> None:
+    # openai/spinningup's exercise scripts run the CPU-only loops of its algorithms.
+    (tmp_path / "trainer.py").write_text(
+        "import torch\n\n\ndef train(model_fn, steps=100):\n"
+        f"    model = model_fn(){placed}\n"
+        "    opt = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+        "    for _ in range(steps):\n"
+        f"        loss = model(torch.randn(32, 8){placed}).square().mean()\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+    )
+    (tmp_path / "run.py").write_text(
+        "import torch\nfrom trainer import train\n\n"
+        "if __name__ == '__main__':\n    train(lambda: torch.nn.Linear(8, 1))\n"
+    )
+    outcomes = apply(tmp_path, write=False, why_not=True)
+    assert fixed(outcomes["run.py"]) == settings
+    if not settings:
+        declined = messages_by_code(outcomes["run.py"], Status.DECLINED)
+        assert "trains on the CPU" in declined["OPT301"][0]
+
+
 LIBRARY_MODULE = '''\
 import torch
 

@@ -21,6 +21,7 @@ from optimizer_codemod.analysis.precision import (
     setting_statement,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import one_training_step
 from optimizer_codemod.rule import Example, Fix, ImportSpec, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -107,8 +108,12 @@ class Float32MatmulWithoutTF32(Rule):
         `lightning`, `deepspeed`, `torch_xla`), no name that says device (`args.gpu`,
         `to_device(batch)`; analysis/devices.py `mentions_accelerator`). Such a script trains
         on the CPU, where the setting changes nothing (below), so the edit would not pay
-        (DESIGN §6). An importable module is still reported as above: its callers may place
-        it.
+        (DESIGN §6); nor, with the files rewritten together, to a script whose loop runs in
+        another module when neither places or names an accelerator (openai/spinningup's
+        exercise scripts). An importable module is still reported as above: its callers may
+        place it. Nor to a file that takes one training step (a backward in no loop: the usage demo
+        under a package module's `__main__` guard, as in vit-pytorch's modules): one step
+        gains nothing, and the setting at the top would reach every program importing it.
 
         On CPU nothing changes. Measured on a 2-core AMD EPYC x86_64 (avx512_bf16, no AMX),
         torch 2.13.0+cpu, 2026-11-21: the call emits no warning, and five SGD steps of a
@@ -150,9 +155,10 @@ class Float32MatmulWithoutTF32(Rule):
     process_wide = True
     examples = (
         Example(
-            "import torch\n\nloss = model(x.cuda()).sum()\nloss.backward()\n",
+            "import torch\n\nfor x in loader:\n    loss = model(x.cuda()).sum()\n"
+            "    loss.backward()\n",
             'import torch\n\ntorch.set_float32_matmul_precision("high")\n\n'
-            "loss = model(x.cuda()).sum()\nloss.backward()\n",
+            "for x in loader:\n    loss = model(x.cuda()).sum()\n    loss.backward()\n",
         ),
         Example("import torch\n\nloss = model(x).sum()\nloss.backward()\n"),
         Example(
@@ -194,6 +200,14 @@ class Float32MatmulWithoutTF32(Rule):
                 '`torch.set_float32_matmul_precision("high")` in the script that runs it',
             )
             return
+        if elsewhere is not None and backward is None and not elsewhere.accelerator:
+            self.decline(
+                anchor.node,
+                f"neither this script nor {', '.join(elsewhere.modules)}, whose loop it runs, "
+                "places a tensor or module on an accelerator or names one: it trains on the "
+                f"CPU, where the setting changes nothing",
+            )
+            return
         if backward is not None and not mentions_accelerator(facts):
             self.decline(
                 backward.node,
@@ -205,6 +219,16 @@ class Float32MatmulWithoutTF32(Rule):
         imported_by = imported_by_others(facts)
         if imported_by is not None:
             self.decline(anchor.node, imported_by)
+            return
+        once = one_training_step(facts) if elsewhere is None else None
+        if once is not None:
+            # A library module's usage demo (vit-pytorch's modules): a process-wide setting at
+            # the top would reach every program that imports the module, for one step.
+            self.decline(
+                anchor.node,
+                f"{once}: one step gains nothing from faster matmuls, and the setting at the top "
+                "of the file would change the precision of every program that imports it",
+            )
             return
         message = None
         if backward is None:

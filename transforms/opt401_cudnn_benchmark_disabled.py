@@ -79,7 +79,9 @@ class CudnnBenchmarkDisabled(Rule):
         the setting goes into the script that runs the module's loop, and the convolutions,
         determinism and shape checks cover the modules that script imports too (the
         determinism check also where a script runs its loop itself and a seeding helper it
-        imports asks for it) (docs/projects.md). No effect on CPU: the flag only concerns cuDNN.
+        imports asks for it) (docs/projects.md); not for such a script when neither it nor
+        the module whose loop it runs places or names an accelerator (it trains on the CPU).
+        No effect on CPU: the flag only concerns cuDNN.
         `--why-not` names what decides the autotuner: a script that sets
         `cudnn.benchmark = False` or asks for determinism only in its seeded runs (pytorch/
         examples imagenet) keeps its choice in the others too (turning the autotuner on
@@ -180,6 +182,14 @@ class CudnnBenchmarkDisabled(Rule):
                 first,
                 message="Convolutional training in an importable module; set "
                 "`torch.backends.cudnn.benchmark = True` in the script that runs it",
+            )
+            return
+        if elsewhere is not None and not elsewhere.accelerator:
+            self.decline(
+                first,
+                f"neither this script nor {', '.join(elsewhere.modules)}, whose loop it runs, "
+                "places a tensor or module on an accelerator or names one: it trains on the "
+                f"CPU, where cuDNN is never called",
             )
             return
         if elsewhere is None and not mentions_accelerator(facts):

@@ -186,6 +186,9 @@ class LoopsElsewhere:
     modules: Tuple[str, ...]  # the files whose loops it runs
     functions: Tuple[str, ...]  # local spellings of the imported functions that run them
     methods: Tuple[str, ...]  # method names of imported classes that run them (`run`)
+    # The script or one of those files places or names an accelerator (devices.py's
+    # mentions_accelerator); False: the training runs on the CPU.
+    accelerator: bool = True
 
 
 @dataclass(frozen=True)
@@ -359,6 +362,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             modules=tuple(record["modules"]),
             functions=tuple(record["functions"]),
             methods=tuple(record["methods"]),
+            accelerator=record.get("accelerator", True),
         )
 
     def looping_function(record) -> LoopingFunction:
@@ -1591,10 +1595,14 @@ def _loops_elsewhere(module: _Module, files: Dict[str, _Module]) -> Optional[Loo
             methods.add(call.method)
         elif name is not None:
             functions.add(name)
+    from optimizer_codemod.analysis.devices import mentions_accelerator
+
+    placing = [module, *(files[p] for p in runs)]
     return LoopsElsewhere(
         modules=tuple(sorted(files[p].label for p in runs)),
         functions=tuple(sorted(functions)),
         methods=tuple(sorted(methods)),
+        accelerator=any(m.facts is not None and mentions_accelerator(m.facts) for m in placing),
     )
 
 
