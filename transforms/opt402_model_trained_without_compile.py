@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.calls import code_of, excerpt
 from optimizer_codemod.analysis.devices import deepspeed_engine
 from optimizer_codemod.analysis.entry_points import (
     models_trained_elsewhere,
@@ -229,7 +229,8 @@ class ModelTrainedWithoutCompile(Rule):
                         f"`{model.name}` is not moved to a device with `.to(device)` or `.cuda()` "
                         "in this file"
                         if device is None
-                        else "the device the model is moved to is not visible where it is built"
+                        else f"`{code_of(device)}`, the device the model is moved to, is not "
+                        "bound yet (or not visible) where it is built"
                     )
                 ),
             )

@@ -1520,9 +1520,10 @@ def _call_in_owner(facts: "ScriptFacts", model: TrainedModel, call: cst.Call) ->
 def visible_at(
     facts: "ScriptFacts", expression: cst.BaseExpression, statement: cst.CSTNode
 ) -> bool:
-    """Whether the variable `expression` reads (`device`, `args.device`) is bound where
-    `statement` runs: a parameter or assignment of its function, or a module-level name.
-    Code copied there from another function (`device.type`) would raise NameError otherwise."""
+    """Whether the variable `expression` reads (`device`, `args.device`) is bound once
+    `statement` has run: a parameter of its function, an assignment in its scope by then, or
+    a module-level name (for code in a function). Code copied there from another function
+    (`device.type`), or above the name's assignment, would raise NameError otherwise."""
     name = dotted_name(expression)
     if name is None:
         return True  # a literal or a call: nothing of another function's scope
@@ -1541,8 +1542,13 @@ def visible_at(
     imported = any(
         binding.bound == root and binding.top_level for binding in facts.imports.bindings
     )
+    # Bound in the same scope only after `statement` (`accelerator = Accelerator()` below
+    # `model = Net()`), the name would not exist yet when the copied code runs.
+    end = max(site.site.order for site in sites if site)
     return imported or any(
-        a.site.function is function or a.site.function is None for a in facts.assignments_to(root)
+        (a.site.function is None and function is not None)
+        or (a.site.function is function and a.site.order <= end)
+        for a in facts.assignments_to(root)
     )
 
 
