@@ -148,19 +148,49 @@ def test_random_factories_move_only_with_unsafe_fixes() -> None:
     assert "torch.randn(n, device=device) + torch.zeros(n, device=device)" in unsafe
 
 
-def test_torch_tensor_moves_inside_loops_only() -> None:
+def test_torch_tensor_is_left_alone_it_builds_on_the_host_either_way() -> None:
+    # torch.tensor(data, device=d) fills a host tensor and copies it (tensor_new.cpp's
+    # internal_new_from_data); with `.float()` in between, the rewrite would copy float64.
     source = (
         "import torch\n"
         "device = 'cuda'\n"
-        "def weights():\n"
-        "    scale = torch.tensor([1.0, 2.0]).to(device)\n"
+        "def weights(rows):\n"
         "    for step in range(3):\n"
         "        bias = torch.tensor([step, 1.0]).to(device)\n"
-        "    return scale, bias\n"
+        "        batch = torch.tensor(rows).float().to(device)\n"
+        "    return bias, batch\n"
     )
-    result = rewrite(source, select=["OPT203"]).source
-    assert "scale = torch.tensor([1.0, 2.0]).to(device)" in result
-    assert "bias = torch.tensor([step, 1.0], device=device)" in result
+    assert rewrite(source, select=["OPT203"], unsafe_fixes=True).source == source
+
+
+INIT_DRAW = (
+    "class Prompt(torch.nn.Module):\n"
+    "    def __init__(self, n, device):\n"
+    "        super().__init__()\n"
+    "        self.ids = torch.randint(0, 100, (n,)).to(device)\n"
+)
+MAIN_DRAW = (
+    "def main(device):\n    mask = torch.rand(64).to(device)\n    return mask\n\n\nmain('cuda')\n"
+)
+
+
+@pytest.mark.parametrize(
+    "setup, per_step",
+    [
+        # peft's PromptEmbedding.__init__: once per model, and a seeded run's prompt changes
+        (INIT_DRAW, INIT_DRAW.replace("def __init__", "def forward")),
+        # a main() the module calls once; the same draw in its loop is moved
+        (
+            MAIN_DRAW,
+            MAIN_DRAW.replace("    mask =", "    for step in range(3):\n        mask ="),
+        ),
+    ],
+)
+def test_creations_in_code_that_runs_once_are_left_alone(setup: str, per_step: str) -> None:
+    source = "import torch\n\n" + setup
+    assert rewrite(source, select=["OPT203"], unsafe_fixes=True).source == source
+    moved = rewrite("import torch\n\n" + per_step, select=["OPT203"], unsafe_fixes=True)
+    assert ", device=device)" in moved.source
 
 
 LOOP = """\

@@ -27,12 +27,13 @@ class TensorCreatedOnHostThenMoved(Rule):
         `torch.ones(n, device=device).long()`), and a dtype given to `.to(device, dtype)`
         moves into `zeros`, `ones`, `empty` and `eye`. Random factories (`rand`, `randn`,
         `randint`, `randperm`, `normal` and the `_like` forms) are rewritten the same way at
-        `behavior` level, and `torch.tensor(data).to(device)` inside a loop becomes
-        `torch.tensor(data, device=device)`. With a legacy CUDA tensor type (`Tensor =
+        `behavior` level. With a legacy CUDA tensor type (`Tensor =
         torch.cuda.FloatTensor if cuda else torch.FloatTensor`), `Tensor(np.ones((n, *s)))`
         becomes `Tensor(n, *s).fill_(1.0)` (and `np.zeros`, `fill_(0.0)`). Only code that
         runs more than once is touched: a loop, or a function (a model's `forward`, a
-        sampling step).
+        sampling step); not an `__init__`, nor a function the module runs once (a `main()`
+        called under its `__main__` guard), outside their loops: setup gains nothing, and a
+        random draw moved there would change a seeded run for nothing.
 
     Why is it slow:
         The tensor is first allocated and filled in host memory; `.to(device)` then
@@ -69,9 +70,12 @@ class TensorCreatedOnHostThenMoved(Rule):
         moves into the call only where the values cannot depend on it (0, 1, uninitialised,
         an identity matrix): `torch.full(n, 0.1).to(device, torch.half)` rounds 0.1 twice
         where `torch.full(n, 0.1, dtype=torch.half)` rounds it once, so it is left alone, as
-        are `arange` and `torch.tensor` with a dtype. `torch.tensor(data)` builds the tensor
-        on the host and copies it even with `device=`: there the rewrite saves a call, not
-        the copy. `numerics` for an `arange` whose arguments are not integer literals (and
+        is `arange` with a dtype. `torch.tensor(data).to(device)` is left alone:
+        `torch.tensor(data, device=device)` builds the tensor on the host and copies it all
+        the same (torch's `internal_new_from_data`, torch/csrc/utils/tensor_new.cpp), so the
+        edit would save one call, and with a conversion in between
+        (`torch.tensor(rows).float().to(device)`) it would copy the float64 data before
+        converting it, twice the bytes. `numerics` for an `arange` whose arguments are not integer literals (and
         that has no integer `dtype=`): CUDA computes a floating-point `arange` in float32
         where the CPU uses float64, and a name may hold a float. `behavior` for the random
         factories: the device's generator draws other

@@ -6,8 +6,8 @@
 # - "value": the same values only in the same dtype (`full(n, 0.1)` made in float16 rounds
 #   once, made in float32 and converted rounds twice), so only the device moves;
 # - "random": the device's generator draws other numbers than the CPU's;
-# - "data": `torch.tensor(data)`: builds the tensor on the host and copies it either way, so
-#   only the one call saved; moved inside loops only.
+# - "data": `torch.tensor(data)`: builds the tensor on the host and copies it either way, even
+#   with `device=` (OPT203 leaves it alone; OPT202 counts its blocking copy).
 FACTORIES = {
     **{f"torch.{name}": "exact" for name in ("zeros", "ones", "empty", "eye")},
     **{f"torch.{name}_like": "exact" for name in ("zeros", "ones", "empty")},

@@ -886,6 +886,13 @@ def one_training_step(facts: "ScriptFacts") -> Optional[str]:
     )
 
 
+def runs_once(facts: "ScriptFacts", call: "CallSite") -> bool:
+    """The call runs at most once per process, as backward_runs_once reads a backward call:
+    its whole statement in no loop, at module level or in a function of this file named
+    nowhere but in such calls, up to module level."""
+    return _runs_once(facts, call, 0)
+
+
 def _runs_once(facts: "ScriptFacts", call: "CallSite", depth: int) -> bool:
     statement = call.site.statement
     if call.site.loops or not isinstance(statement, cst.SimpleStatementLine):

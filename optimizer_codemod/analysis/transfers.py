@@ -1192,7 +1192,8 @@ class HostCreation:
 def host_creations_moved(facts: "ScriptFacts") -> List[HostCreation]:
     """Every `factory(...)[.dtype()...].to(device)` / `.cuda()` of the script that could
     create the tensor on the device directly, in a loop or a function (code that runs more
-    than once; `torch.tensor(...)` in a loop only).
+    than once: not an `__init__` or a function run once, outside their loops; never
+    `torch.tensor(...)`, which builds on the host even with `device=`).
 
     Left out: a target that may be a tensor (`.to(other)` takes its dtype too) or is the CPU
     (nothing to gain), `*args`/`**kwargs`, `memory_format`, a factory that chooses its device
@@ -1203,20 +1204,30 @@ def host_creations_moved(facts: "ScriptFacts") -> List[HostCreation]:
     numbers for mean and std (tensors decide its device). Random draws inside
     `torch.random.fork_rng()` or beside a `torch.manual_seed(...)` in the same loop or
     function body are left too: they are meant to come from the CPU's generator."""
+    from optimizer_codemod.analysis.training import runs_once
+
     found: List[HostCreation] = []
     forked: Optional[Set[cst.CSTNode]] = None
     for move in facts.method_calls("to") + facts.method_calls("cuda"):
         if move.site.loop is None and move.site.function is None:
             continue
         creation = _host_creation(facts, move)
-        if creation is None or (creation.kind == "data" and move.site.loop is None):
+        # `torch.tensor(data, device=d)` builds on the host and copies all the same.
+        if creation is None or creation.kind == "data":
             continue
+        if move.site.loop is None and (_constructs(move.site.function) or runs_once(facts, move)):
+            continue  # setup: nothing to gain, and a seeded run would draw other numbers
         if creation.kind == "random":
             forked = _under_fork_rng(facts) if forked is None else forked
             if move.node in forked or _seeded_beside(facts, move):
                 continue
         found.append(creation)
     return sorted(found, key=lambda c: c.move.site.order)
+
+
+def _constructs(function: Optional[cst.FunctionDef]) -> bool:
+    """`__init__`: runs once per object, when it is built."""
+    return function is not None and function.name.value == "__init__"
 
 
 def _under_fork_rng(facts: "ScriptFacts") -> Set[cst.CSTNode]:
