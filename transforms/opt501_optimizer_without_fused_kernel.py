@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import (
+    argument,
     excerpt,
     has_double_star,
     has_star_args,
@@ -93,9 +94,10 @@ class OptimizerWithoutFusedKernel(Rule):
         `step()` raises NotImplementedError), so they are left alone where the parameters may
         be DTensors (FSDP2's `fully_shard`, tensor parallelism, a device mesh, torchft,
         Accelerate's `ParallelismConfig` or `fsdp_version=2`); fused Adam and AdamW step
-        them. SGD is left alone where parameters may be float16 or bfloat16 (`.half()`,
-        `.bfloat16()`, a 16-bit dtype handed to `.to()` or `from_pretrained`, or bound to a
-        name) and the script may run on the CPU (anything but a script that places on CUDA
+        them. SGD is left alone where parameters may be float16 or bfloat16 (a module, or
+        the one whose `.parameters()` it takes, cast by `.half()`, `.bfloat16()` or `.to()`
+        a 16-bit dtype; a model built in one, `from_pretrained(torch_dtype=torch.float16)`;
+        a 16-bit default dtype) and the script may run on the CPU (anything but a script that places on CUDA
         alone, with `.cuda()` and no `is_available()` fallback): torch 2.13's fused SGD
         kernel for the CPU updates only the last few elements of each 16-bit tensor, so a
         run on the CPU would silently stop training (fused Adam, AdamW and Adagrad update
@@ -166,7 +168,7 @@ class OptimizerWithoutFusedKernel(Rule):
                     call, "the script uses sparse gradients, which fused kernels do not take"
                 )
                 continue
-            reason = _why_fused_would_fail(self.facts, label)
+            reason = _why_fused_would_fail(self.facts, label, call)
             if reason is not None:
                 self.decline(call, reason)
                 continue
@@ -189,7 +191,7 @@ class OptimizerWithoutFusedKernel(Rule):
             )
 
 
-def _why_fused_would_fail(facts, label: str) -> "str | None":
+def _why_fused_would_fail(facts, label: str, call: cst.Call) -> "str | None":
     """Where the parameters or the loss scaler make a fused step raise or change what the
     script sees: XLA devices, DTensor parameters (SGD and Adagrad), FSDP's sharded loss
     scaler, and Accelerate's skipped-step flag."""
@@ -213,7 +215,12 @@ def _why_fused_would_fail(facts, label: str) -> "str | None":
             f"torch has no sharding strategy for the fused {label} kernel: `step()` raises "
             "NotImplementedError (torch 2.13; the fused Adam and AdamW kernels have one)"
         )
-    converted = sixteen_bit_conversion(facts) if label == "SGD" else None
+    params = argument(call, "params", 0)
+    converted = (
+        sixteen_bit_conversion(facts, params.value if params is not None else None)
+        if label == "SGD"
+        else None
+    )
     if converted is not None and may_run_on_the_cpu(facts):
         return (
             f"the parameters may be 16-bit (`{excerpt(converted)}`), and torch 2.13's fused "

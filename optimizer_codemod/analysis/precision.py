@@ -296,22 +296,53 @@ def reduced_precision_use(
     return facts.module if entered else None
 
 
-def sixteen_bit_conversion(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
-    """The first node by which tensors or modules, parameters maybe among them, may become
-    16-bit: `.half()`/`.bfloat16()`, a 16-bit dtype handed to a call other than autocast
-    (`.to(torch.bfloat16)`, `from_pretrained(torch_dtype=torch.float16)`) or bound to a name,
-    a 16-bit default dtype. Autocast alone keeps parameters in float32."""
+def sixteen_bit_conversion(
+    facts: "ScriptFacts", optimized: Optional[cst.BaseExpression] = None
+) -> Optional[cst.CSTNode]:
+    """The first node by which modules, parameters maybe among them, become 16-bit: a
+    module cast with `.half()`, `.bfloat16()` or `.to(<16-bit dtype>)` (one the analysis
+    sees is a module, or the name whose parameters `optimized` hands an optimizer:
+    `model.parameters()`), a module built in a 16-bit dtype (`from_pretrained(torch_dtype=
+    torch.float16)`), or a 16-bit default dtype. Tensors cast for a benchmark (yolov5's
+    profiler) and autocast keep the parameters in float32."""
+    owner = _root_name(optimized) if optimized is not None else None
     for call in facts.records.calls:
-        if call.qualname in AUTOCAST or call.method == "autocast":
+        node = call.node
+        if call.qualname == "torch.set_default_dtype" and node.args:
+            if _sixteen_bit(facts, node.args[0].value):
+                return node
             continue
-        if call.method in LOW_PRECISION_METHODS:
-            return call.node
-        if any(facts.qualified_name(arg.value) in LOW_PRECISION_DTYPES for arg in call.node.args):
-            return call.node
-    for assignment in facts.records.assignments:
-        if facts.qualified_name(assignment.value) in LOW_PRECISION_DTYPES:
-            return assignment.statement_node
+        inner = receiver(node)
+        casts = call.method in LOW_PRECISION_METHODS or (
+            call.method == "to" and any(_sixteen_bit(facts, arg.value) for arg in node.args)
+        )
+        if casts and inner is not None:
+            if owner is not None and _root_name(inner) == owner:
+                return node
+            if builds_module(facts, inner):
+                return node
+        elif any(
+            arg.keyword is not None and _sixteen_bit(facts, arg.value) for arg in node.args
+        ) and builds_module(facts, node):
+            return node
     return None
+
+
+def _root_name(node: cst.BaseExpression) -> Optional[str]:
+    """`model` of `model.parameters()`, `model.module.head`, `self` of `self.net`."""
+    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _sixteen_bit(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+    """A 16-bit dtype, or a name bound to one (`ptdtype = torch.bfloat16`)."""
+    if facts.qualified_name(node) in LOW_PRECISION_DTYPES:
+        return True
+    name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+    return name is not None and any(
+        facts.qualified_name(a.value) in LOW_PRECISION_DTYPES for a in facts.assignments_to(name)
+    )
 
 
 def float64_model(facts: "ScriptFacts") -> bool:
