@@ -87,7 +87,9 @@ class HandWrittenAttention(Rule):
         `if __name__ == "__main__":` guard is a library another file may import, reading what
         it returns: left alone, unless the name is private (`_attend`). Never either when softmax is
         over another axis or has a `dtype`, when anything else is applied between the
-        steps (a bias after softmax), when q, k or v are not plain names, or for a mask
+        steps (a bias after softmax), when q, k or v are not names (or are attributes of the module: a learned query shared
+        by the batch, as in vit-pytorch's PatchMerger, has fewer dimensions than the keys, and
+        no fused kernel takes it), or for a mask
         filled with another value than -inf. A mask added to the scores (`att + mask`) is
         reported, not rewritten: a float mask could go to `attn_mask` as it is, a boolean
         one could not, and the analysis cannot tell which. The causal buffer registration

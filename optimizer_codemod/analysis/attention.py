@@ -202,10 +202,19 @@ def _match(facts, klass, function, body, index, line, product) -> Union[Attentio
         match.scale_is_number = is_python_number(facts, match.scale_node, function, klass)
     match.chain = chain.folded
     for node in (match.q, match.k, match.v):
-        if dotted_name(node) is None:
+        name = dotted_name(node)
+        if name is None:
             return (
                 f"`{code_of(node).strip()}` is computed in place of a query, key or value "
                 "name, and the rewrite takes names only"
+            )
+        if name.startswith("self."):
+            # vit-pytorch's PatchMerger: a 2-D learned query against 3-D keys, which no
+            # fused kernel takes: SDPA would run its math fallback, the same product.
+            return (
+                f"`{name}` is an attribute of the module (a learned query or key shared by "
+                "the batch, with fewer dimensions than the other operands): no fused kernel "
+                "takes such inputs, so SDPA would compute the same product"
             )
     inputs = [match.q, match.k, match.v, *match.reads]
     if match.additive is not None:
