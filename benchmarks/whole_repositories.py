@@ -64,6 +64,14 @@ class RepositoryRun:
     failure: str = ""
 
 
+def _shown(path: Path) -> str:
+    """The corpus as the header names it: relative to the checkout where it lies there."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def materialise(repo: str, commit: str, mirrors: Sequence[Path], dest: Path) -> Optional[int]:
     """Every `.py` file and notebook of `repo` at `commit` written under `dest` (a snapshot
     may lack its largest files: those are left out); how many, or None. Streamed one file at
@@ -262,7 +270,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"- {datetime.date.today().isoformat()}, {_machine()}, Python "
             f"{platform.python_version()}, optcodemod at {ecosystem._git_commit()}",
             "- `apply --check --unsafe-fixes -j 2 --no-cache` over every `.py` file and notebook "
-            "of each repository of scripts/ecosystem.toml at its pinned commit, with "
+            f"of each repository of {_shown(args.corpus)} at its pinned commit, with "
             "`OPTCODEMOD_DEBUG=1`; peak memory is the run's main process (the project index)",
         ]
         if args.second_run:
