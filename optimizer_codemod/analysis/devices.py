@@ -679,20 +679,25 @@ _DTENSOR_PACKAGES = (
     "torchft",
     "accelerate.ParallelismConfig",
     "accelerate.parallelism_config",
+    # Opacus's FSDP2Wrapper calls fully_shard (its fsdp_example.py, fsdp_llama3.py).
+    "opacus.utils.fsdp_utils",
 )
 _DTENSOR_KEYWORDS = frozenset({"tp_plan", "parallelism_config", "device_mesh"})
 
 
 def dtensor_parameters(facts: "ScriptFacts") -> Optional[str]:
     """What in the script may make the parameters DTensors (see _DTENSOR_PACKAGES; a
-    `tp_plan=`, `parallelism_config=` or `device_mesh=` keyword, `fsdp_version=2`), as
-    written; None when nothing does."""
+    `tp_plan=`, `parallelism_config=` or `device_mesh=` keyword, `fsdp_version=2`, Opacus's
+    `grad_sample_mode="ghost_fsdp"`), as written; None when nothing does."""
     memo = facts.memo("dtensor_parameters")
     if None not in memo:
         memo[None] = _package_named(facts, _DTENSOR_PACKAGES) or _keyword_named(
             facts,
             lambda arg: arg.keyword.value in _DTENSOR_KEYWORDS
-            or (arg.keyword.value == "fsdp_version" and literal(arg.value, None) == 2),
+            or (arg.keyword.value == "fsdp_version" and literal(arg.value, None) == 2)
+            or (
+                arg.keyword.value == "grad_sample_mode" and literal(arg.value, None) == "ghost_fsdp"
+            ),
         )
     return memo[None]
 
