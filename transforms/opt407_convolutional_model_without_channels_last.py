@@ -6,7 +6,7 @@ from typing import List
 
 import libcst as cst
 
-from optimizer_codemod.analysis.gradients import input_gradient_names
+from optimizer_codemod.analysis.gradients import input_gradient_names, per_sample_gradients
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
 from optimizer_codemod.analysis.calls import keyword
 from optimizer_codemod.analysis.imports import dotted_name
@@ -21,6 +21,7 @@ from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     each_trained_model,
     imported_layer,
+    initialised_after,
     is_elementwise_dropout,
     model_built,
     model_classes,
@@ -127,7 +128,14 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         results differ in the last bits. Measured with the benchmark's network (CPU, torch
         2.13.0+cpu): after five SGD steps the losses agree to 6e-6 relative and parameters
         differ by at most 6e-5. Parameters and state_dict keys keep their shapes and names
-        (only strides change), so checkpoints load either way.
+        (only strides change), so checkpoints load either way. The conversion goes after an
+        in-place weight init that follows the placement in the same block
+        (`netG.apply(weights_init)`, `nn.init.normal_(model.fc.weight)`): a random
+        initialiser fills a channels_last tensor in its memory order, so a seeded run would
+        start from other weights. Not applied in a script that computes per-sample gradients
+        with Opacus: its convolution gradients assume NCHW tensors, and a channels_last model
+        (or one feeding the privatised model, as a DP-GAN's generator does) gives wrong
+        per-sample gradients without an error.
 
         `behavior` when the model applies element-wise dropout (`nn.Dropout`, `F.dropout`,
         `torch.dropout`, alpha dropout; or a torchvision SqueezeNet, DenseNet, DeepLabV3 or
@@ -246,6 +254,15 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             return
         if self._converted(model):
             return
+        private = per_sample_gradients(facts)
+        if private is not None and anchor is not None:
+            self.decline(
+                anchor,
+                f"the script computes per-sample gradients with Opacus (`{private}`), whose "
+                "convolution gradients assume NCHW tensors: a channels_last model, or one "
+                "feeding a privatised model, would give wrong per-sample gradients silently",
+            )
+            return
         # A view is reported before the script's own memory format is looked at: the
         # conversion this rule made in an earlier pass is such a mention, and must not
         # replace the report that names the view with a decline that blames the script.
@@ -291,9 +308,12 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         # Before a DDP wrapper built around the placement: parameters must not change after
         # DistributedDataParallel registered them.
         side = "before" if places_while_wrapping(facts, anchor, model.name) else "after"
+        # After an in-place init (DCGAN's `netG.apply(weights_init)`): random initialisers
+        # fill a channels_last tensor in another order.
+        initialised = initialised_after(facts, model, anchor) if side == "after" else None
         self.report(
             anchor,
-            Fix((InsertStatements(anchor, **{side: (statement,)}),), imports),
+            Fix((InsertStatements(initialised or anchor, **{side: (statement,)}),), imports),
             message=message,
             safety=(Safety.BEHAVIOR if dropout or dropout_elsewhere is not None or draws else None),
         )

@@ -886,6 +886,37 @@ def one_training_step(facts: "ScriptFacts") -> Optional[str]:
     )
 
 
+# In-place initialisers of weights: a random one fills a tensor in its memory order.
+_IN_PLACE_INIT_PREFIX = "torch.nn.init."
+
+
+def initialised_after(
+    facts: "ScriptFacts", model: TrainedModel, anchor: cst.CSTNode
+) -> Optional[cst.CSTNode]:
+    """The last statement after `anchor`, in the same block, that initialises the model's
+    weights in place (`model.apply(weights_init)`, `nn.init.normal_(model.fc.weight)`); None
+    when none does. A memory-format conversion must come after it: a random initialiser
+    fills a channels_last tensor in another order, so a seeded run starts elsewhere."""
+    block = facts.parents.get(anchor)
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or anchor not in body:
+        return None
+    later = body[list(body).index(anchor) + 1 :]
+    found = None
+    for statement in later:
+        for node in find_all(statement, cst.Call):
+            call = facts.call_site_of.get(node)
+            if call is None:
+                continue
+            if call.method == "apply" and call.receiver == model.name:
+                found = statement
+            elif (call.qualname or "").startswith(_IN_PLACE_INIT_PREFIX) and node.args:
+                root = dotted_name(node.args[0].value) or ""
+                if root.split(".")[0] == model.name:
+                    found = statement
+    return found
+
+
 def runs_once(facts: "ScriptFacts", call: "CallSite") -> bool:
     """The call runs at most once per process, as backward_runs_once reads a backward call:
     its whole statement in no loop, at module level or in a function of this file named
