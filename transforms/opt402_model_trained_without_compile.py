@@ -11,6 +11,7 @@ from optimizer_codemod.analysis.entry_points import (
     placed_device,
     rebound_after_placement,
 )
+from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.gradients import SECOND_DERIVATIVE_CALLS, double_backward_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -34,6 +35,8 @@ from optimizer_codemod.analysis.training import (
 )
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
+
+_DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel")
 
 SCRIPT = """\
 import torch
@@ -127,7 +130,10 @@ class ModelTrainedWithoutCompile(Rule):
         compiled before it breaks under ZeRO-3's partitioned parameters
         (pytorch/pytorch#115484), and DeepSpeed compiles through `engine.compile()` or the
         `compile` section of its configuration (accelerate's DeepSpeed test scripts had
-        their models compiled before this). Nor for a model built only from torch's own layers
+        their models compiled before this). Nor for a model wrapped in `nn.DataParallel`
+        (CutMix's `torch.nn.DataParallel(model).cuda()`): it replicates the module on every
+        forward and runs the replicas in threads, and PyTorch documents compiling with
+        DistributedDataParallel, which OPT604 suggests. Nor for a model built only from torch's own layers
         (`nn.Sequential(nn.Linear(...), nn.ReLU())`): `Module.compile()` compiles the
         module's `_call_impl`, and Dynamo skips the code of torch's own modules, so nothing
         is compiled (measured on torch 2.13; pytorch/pytorch#150915, with a fix proposed in
@@ -295,6 +301,16 @@ class ModelTrainedWithoutCompile(Rule):
                 "methods (and its submodules), which `Module.compile()` leaves eager, so "
                 "nothing would be compiled"
             )
+        for call in self.facts.calls_to(*_DATA_PARALLEL):
+            args = call.node.args
+            if args and (dotted_name(args[0].value) or "").split(".")[0] == model.name:
+                # CutMix's `model = torch.nn.DataParallel(model).cuda()`.
+                return (
+                    f"`{model.name}` is wrapped in `nn.DataParallel` (`{excerpt(call.node)}`), "
+                    "which replicates the module onto each GPU on every forward and runs the "
+                    "replicas in threads: PyTorch documents compiling with "
+                    "DistributedDataParallel, the supported path (OPT604), not with it"
+                )
         method = model_run_only_through_methods(self.facts, model)
         if method is not None:
             return (
