@@ -52,7 +52,10 @@ class ValidationStrandedAfterEpochLoop(Rule):
         save twice per epoch), and a block whose validation or saving calls the loop body
         already makes under a condition of its own (guided-diffusion's classifier_train.py
         saves every `save_interval` steps and once more after the loop: moved, it would save
-        on every step), and a block that runs only under a test holding at the loop's last
+        on every step), a block that only prints or logs values the loop body prints or
+        logs every epoch (CutMix's `print('Best accuracy ...', best_err1, best_err5)`: a
+        summary, which moved would print twice per epoch), and a block that runs only under
+        a test holding at the loop's last
         iteration alone (yolov5's `if RANK in {-1, 0} and final_epoch:` with `final_epoch =
         epoch + 1 == epochs`, or `if epoch == epochs - 1:`): written for after training, and
         inside the loop it would run at the same point. Nor a block that says it is written
@@ -132,6 +135,14 @@ class ValidationStrandedAfterEpochLoop(Rule):
                     f"the epoch loop's body already calls `{block.repeats_call}` itself "
                     "(every iteration, or under a condition such as every N steps): after the "
                     "loop it is the final call, and moving it would make it on every iteration",
+                )
+                continue
+            if block.summarises:
+                self.decline(
+                    first,
+                    "the block only prints or logs values the epoch loop's body prints or logs "
+                    "every epoch: it is the summary after training, and moving it would show "
+                    "them twice per epoch",
                 )
                 continue
             if block.last_iteration_test is not None:

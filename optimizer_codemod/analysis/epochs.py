@@ -62,6 +62,10 @@ class StrandedBlock:
     # The loop body already makes the block's validation or saving call, under a condition
     # of its own (every N steps): what follows the loop is the final one. The call's code.
     repeats_call: Optional[str] = None
+    # The block only prints or logs values that the loop body prints or logs too (CutMix's
+    # `print('Best accuracy ...', best_err1, best_err5)` after the loop that prints them
+    # each epoch): a summary of training, which moved would print twice per epoch.
+    summarises: bool = False
     # The block runs only under a test that holds at the loop's last iteration alone
     # (`if final_epoch:`, `final_epoch = epoch + 1 == epochs`): written for after training.
     # The test's code.
@@ -232,7 +236,49 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     repeats_call = _action_call_made_in_body(facts, node.body, block)
     last = _last_iteration_test(facts, loop, block)
     final = _final_marker(block)
-    return StrandedBlock(loop, block, variable, problem, repeated, repeats_call, last, final)
+    summary = _summarises_what_body_reports(facts, node.body, block)
+    return StrandedBlock(
+        loop, block, variable, problem, repeated, repeats_call, summary, last, final
+    )
+
+
+# Callee words of a call that only shows values.
+_REPORTING_WORDS = frozenset({"print", "log", "info", "scalar", "scalars", "write"})
+
+
+def _reporting_calls(facts: "ScriptFacts", tree: cst.CSTNode) -> List[cst.Call]:
+    return [
+        call
+        for call in find_all(tree, cst.Call)
+        if set((callee_name(call) or "").lower().split("_")) & _REPORTING_WORDS
+    ]
+
+
+def _summarises_what_body_reports(
+    facts: "ScriptFacts", body: cst.IndentedBlock, block: Sequence[cst.BaseStatement]
+) -> bool:
+    """Every statement of `block` is a call that prints or logs, and every name its
+    arguments read is also read by a printing or logging call of the loop body."""
+    shown: Set[str] = set()
+    for call in _reporting_calls(facts, body):
+        for arg in call.args:
+            shown |= _reads_and_binds(arg.value)[0]
+    for statement in block:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not (
+            isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and isinstance(small, cst.Expr)
+            and isinstance(small.value, cst.Call)
+            and _reporting_calls(facts, small.value) == [small.value]
+        ):
+            return False
+        read = set()
+        for arg in small.value.args:
+            read |= _reads_and_binds(arg.value)[0]
+        if not read or not read <= shown:
+            return False
+    return True
 
 
 # How a block says it is written for after training: the word "final" in a name, a keyword,
