@@ -25,7 +25,7 @@ from optimizer_codemod.torch_version import TorchVersion
 
 _SETUP = (
     "import torch\n"
-    "model = torch.nn.Linear(8, 1)\n"
+    "model = torch.nn.Linear(8, 1).cuda()\n"
     "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
 )
 
@@ -137,7 +137,9 @@ class LossItemSynchronizesEveryStep(Rule):
         count to the device, OPT703 deletes a bare `synchronize()`, OPT203 makes
         `Tensor(np.ones(shape))` on the device). Several accumulations
         of the loss in one step are rewritten together. A total that is never read is
-        reported too: deleting the accumulation is the fix, not moving it to the device.
+        reported too: deleting the accumulation is the fix, not moving it to the device. So
+        is an accumulation in a script that never places a tensor on an accelerator (d2l's
+        CPU-only `train_ch3`): on the CPU `.item()` waits for nothing.
 
         A meter of the script's own fed the loss every step (`losses.update(loss.item(),
         n)` with `losses = AverageMeter("Loss", ":.4e")`, as pytorch/examples' imagenet and

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
 
@@ -431,7 +431,7 @@ class HostSyncs:
         return tuple(
             StepSync(sync.node, sync.node.func.attr.value, None, call.site.statement, False, loop)
             for sync in helper_syncs(self.facts)
-            for call in (sync.in_loop,)
+            for call in (sync.in_loop, *sync.also_in)
             if call is not None and any(outer.node is loop.node for outer in call.site.loops)
         )
 
@@ -918,6 +918,9 @@ class HelperSync:
     # The call in a training loop's body that runs `function` on each of its iterations,
     # directly or through other helpers; None when a function called in the loop calls it.
     in_loop: Optional[CallSite] = None
+    # Such calls of the other training loops that run it too (d2l's `grad_clipping`, called
+    # by two training functions of one file).
+    also_in: Tuple[CallSite, ...] = ()
 
 
 # How far calls are followed from the step: the step's helpers, and theirs.
@@ -957,13 +960,15 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
             helper = local_function(facts, call)
             if helper is not None and call.site.statement in per_step:
                 queue.append((helper, call, 1, False, call))
-    found: List[HelperSync] = []
-    seen: Set[int] = set()
+    found: Dict[cst.Call, HelperSync] = {}
+    seen: Set[Tuple[int, int]] = set()
     while queue:
         function, caller, depth, step, in_loop = queue.popleft()
-        if id(function) in seen:
+        # Once per function and loop call: a helper two loops run is a sync of both.
+        key = (id(function), id(in_loop.node) if in_loop is not None else 0)
+        if key in seen:
             continue
-        seen.add(id(function))
+        seen.add(key)
         periodic = _periodic_statements(facts, function)
         callers = calls_of.get(id(function), [])
         skipped = periodic | _branches_no_call_takes(facts, function, callers)
@@ -987,9 +992,13 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
                 and not positional(call.node)
                 and not _off_device(facts, call.node.func.value)
             ):
-                loss = call.method == "item" and call.receiver in losses
-                found.append(HelperSync(call.node, function, caller, step, loss, in_loop))
-    return found
+                earlier = found.get(call.node)
+                if earlier is None:
+                    loss = call.method == "item" and call.receiver in losses
+                    found[call.node] = HelperSync(call.node, function, caller, step, loss, in_loop)
+                elif in_loop is not None and in_loop is not earlier.in_loop:
+                    found[call.node] = replace(earlier, also_in=(*earlier.also_in, in_loop))
+    return list(found.values())
 
 
 def _optimizer_steps(facts: "ScriptFacts") -> List[CallSite]:
@@ -1332,6 +1341,12 @@ def _accumulation(
                 numbers.append(bound)
         else:
             result.reads.append(use.node)
+    if not facts.host_syncs.accelerated:
+        # d2l's CPU-only `train_ch3`: on the CPU `.item()` waits for no queue.
+        result.obstacle = result.obstacle or (
+            "the script never places a tensor on an accelerator: on the CPU `.item()` "
+            "waits for nothing"
+        )
     if not result.reads and not result.obstacle:
         result.obstacle = f"`{name}` is never read: delete the accumulation instead"
     if counts and all(isinstance(n, cst.Integer) for n in numbers):
