@@ -254,7 +254,7 @@ class TensorDatasetFetchedItemByItem(Rule):
             if arg is not None and not is_literal(arg.value, None):
                 return f"`{given}` is given: the loader's batches are not the default ones"
         size = option(call, "batch_size")
-        if size is None or is_literal(size.value, 1):
+        if size is None or _always_one(self.facts, size.value):
             return "batches of one item: there is nothing to fetch at once"
         shuffle = option(call, "shuffle")
         flag = literal(shuffle.value, _NOT_LITERAL) if shuffle is not None else None
@@ -424,3 +424,14 @@ def _rewrite(call: cst.Call, batch: str, sampler: str, shuffled: bool) -> cst.Ca
         )
     fixed = call.with_changes(args=args)
     return fixed
+
+
+def _always_one(facts, node: cst.BaseExpression) -> bool:
+    """`1`, or a name every assignment binds to 1 (d2l's `batch_size, num_epochs, lr = 1,
+    100, 0.003`)."""
+    if is_literal(node, 1):
+        return True
+    if not isinstance(node, cst.Name):
+        return False
+    values = [a.value for a in facts.assignments_to(node.value)]
+    return bool(values) and all(is_literal(value, 1) for value in values)
