@@ -126,7 +126,8 @@ class LossItemSynchronizesEveryStep(Rule):
 
         A fix must pay: not rewritten (reported, naming the call) when another host sync
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
-        `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `torch.cuda.synchronize()`,
+        `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `.type(torch.LongTensor)`,
+        `torch.cuda.synchronize()`,
         `empty_cache()`, or a device value printed, formatted or tested: `print(loss)`,
         `if torch.isnan(loss):`; or `.item()`/`.tolist()` in a function of the file that the
         loop calls on every step, such as a gradient norm; or host data made on every step

@@ -52,7 +52,8 @@ class DeviceValueSynchronizesEveryStep(Rule):
     What it does:
         Reports every host synchronisation on every step of a training loop other than the
         loss's `.item()` (OPT202) and `torch.cuda.synchronize()`/`empty_cache()` (OPT703):
-        `.item()` of a metric, `.tolist()` and `.cpu()` of device tensors, printing one
+        `.item()` of a metric, `.tolist()`, `.cpu()` and `.type(torch.LongTensor)` (a CPU
+        tensor type) of device tensors, printing one
         (`print(loss)`, `f"{acc:.3f}"`, `"%f" % acc`), converting one (`float(x)`,
         `math.isfinite(loss)`), and branching on one (`if torch.isnan(loss):`,
         `while err > tol:`, `assert`). The message names the value and why the host waits.

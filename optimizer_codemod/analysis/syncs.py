@@ -188,8 +188,8 @@ class HostSyncs:
     def sites(self, loop: Loop) -> Tuple[StepSync, ...]:
         """Every per-step sync of `loop`'s own body (statements not under an `if` or an inner
         loop; headers of inner `if`/`while`/`for` included, and the test of `loop` itself
-        when it is a `while`): `.item()`, `.tolist()`, `.cpu()`; `torch.cuda.synchronize()`
-        and `empty_cache()`; and reads of a device value on the host: `print(x)`, `f"{x}"`,
+        when it is a `while`): `.item()`, `.tolist()`, `.cpu()`, `.type(<CPU tensor type>)`;
+        `torch.cuda.synchronize()` and `empty_cache()`; and reads of a device value on the host: `print(x)`, `f"{x}"`,
         `"%f" % x`, `float(x)`, `math.isfinite(x)`, `if x:`, `while x > y:`, `assert x`."""
         key = id(loop.node)
         if key not in self._sites:
@@ -242,6 +242,8 @@ class HostSyncs:
                 add(node, method, receiver, statement, certain)
             elif method == "to" and self._copies_to_host(loop, node):
                 add(node, "cpu", node.func.value, statement)
+            elif method == "type" and self._converts_to_host(loop, node):
+                add(node, "cpu", node.func.value, statement)
             elif isinstance(node.func, cst.Name) and node.func.value == "print":
                 for arg in node.args:
                     if not arg.keyword and self.on_device(loop, arg.value):
@@ -289,6 +291,12 @@ class HostSyncs:
             and device_kind(self.facts, target) is DeviceKind.CPU
             and bool(self.on_device(loop, call.func.value))
         )
+
+    def _converts_to_host(self, loop: Loop, call: cst.Call) -> bool:
+        """`x.type(torch.LongTensor)` of a device value: the CPU tensor type copies it to
+        the host (d2l's `y_hat.argmax(1).type(torch.LongTensor)`)."""
+        devices = tensor_type_devices(self.facts, type_conversion_target(call))
+        return devices == frozenset({"cpu"}) and self.on_device(loop, call.func.value)
 
     def _truth_reads(self, loop: Loop, test: cst.BaseExpression) -> List[cst.BaseExpression]:
         """The device values whose truth Python asks for in a test: `x`, `x > y`, `not x`,
