@@ -75,7 +75,7 @@ _TEST_CASES = re.compile(rb"^class\s+\w+\s*\([^)]*TestCase\s*[,)]", re.M)
 TEST_MODULE_SKIPPED = "a test module (exclude-tests)"
 
 
-def test_module(src: bytes, path: str) -> bool:
+def collected_by_test_runners(src: bytes, path: str) -> bool:
     """The file is what a test runner collects: its edits would buy no training time and
     could break assertions on exact values (a fused optimizer's last bits)."""
     if is_notebook(path):
@@ -100,7 +100,7 @@ def settle_without_parsing(
         return SourceRewrite(src, False, skipped="empty file")
     if has_skip_file(src):
         return SourceRewrite(src, False, skipped="# optcodemod: skip-file")
-    if exclude_tests and test_module(src, path):
+    if exclude_tests and collected_by_test_runners(src, path):
         check_syntax(src, path)
         return SourceRewrite(src, False, skipped=TEST_MODULE_SKIPPED)
     if may_contain_findings(src, rules, project):

@@ -81,7 +81,7 @@ class Settings:
     force_exclude: bool = False
     respect_gitignore: bool = True
     # Leave test suites alone: folders named `tests`, `conftest.py` (discovery.py) and test
-    # modules (api.test_module). Their edits buy no training time.
+    # modules (api.collected_by_test_runners). Their edits buy no training time.
     exclude_tests: bool = True
     why_not: bool = False
     # Where results are cached (relative to `root`); None: `.optcodemod_cache` (cache.py).

@@ -90,7 +90,7 @@ def excluded_reason(path: str, settings: Settings) -> Optional[str]:
 
 # A test suite's folder and pytest's fixture file. Files named like tests elsewhere
 # (`test_*.py`) are read first: research repositories name evaluation scripts so
-# (api.test_module).
+# (api.collected_by_test_runners).
 def test_path_reason(name: str, is_dir: bool) -> Optional[str]:
     """Why a file or folder of this name is left alone as part of a test suite, else None."""
     if is_dir:

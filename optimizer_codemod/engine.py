@@ -67,7 +67,7 @@ class RewriteOptions:
     precision: str = DEFAULT_PRECISION
     target_device: str = DEFAULT_TARGET_DEVICE
     why_not: bool = False  # rules also say which sites they examined and left alone, and why
-    exclude_tests: bool = True  # a test module is left alone (api.test_module)
+    exclude_tests: bool = True  # a test module is left alone (api.collected_by_test_runners)
     # What the other modules of the run tell this file (analysis/project.py's ProjectFacts),
     # from the project index the runner builds; None for a file on its own.
     project: Any = None

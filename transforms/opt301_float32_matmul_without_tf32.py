@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.precision import (
     setting_placement,
     reduced_precision_use,
     setting_statement,
+    trains_elsewhere_on_the_cpu,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import one_training_step
@@ -200,13 +201,9 @@ class Float32MatmulWithoutTF32(Rule):
                 '`torch.set_float32_matmul_precision("high")` in the script that runs it',
             )
             return
-        if elsewhere is not None and backward is None and not elsewhere.accelerator:
-            self.decline(
-                anchor.node,
-                f"neither this script nor {', '.join(elsewhere.modules)}, whose loop it runs, "
-                "places a tensor or module on an accelerator or names one: it trains on the "
-                f"CPU, where the setting changes nothing",
-            )
+        on_the_cpu = trains_elsewhere_on_the_cpu(facts) if backward is None else None
+        if on_the_cpu is not None:
+            self.decline(anchor.node, f"{on_the_cpu}, where the setting changes nothing")
             return
         if backward is not None and not mentions_accelerator(facts):
             self.decline(

@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.precision import (
     setting_placement,
     setting_statement,
     shape_variation,
+    trains_elsewhere_on_the_cpu,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import one_training_step
@@ -184,13 +185,9 @@ class CudnnBenchmarkDisabled(Rule):
                 "`torch.backends.cudnn.benchmark = True` in the script that runs it",
             )
             return
-        if elsewhere is not None and not elsewhere.accelerator:
-            self.decline(
-                first,
-                f"neither this script nor {', '.join(elsewhere.modules)}, whose loop it runs, "
-                "places a tensor or module on an accelerator or names one: it trains on the "
-                f"CPU, where cuDNN is never called",
-            )
+        on_the_cpu = trains_elsewhere_on_the_cpu(facts)
+        if on_the_cpu is not None:
+            self.decline(first, f"{on_the_cpu}, where cuDNN is never called")
             return
         if elsewhere is None and not mentions_accelerator(facts):
             self.decline(

@@ -11,10 +11,10 @@ from optimizer_codemod.analysis.entry_points import (
     placed_device,
     rebound_after_placement,
 )
-from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.gradients import SECOND_DERIVATIVE_CALLS, double_backward_calls
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
+    data_parallel_wrapping,
     RECURRENT_LAYERS,
     class_without_forward,
     model_run_only_through_methods,
@@ -35,8 +35,6 @@ from optimizer_codemod.analysis.training import (
 )
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
-
-_DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel")
 
 SCRIPT = """\
 import torch
@@ -301,16 +299,14 @@ class ModelTrainedWithoutCompile(Rule):
                 "methods (and its submodules), which `Module.compile()` leaves eager, so "
                 "nothing would be compiled"
             )
-        for call in self.facts.calls_to(*_DATA_PARALLEL):
-            args = call.node.args
-            if args and (dotted_name(args[0].value) or "").split(".")[0] == model.name:
-                # CutMix's `model = torch.nn.DataParallel(model).cuda()`.
-                return (
-                    f"`{model.name}` is wrapped in `nn.DataParallel` (`{excerpt(call.node)}`), "
-                    "which replicates the module onto each GPU on every forward and runs the "
-                    "replicas in threads: PyTorch documents compiling with "
-                    "DistributedDataParallel, the supported path (OPT604), not with it"
-                )
+        wrapping = data_parallel_wrapping(self.facts, model)
+        if wrapping is not None:
+            return (
+                f"`{model.name}` is wrapped in `nn.DataParallel` (`{excerpt(wrapping.node)}`), "
+                "which replicates the module onto each GPU on every forward and runs the "
+                "replicas in threads: PyTorch documents compiling with "
+                "DistributedDataParallel, the supported path (OPT604), not with it"
+            )
         method = model_run_only_through_methods(self.facts, model)
         if method is not None:
             return (

@@ -6,7 +6,8 @@ from typing import List
 
 import libcst as cst
 
-from optimizer_codemod.analysis.gradients import input_gradient_names, per_sample_gradients
+from optimizer_codemod.analysis.devices import per_sample_gradients
+from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
 from optimizer_codemod.analysis.calls import keyword
 from optimizer_codemod.analysis.imports import dotted_name

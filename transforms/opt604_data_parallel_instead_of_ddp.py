@@ -5,14 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.training import DATA_PARALLEL
 from optimizer_codemod.rule import Example, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
-
-DATA_PARALLEL = (
-    "torch.nn.DataParallel",
-    "torch.nn.parallel.DataParallel",
-    "torch.nn.parallel.data_parallel.DataParallel",
-)
 
 SCRIPT = """\
 import torch

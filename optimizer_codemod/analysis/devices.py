@@ -323,6 +323,8 @@ def _looks_like_dtype(node: cst.BaseExpression) -> bool:
 _DEVICE_QUESTIONS = frozenset(
     {"torch.cuda.is_available", "torch.backends.mps.is_available", "torch.cuda.device_count"}
 )
+# Libraries that choose the device when the script is launched.
+_DEVICE_AT_LAUNCH = ("accelerate.", "lightning.", "pytorch_lightning.")
 
 
 def may_run_on_the_cpu(facts: "ScriptFacts") -> bool:
@@ -341,7 +343,7 @@ def _may_run_on_the_cpu(facts: "ScriptFacts") -> bool:
     on_cuda = False
     for call in facts.records.calls:
         if call.qualname in _DEVICE_QUESTIONS or (call.qualname or "").startswith(
-            ("accelerate.", "lightning.", "pytorch_lightning.")
+            _DEVICE_AT_LAUNCH
         ):
             return True
         if call.method == "cuda":
@@ -745,9 +747,7 @@ def _reads_fsdp_state(facts: "ScriptFacts") -> Optional[str]:
         ):
             return code_of(node)
     for call in facts.records.calls:
-        if call.qualname in ("getattr", "hasattr") or (
-            isinstance(call.node.func, cst.Name) and call.node.func.value in ("getattr", "hasattr")
-        ):
+        if isinstance(call.node.func, cst.Name) and call.node.func.value in ("getattr", "hasattr"):
             args = call.node.args
             if len(args) >= 2 and literal(args[1].value, None) in _FSDP_STATE_ATTRIBUTES:
                 return code_of(call.node)
@@ -771,6 +771,12 @@ def sharding_wrapper(facts: "ScriptFacts") -> Optional[str]:
         or dtensor_parameters(facts)
         or deepspeed_engine(facts)
     )
+
+
+def per_sample_gradients(facts: "ScriptFacts") -> Optional[str]:
+    """`opacus` where the script imports or calls it: DP-SGD's per-sample gradients, whose
+    convolution gradients assume NCHW tensors; None otherwise."""
+    return _package_named(facts, ("opacus",))
 
 
 def multithreaded_runtime(facts: "ScriptFacts") -> Optional[str]:

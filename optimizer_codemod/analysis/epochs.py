@@ -246,12 +246,13 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
 _REPORTING_WORDS = frozenset({"print", "log", "info", "scalar", "scalars", "write"})
 
 
-def _reporting_calls(facts: "ScriptFacts", tree: cst.CSTNode) -> List[cst.Call]:
-    return [
-        call
-        for call in find_all(tree, cst.Call)
-        if set((callee_name(call) or "").lower().split("_")) & _REPORTING_WORDS
-    ]
+def _reporting_calls(tree: cst.CSTNode) -> List[cst.Call]:
+    return [call for call in find_all(tree, cst.Call) if _named_with(call, _REPORTING_WORDS)]
+
+
+def _argument_reads(call: cst.Call) -> Set[str]:
+    """The names the call's arguments read."""
+    return {name for arg in call.args for name in _reads_and_binds(arg.value)[0]}
 
 
 def _summarises_what_body_reports(
@@ -259,10 +260,7 @@ def _summarises_what_body_reports(
 ) -> bool:
     """Every statement of `block` is a call that prints or logs, and every name its
     arguments read is also read by a printing or logging call of the loop body."""
-    shown: Set[str] = set()
-    for call in _reporting_calls(facts, body):
-        for arg in call.args:
-            shown |= _reads_and_binds(arg.value)[0]
+    shown = {name for call in _reporting_calls(body) for name in _argument_reads(call)}
     for statement in block:
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         if not (
@@ -270,12 +268,10 @@ def _summarises_what_body_reports(
             and len(statement.body) == 1
             and isinstance(small, cst.Expr)
             and isinstance(small.value, cst.Call)
-            and _reporting_calls(facts, small.value) == [small.value]
+            and _reporting_calls(small.value) == [small.value]
         ):
             return False
-        read = set()
-        for arg in small.value.args:
-            read |= _reads_and_binds(arg.value)[0]
+        read = _argument_reads(small.value)
         if not read or not read <= shown:
             return False
     return True
@@ -583,14 +579,16 @@ def _is_action(facts: "ScriptFacts", statement: cst.BaseStatement) -> bool:
 
 def _action_calls(facts: "ScriptFacts", tree: cst.CSTNode) -> List[cst.Call]:
     """Calls in `tree` that validate, evaluate, log or save (see ACTION_WORDS)."""
-    found = []
-    for call in find_all(tree, cst.Call):
-        name = callee_name(call)
-        if facts.qualified_name(call.func) == "torch.save" or (
-            name and set(name.lower().split("_")) & ACTION_WORDS
-        ):
-            found.append(call)
-    return found
+    return [
+        call
+        for call in find_all(tree, cst.Call)
+        if facts.qualified_name(call.func) == "torch.save" or _named_with(call, ACTION_WORDS)
+    ]
+
+
+def _named_with(call: cst.Call, words: frozenset) -> bool:
+    """The callee's name holds one of `words` between underscores (`log_validation`)."""
+    return bool(set((callee_name(call) or "").lower().split("_")) & words)
 
 
 def _eval_mode_problem(

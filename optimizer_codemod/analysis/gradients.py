@@ -256,12 +256,3 @@ def _inside(table, node: Optional[cst.CSTNode], statements: Set[int]) -> bool:
             return True
         node = table.get(node)
     return False
-
-
-def per_sample_gradients(facts: "ScriptFacts") -> Optional[str]:
-    """The Opacus import by which the script computes per-sample gradients (DP-SGD), as
-    written; None without one. Its convolution gradients assume NCHW tensors."""
-    for binding in facts.imports.bindings:
-        if binding.target == "opacus" or binding.target.startswith("opacus."):
-            return binding.target
-    return None

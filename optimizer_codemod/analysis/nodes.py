@@ -47,6 +47,14 @@ def find_all(tree: cst.CSTNode, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
     return found
 
 
+def root_name(node: cst.BaseExpression) -> Optional[str]:
+    """The name an attribute, subscript or call chain starts from: `model` of
+    `model.parameters()`, `model.module.head` and `model[0]`; None for anything else."""
+    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
 def is_name(node: cst.CSTNode, value: str) -> bool:
     return isinstance(node, cst.Name) and node.value == value
 

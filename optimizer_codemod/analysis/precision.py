@@ -23,6 +23,7 @@ from optimizer_codemod.analysis.calls import (
     receiver,
 )
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import root_name
 from optimizer_codemod.analysis.padding import hand_padding, pads_by_hand
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.training import builds_module
@@ -143,6 +144,19 @@ def loops_elsewhere(facts: "ScriptFacts"):
     decide (project.LoopsElsewhere); None otherwise, or without a project index."""
     project = getattr(facts, "project", None)
     return project.loops if project is not None else None
+
+
+def trains_elsewhere_on_the_cpu(facts: "ScriptFacts") -> Optional[str]:
+    """Why the training loops this script runs in other modules train on the CPU: neither
+    it nor those modules place or name an accelerator (LoopsElsewhere.accelerator); None
+    when one of them may, or the script runs no loop elsewhere."""
+    loops = loops_elsewhere(facts)
+    if loops is None or loops.accelerator:
+        return None
+    return (
+        f"neither this script nor {', '.join(loops.modules)}, whose loop it runs, places a "
+        "tensor or module on an accelerator or names one: it trains on the CPU"
+    )
 
 
 def imported_decider(facts: "ScriptFacts", setting: str) -> str:
@@ -305,7 +319,7 @@ def sixteen_bit_conversion(
     `model.parameters()`), a module built in a 16-bit dtype (`from_pretrained(torch_dtype=
     torch.float16)`), or a 16-bit default dtype. Tensors cast for a benchmark (yolov5's
     profiler) and autocast keep the parameters in float32."""
-    owner = _root_name(optimized) if optimized is not None else None
+    owner = root_name(optimized) if optimized is not None else None
     for call in facts.records.calls:
         node = call.node
         if call.qualname == "torch.set_default_dtype" and node.args:
@@ -317,7 +331,7 @@ def sixteen_bit_conversion(
             call.method == "to" and any(_sixteen_bit(facts, arg.value) for arg in node.args)
         )
         if casts and inner is not None:
-            if owner is not None and _root_name(inner) == owner:
+            if owner is not None and root_name(inner) == owner:
                 return node
             if builds_module(facts, inner):
                 return node
@@ -326,13 +340,6 @@ def sixteen_bit_conversion(
         ) and builds_module(facts, node):
             return node
     return None
-
-
-def _root_name(node: cst.BaseExpression) -> Optional[str]:
-    """`model` of `model.parameters()`, `model.module.head`, `self` of `self.net`."""
-    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
-        node = node.func if isinstance(node, cst.Call) else node.value
-    return node.value if isinstance(node, cst.Name) else None
 
 
 def _sixteen_bit(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:

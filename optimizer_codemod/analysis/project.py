@@ -76,6 +76,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import callee_name, excerpt
+from optimizer_codemod.analysis.devices import mentions_accelerator
 from optimizer_codemod.analysis.handoffs import (
     LoopingFunction,
     callee_key,
@@ -1595,8 +1596,6 @@ def _loops_elsewhere(module: _Module, files: Dict[str, _Module]) -> Optional[Loo
             methods.add(call.method)
         elif name is not None:
             functions.add(name)
-    from optimizer_codemod.analysis.devices import mentions_accelerator
-
     placing = [module, *(files[p] for p in runs)]
     return LoopsElsewhere(
         modules=tuple(sorted(files[p].label for p in runs)),

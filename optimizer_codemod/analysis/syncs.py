@@ -189,8 +189,9 @@ class HostSyncs:
         """Every per-step sync of `loop`'s own body (statements not under an `if` or an inner
         loop; headers of inner `if`/`while`/`for` included, and the test of `loop` itself
         when it is a `while`): `.item()`, `.tolist()`, `.cpu()`, `.type(<CPU tensor type>)`;
-        `torch.cuda.synchronize()` and `empty_cache()`; and reads of a device value on the host: `print(x)`, `f"{x}"`,
-        `"%f" % x`, `float(x)`, `math.isfinite(x)`, `if x:`, `while x > y:`, `assert x`."""
+        `torch.cuda.synchronize()` and `empty_cache()`; and reads of a device value on the
+        host: `print(x)`, `f"{x}"`, `"%f" % x`, `float(x)`, `math.isfinite(x)`, `if x:`,
+        `while x > y:`, `assert x`."""
         key = id(loop.node)
         if key not in self._sites:
             self._sites[key] = tuple(self._find(loop))

@@ -36,7 +36,8 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.collect import is_main_guard, target_names
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.epochs import body_holding
+from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
 from optimizer_codemod.analysis.parameter_loops import (
     iterated_parameter_calls,
     parameter_update_loops,
@@ -90,6 +91,12 @@ DATA_PARALLEL_WRAPPERS = frozenset(
         "torch.nn.parallel.DataParallel",
         "torch.distributed.fsdp.FullyShardedDataParallel",
     }
+)
+# `nn.DataParallel`, under the names a qualified name resolves it to.
+DATA_PARALLEL = (
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
 )
 # DistributedDataParallel's constructor, as a qualified name resolves it.
 DDP_CLASSES = (
@@ -897,11 +904,11 @@ def initialised_after(
     weights in place (`model.apply(weights_init)`, `nn.init.normal_(model.fc.weight)`); None
     when none does. A memory-format conversion must come after it: a random initialiser
     fills a channels_last tensor in another order, so a seeded run starts elsewhere."""
-    block = facts.parents.get(anchor)
-    body = getattr(block, "body", None)
-    if not isinstance(body, (list, tuple)) or anchor not in body:
+    block = body_holding(facts, anchor)
+    if block is None:
         return None
-    later = body[list(body).index(anchor) + 1 :]
+    statements = list(block.body)
+    later = statements[statements.index(anchor) + 1 :]
     found = None
     for statement in later:
         for node in find_all(statement, cst.Call):
@@ -911,10 +918,19 @@ def initialised_after(
             if call.method == "apply" and call.receiver == model.name:
                 found = statement
             elif (call.qualname or "").startswith(_IN_PLACE_INIT_PREFIX) and node.args:
-                root = dotted_name(node.args[0].value) or ""
-                if root.split(".")[0] == model.name:
+                if root_name(node.args[0].value) == model.name:
                     found = statement
     return found
+
+
+def data_parallel_wrapping(facts: "ScriptFacts", model: TrainedModel) -> Optional["CallSite"]:
+    """`nn.DataParallel(model)` (`torch.nn.DataParallel(model).cuda()`, CutMix's): the
+    construction that wraps the model, None when none does."""
+    for call in facts.calls_to(*DATA_PARALLEL):
+        args = positional(call.node)
+        if args and root_name(args[0].value) == model.name:
+            return call
+    return None
 
 
 def runs_once(facts: "ScriptFacts", call: "CallSite") -> bool:

@@ -66,6 +66,7 @@ from optimizer_codemod.analysis.loaders import (
     parameter_copies,
 )
 from optimizer_codemod.analysis.script import DATALOADER, derived_root
+from optimizer_codemod.analysis.training import runs_once
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
     every_call,
@@ -1204,8 +1205,6 @@ def host_creations_moved(facts: "ScriptFacts") -> List[HostCreation]:
     numbers for mean and std (tensors decide its device). Random draws inside
     `torch.random.fork_rng()` or beside a `torch.manual_seed(...)` in the same loop or
     function body are left too: they are meant to come from the CPU's generator."""
-    from optimizer_codemod.analysis.training import runs_once
-
     found: List[HostCreation] = []
     forked: Optional[Set[cst.CSTNode]] = None
     for move in facts.method_calls("to") + facts.method_calls("cuda"):
