@@ -59,10 +59,35 @@ HOST_BUILTINS = frozenset({"float", "int", "len", "bool", "str"})
 # Tensor methods and attributes whose result is no tensor on the device: host values, a copy
 # on the host (`.cpu()`, `.numpy()` of one), or facts about the tensor.
 OFF_DEVICE_METHODS = HOST_METHODS | frozenset(
-    {"cpu", "numpy", "stride", "data_ptr", "get_device", "is_contiguous", "is_floating_point"}
+    {
+        "cpu",
+        "numpy",
+        "stride",
+        "data_ptr",
+        "get_device",
+        "is_contiguous",
+        "is_floating_point",
+        "is_complex",
+        "is_pinned",
+        "is_set_to",
+    }
 )
 HOST_ATTRIBUTES = frozenset(
-    {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_leaf", "names"}
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "is_cuda",
+        "requires_grad",
+        "layout",
+        "is_leaf",
+        "names",
+        "grad_fn",
+        "is_sparse",
+        "is_quantized",
+        "is_meta",
+    }
 )
 NOT_TENSOR_NAMESPACES = (
     "torch.cuda.",

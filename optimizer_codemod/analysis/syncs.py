@@ -306,6 +306,8 @@ class HostSyncs:
             return self._truth_reads(loop, test.left) + self._truth_reads(loop, test.right)
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return self._truth_reads(loop, test.expression)
+        if _identity_test(test):
+            return []
         return [test] if self.on_device(loop, test) else []
 
     # Accumulations ----------------------------------------------------------------------
@@ -1219,6 +1221,13 @@ def metric_type(facts: "ScriptFacts", value: cst.BaseExpression) -> Optional[str
     if isinstance(inner, cst.Call) and method_name(inner) in ("float", "double"):
         return "float" if facts.qualified_name(inner.func) is None and not inner.args else None
     return None
+
+
+def _identity_test(test: cst.BaseExpression) -> bool:
+    """`x is None`, `a is not b`: Python compares the objects, never a tensor's value."""
+    return isinstance(test, cst.Comparison) and all(
+        isinstance(target.operator, (cst.Is, cst.IsNot)) for target in test.comparisons
+    )
 
 
 def _boolean(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
