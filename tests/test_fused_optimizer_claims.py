@@ -113,3 +113,22 @@ def test_fused_sgd_on_the_cpu_leaves_16_bit_parameters_almost_unchanged() -> Non
         _, unfused, fused = sgd.split()
         assert int(unfused) > 4000 and int(fused) < 100  # only the tail past the vectors
         assert [int(n) > 4000 for n in adam.split()[1:]] == [True, True]
+
+
+def test_fused_adam_over_float16_parameters_stays_finite_where_foreach_adam_does_not() -> None:
+    """The page says the fix changes more than the last bits over float16 parameters: the
+    fused kernel does its arithmetic in float32, while foreach Adam's float16 `eps` (1e-8)
+    rounds to 0 and a small gradient's update divides by zero."""
+    out = _run("""
+        for fused in (False, True):
+            p = nn.Parameter(torch.ones(8, dtype=torch.float16))
+            if fused:
+                optimizer = torch.optim.Adam([p], lr=1e-3, fused=True)
+            else:
+                optimizer = torch.optim.Adam([p], lr=1e-3, foreach=True)
+            for _ in range(3):
+                p.grad = torch.full((8,), 1e-5, dtype=torch.float16)
+                optimizer.step()
+            print("fused" if fused else "foreach", bool(p.isfinite().all()))
+        """)
+    assert out.split("\n")[:2] == ["foreach False", "fused True"]

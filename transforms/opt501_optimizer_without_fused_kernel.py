@@ -63,7 +63,12 @@ class OptimizerWithoutFusedKernel(Rule):
 
     Fix safety:
         `numerics`: the fused kernel performs the same update in a different order of
-        floating-point operations, so parameters differ in the last bits. Never applied to
+        floating-point operations, so parameters differ in the last bits. Over float16
+        parameters the difference can be larger: the fused Adam and AdamW kernels do their
+        arithmetic in float32, while the foreach ones do it in float16, where `eps=1e-8`
+        rounds to 0, so a gradient of 1e-5 makes foreach Adam's parameters infinite and
+        fused Adam's stay finite (torch 2.13, tests/test_fused_optimizer_claims.py): the
+        fixed script may keep training where the original diverged. Never applied to
         optimizers without a fused kernel (Adadelta, RMSprop, LBFGS, custom classes), when
         options arrive through `*args`/`**kwargs` (they may already carry `fused`), when
         `foreach` or `differentiable` is set, or when the script uses sparse gradients. Needs
