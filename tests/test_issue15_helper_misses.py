@@ -238,8 +238,23 @@ def test_a_loss_run_through_accelerator_backward_is_the_loss() -> None:
     assert "        print(float(total_loss))\n" in result.source
 
 
-def test_a_total_read_on_every_optimizer_step_is_left_with_the_reason() -> None:
+def test_a_micro_batch_total_read_on_every_optimizer_step_is_summed_on_the_device() -> None:
+    # One read per step replaces one per micro-batch.
     source = ACCELERATED.replace("    if i % 100 == 0:\n        print", "    print")
+    result = rewrite(source, path="train.py", select=["OPT202"], unsafe_fixes=True)
+    assert "        total_loss += loss.detach().float()\n" in result.source
+    assert "    print(float(total_loss))\n" in result.source
+
+
+def test_a_total_read_on_every_micro_batch_is_left_with_the_reason() -> None:
+    source = ACCELERATED.replace(
+        "    if i % 100 == 0:\n        print(total_loss)",
+        "    pass",
+    ).replace(
+        "        total_loss += loss.item()\n",
+        "        total_loss += loss.item()\n        print(total_loss)\n",
+    )
+    assert source.count("print(total_loss)") == 1
     result = rewrite(source, path="train.py", select=["OPT202"], unsafe_fixes=True)
     assert not result.changed
     (finding,) = result.diagnostics

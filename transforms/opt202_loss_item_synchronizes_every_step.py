@@ -58,9 +58,11 @@ class LossItemSynchronizesEveryStep(Rule):
         The loss is what `loss.backward()`, `scaler.scale(loss).backward()` or a trainer
         library's `accelerator.backward(loss)` (Accelerate's `Accelerator`, Lightning's
         `Fabric`) runs backward on. With gradient accumulation (backward in an inner
-        micro-step loop, the optimizer step after it), a read in the loop around it runs
-        on every optimizer step: a total read there is left alone (reported), and a
-        `loss.item()` there is reported. So is one under an `if` that only asks which
+        micro-step loop, the optimizer step after it), a total summed in the micro-step
+        loop and read in the loop around it is rewritten: it then syncs once per optimizer
+        step instead of once per micro-batch, and the micro-batches' kernels queue without
+        waiting for each other (imagen's trainer). A `loss.item()` in the loop around it
+        runs on every optimizer step and is reported. So is one under an `if` that only asks which
         process this is (yolov5's `if RANK in {-1, 0}:`, `if master_process:`): that process
         reads it on every step, and the others wait for it at the next all-reduce.
 
@@ -102,8 +104,8 @@ class LossItemSynchronizesEveryStep(Rule):
         summed in its own low precision. Every read of the total becomes `float(total)`, so
         code that appends, compares, returns or passes it on still sees a Python float (a
         total never added to stays `0.0`, which `float` accepts). Not rewritten (reported
-        instead) when the total is read on every step of the training loop (that read would
-        wait for the device anyway), when it is bound to anything but number literals and
+        instead) when the total is read on every iteration of the loop that sums it (that
+        read would wait for the device as often), when it is bound to anything but number literals and
         its own accumulations, when the same statement adds `.item()` of something else, or
         when a nested function, lambda or class uses it. Per-step `.item()` of the loss for
         other purposes is only reported: printing less often changes what the script shows.
