@@ -132,3 +132,45 @@ def test_fused_adam_over_float16_parameters_stays_finite_where_foreach_adam_does
             print("fused" if fused else "foreach", bool(p.isfinite().all()))
         """)
     assert out.split("\n")[:2] == ["foreach False", "fused True"]
+
+
+def test_sharded_grad_scaler_after_unscale_makes_a_fused_step_raise() -> None:
+    """dinov2's step (unscale_, clip, step) with its ShardedGradScaler: unfused it steps, fused
+    it raises."""
+    out = _run("""
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        for fused in (None, True):
+            model = nn.Linear(4, 4)
+            optimizer = torch.optim.AdamW(model.parameters(), fused=fused)
+            scaler = ShardedGradScaler(device="cpu")
+            scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+            scaler.unscale_(optimizer)
+            try:
+                scaler.step(optimizer)
+                print(fused, "steps")
+            except RuntimeError:
+                print(fused, "raises")
+        """)
+    assert out.split("\n")[:2] == ["None steps", "True raises"]
+
+
+def test_a_state_saved_unfused_makes_a_fused_step_under_a_grad_scaler_raise() -> None:
+    """A checkpoint written before the fix loads `fused=None` back into the param groups;
+    GradScaler still hands the optimizer its scale (the class was built fused), and the
+    unfused step refuses it: a resumed run fails on its first step."""
+    out = _run("""
+        saved = torch.optim.AdamW(nn.Linear(4, 4).parameters()).state_dict()
+        for restore in (False, True):
+            model = nn.Linear(4, 4)
+            optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+            if restore:
+                optimizer.load_state_dict(saved)
+            scaler = torch.amp.GradScaler("cpu")
+            scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+            try:
+                scaler.step(optimizer)
+                print(restore, "steps")
+            except AssertionError:
+                print(restore, "raises", optimizer.param_groups[0]["fused"])
+        """)
+    assert out.split("\n")[:2] == ["False steps", "True raises None"]

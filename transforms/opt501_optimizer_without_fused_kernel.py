@@ -22,7 +22,8 @@ from optimizer_codemod.analysis.devices import (
     sharded_grad_scaler,
     xla_device_source,
 )
-from optimizer_codemod.analysis.precision import sixteen_bit_conversion
+from optimizer_codemod.analysis.checkpoints import restores_optimizer_state
+from optimizer_codemod.analysis.precision import fp16_loss_scaling, sixteen_bit_conversion
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -80,7 +81,8 @@ class OptimizerWithoutFusedKernel(Rule):
         `torch.utils._foreach_utils._get_fused_kernels_supported_devices`), not for XLA: on a TPU
         `step()` raises. A script that uses `torch_xla` itself is left alone, and so is one
         written to run on TPUs too (a branch on `DistributedType.XLA`, `is_torch_xla_available`,
-        an `_mp_fn` for `xla_spawn`, or in an Accelerate script a comment naming TPUs:
+        an `_mp_fn` for `xla_spawn`, pytorch-ignite's `backend="xla-tpu"`, or in an
+        Accelerate script a comment naming TPUs:
         Accelerate's examples and test scripts); in one whose
         device an Accelerate `Accelerator` picks at launch (`accelerate config` may choose a
         TPU with no change to the file, and Accelerate's own examples say they run there)
@@ -106,7 +108,17 @@ class OptimizerWithoutFusedKernel(Rule):
         alone, with `.cuda()` and no `is_available()` fallback): torch 2.13's fused SGD
         kernel for the CPU updates only the last few elements of each 16-bit tensor, so a
         run on the CPU would silently stop training (fused Adam, AdamW and Adagrad update
-        them all; airbench's fp16 SGD on CUDA is fused by its author). tests/test_fused_optimizer_claims.py runs each
+        them all; airbench's fp16 SGD on CUDA is fused by its author). A script that may
+        resume, loading saved optimizer state (`optimizer.load_state_dict`, a helper named for
+        loading, resuming or restoring that is handed the optimizer, Accelerate's
+        `load_state`), under fp16 loss scaling (a GradScaler, Accelerate's
+        `mixed_precision="fp16"`) is left alone: a state saved before the fix loads
+        `fused=None` back, and GradScaler's next step raises (vits resumes from its latest
+        checkpoint). Without loss scaling such a resume only turns the fused kernel off again.
+        An optimizer a LightningModule's `configure_optimizers` builds is left alone: under
+        mixed precision with `gradient_clip_val`, both set on the Trainer, Lightning raises for
+        a fused optimizer. A ShardedGradScaler built in a module of the run the script imports
+        (dinov2's `SSLMetaArch`) counts as the script's own. tests/test_fused_optimizer_claims.py runs each
         of these on the installed torch.
 
     Expected gain:
@@ -173,7 +185,7 @@ class OptimizerWithoutFusedKernel(Rule):
                     call, "the script uses sparse gradients, which fused kernels do not take"
                 )
                 continue
-            reason = _why_fused_would_fail(self.facts, label, call)
+            reason = _why_fused_would_fail(self.facts, label, site)
             if reason is not None:
                 self.decline(call, reason)
                 continue
@@ -196,10 +208,12 @@ class OptimizerWithoutFusedKernel(Rule):
             )
 
 
-def _why_fused_would_fail(facts, label: str, call: cst.Call) -> "str | None":
+def _why_fused_would_fail(facts, label: str, site) -> "str | None":
     """Where the parameters or the loss scaler make a fused step raise or change what the
     script sees: XLA devices, DTensor parameters (SGD and Adagrad), FSDP's sharded loss
-    scaler, and Accelerate's skipped-step flag."""
+    scaler, Lightning's clipping under mixed precision, an unfused state resumed under a
+    GradScaler, and Accelerate's skipped-step flag."""
+    call = site.node
     if xla_device_source(facts) == "torch_xla":
         return (
             "the script uses torch_xla: fused optimizers have no XLA kernel, and `step()` "
@@ -239,7 +253,27 @@ def _why_fused_would_fail(facts, label: str, call: cst.Call) -> "str | None":
             f"the script may scale fp16 losses with FSDP's ShardedGradScaler (`{scaler}`), "
             "which all-reduces the overflow flag across ranks in `unscale_`; for a fused "
             "optimizer `GradScaler.step` checks each rank's gradients alone, so ranks could "
-            "disagree on skipping a step and on the loss scale"
+            "disagree on skipping a step and on the loss scale, and after `unscale_` (to clip "
+            "gradients) the fused step raises (torch 2.13)"
+        )
+    function = site.site.function
+    if isinstance(function, cst.FunctionDef) and function.name.value == "configure_optimizers":
+        return (
+            "a LightningModule's optimizer: under mixed precision Lightning refuses gradient "
+            "clipping with a fused optimizer (`MixedPrecision.clip_gradients` raises), and "
+            "the Trainer's `precision` and `gradient_clip_val` are set where this file does "
+            "not show them (a config, the command line); add `fused=True` by hand where "
+            "they allow it"
+        )
+    scaling = fp16_loss_scaling(facts)
+    restored = restores_optimizer_state(facts, call) if scaling is not None else None
+    if restored is not None:
+        return (
+            f"the script may resume (`{excerpt(restored)}`): a state saved before this change "
+            "loads `fused=None` back into the optimizer, and under fp16 loss scaling "
+            f"(`{excerpt(scaling)}`) its first step then raises (torch 2.13: AssertionError "
+            "in the unfused step); add `fused=True` by hand once no such checkpoint is "
+            "resumed"
         )
     skipped = reads_skipped_steps(facts)
     if skipped is not None:

@@ -3,6 +3,7 @@ Accelerate's `accelerator.save_state(dir)` and Lightning Fabric's `fabric.save(p
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Collection, List, Optional, Tuple
 
 import libcst as cst
@@ -57,3 +58,38 @@ def holds_instance(
         if param.name.value == name and param.annotation is not None:
             return facts.qualified_name(param.annotation.annotation) in classes
     return False
+
+
+# Words in the name of a function that, handed an optimizer, may load saved state into it.
+_RESTORING_WORDS = re.compile(r"load|resume|restore", re.IGNORECASE)
+
+
+def restores_optimizer_state(facts: "ScriptFacts", optimizer: cst.Call) -> Optional[cst.Call]:
+    """A call that may load saved state into the optimizer `optimizer` builds: a
+    `load_state_dict` on the name it is bound to or on any name that says it holds an
+    optimizer (a helper's `optimizer.load_state_dict(ckpt["optimizer"])`), a function named
+    for loading, resuming or restoring that is handed that name (vits's
+    `utils.load_checkpoint(path, net_g, optim_g)`), or Accelerate's `load_state`; None when
+    nothing does."""
+    bound = facts.assignment_of(optimizer)
+    name = bound.target if bound is not None else None
+    last = name.rsplit(".", 1)[-1] if name is not None else None
+    for call in facts.records.calls:
+        if call.method == "load_state_dict" and call.receiver is not None:
+            held = call.receiver.rsplit(".", 1)[-1]
+            if call.receiver == name or held == last or "optim" in held.lower():
+                return call.node
+        elif call.method == "load_state" and call.receiver is not None:
+            if holds_instance(facts, call.node.func.value, call.site.function, (ACCELERATOR,)):
+                return call.node
+        elif name is not None and _RESTORING_WORDS.search(_called_name(call.node) or ""):
+            if any(dotted_name(arg.value) == name for arg in call.node.args):
+                return call.node
+    return None
+
+
+def _called_name(call: cst.Call) -> Optional[str]:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else None

@@ -665,6 +665,10 @@ def declares_xla_runs(facts: "ScriptFacts") -> Optional[str]:
     return memo[None]
 
 
+# Backend names that launch on TPUs: pytorch-ignite's `idist.Parallel(backend="xla-tpu")`.
+_XLA_BACKEND_NAMES = frozenset({"xla-tpu"})
+
+
 def _declared_xla(facts: "ScriptFacts") -> Optional[str]:
     if "_mp_fn" in facts.top_level_definitions:
         return "def _mp_fn"
@@ -672,6 +676,9 @@ def _declared_xla(facts: "ScriptFacts") -> Optional[str]:
         spelled = dotted_name(node) or ""
         if any(spelled == s or spelled.endswith("." + s) for s in _XLA_SPELLINGS):
             return spelled
+    for node in find_all(facts.module, cst.SimpleString):
+        if literal(node, None) in _XLA_BACKEND_NAMES:
+            return node.value
     return None
 
 
@@ -744,17 +751,31 @@ _SHARDED_SCALER_NAMES = (
 
 def sharded_grad_scaler(facts: "ScriptFacts") -> Optional[str]:
     """`ShardedGradScaler`, or Accelerate's FSDP plugin (or an `fsdp_plugin=` keyword) that
-    brings one under fp16, where the script names it; None otherwise."""
+    brings one under fp16, where the script names it, or a module of the run it imports
+    (dinov2's train.py steps with the scaler its `SSLMetaArch` builds); None otherwise."""
     memo = facts.memo("sharded_grad_scaler")
     if None not in memo:
         named = _package_named(facts, _SHARDED_SCALER_NAMES)
+        project = facts.project
+        imported = project.decided_by("sharded_grad_scaler") if project is not None else ""
         memo[None] = (
             named.rsplit(".", 1)[-1]
             if named is not None
             else _keyword_named(facts, lambda arg: arg.keyword.value == "fsdp_plugin")
             or _reads_fsdp_state(facts)
+            or (f"ShardedGradScaler in {imported}" if imported else None)
         )
     return memo[None]
+
+
+def names_sharded_grad_scaler(facts: "ScriptFacts") -> bool:
+    """This file itself names a ShardedGradScaler or the FSDP state that brings one (the
+    project index tells the files that import it)."""
+    return (
+        _package_named(facts, _SHARDED_SCALER_NAMES) is not None
+        or _keyword_named(facts, lambda arg: arg.keyword.value == "fsdp_plugin") is not None
+        or _reads_fsdp_state(facts) is not None
+    )
 
 
 # Accelerate's state says FSDP is on: `accelerator.state.fsdp_plugin` (also through

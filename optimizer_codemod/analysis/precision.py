@@ -537,3 +537,15 @@ def environment_step(facts: "ScriptFacts") -> Optional["CallSite"]:
         if call.method == "step" and "env" in receiver:
             return call
     return None
+
+
+def fp16_loss_scaling(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """What scales fp16 losses in the script: a GradScaler it builds, or Accelerate's
+    `mixed_precision="fp16"` (which builds one); None otherwise."""
+    for call in facts.records.calls:
+        if call.qualname in GRAD_SCALERS or call.method == "GradScaler":
+            return call.node
+        mixed = keyword(call.node, "mixed_precision")
+        if mixed is not None and literal(mixed.value, None) == "fp16":
+            return call.node
+    return None

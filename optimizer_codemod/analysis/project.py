@@ -171,6 +171,7 @@ class Settings:
     recurrent_layers: bool = False
     sparse_tensors: bool = False
     deepspeed: bool = False  # hands a model to DeepSpeed (devices.hands_models_to_deepspeed)
+    sharded_grad_scaler: bool = False  # builds FSDP's ShardedGradScaler (OPT501)
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -1045,7 +1046,10 @@ def _methods(facts, class_name: str) -> Set[str]:
 # One module's facts --------------------------------------------------------------------------
 def _settings(facts) -> Settings:
     from optimizer_codemod.analysis import precision
-    from optimizer_codemod.analysis.devices import hands_models_to_deepspeed
+    from optimizer_codemod.analysis.devices import (
+        hands_models_to_deepspeed,
+        names_sharded_grad_scaler,
+    )
     from optimizer_codemod.analysis.gradients import bucket_view_hazards, double_backward_calls
     from optimizer_codemod.analysis.training import compile_hazards
 
@@ -1060,6 +1064,7 @@ def _settings(facts) -> Settings:
         breaks_bucket_views=bool(bucket_view_hazards(facts)),
         differentiates_twice=bool(double_backward_calls(facts)),
         deepspeed=hands_models_to_deepspeed(facts),
+        sharded_grad_scaler=names_sharded_grad_scaler(facts),
         **compile_hazards(facts),
     )
 

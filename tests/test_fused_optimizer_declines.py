@@ -1,0 +1,73 @@
+"""OPT501 declines found reading fresh repositories (round 3): a ShardedGradScaler built in
+another module of the run (dinov2's `SSLMetaArch.fp16_scaler`), read through the project
+index."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import List
+
+from optimizer_codemod import runner
+from optimizer_codemod.config import Settings
+
+ARCH = textwrap.dedent("""\
+    import torch.nn as nn
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+
+    class MetaArch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 4)
+            self.fp16_scaler = ShardedGradScaler()
+    """)
+
+TRAIN = textwrap.dedent("""\
+    import torch
+    from arch import MetaArch
+
+
+    def main():
+        model = MetaArch().cuda()
+        scaler = model.fp16_scaler
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for x in loader:
+            scaler.scale(model.net(x.cuda()).sum()).backward()
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+
+
+    if __name__ == "__main__":
+        main()
+    """)
+
+
+def opt501(folder: Path, files: List[str]) -> List[str]:
+    settings = Settings(root=str(folder), why_not=True, select=["OPT501"])
+    paths = [str(folder / name) for name in files]
+    found = []
+    for outcome in runner.run(paths, settings, runner.Mode(write=False, diff=True), jobs=1):
+        assert outcome.error is None, outcome.error
+        if outcome.path.endswith("train.py"):
+            found += [f"{d.status.value}: {d.message}" for d in outcome.diagnostics]
+    return found
+
+
+def test_a_sharded_grad_scaler_of_an_imported_module_keeps_the_optimizer_unfused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "arch.py").write_text(ARCH)
+    (tmp_path / "train.py").write_text(TRAIN)
+    (finding,) = opt501(tmp_path, ["arch.py", "train.py"])
+    assert "ShardedGradScaler in arch.py" in finding, finding
+    assert not finding.startswith("fixed")
+
+
+def test_without_the_scaler_module_the_optimizer_is_fused(tmp_path: Path) -> None:
+    arch = ARCH.replace("ShardedGradScaler()", "None").replace("from torch.distributed", "# ")
+    (tmp_path / "arch.py").write_text(arch)
+    (tmp_path / "train.py").write_text(TRAIN)
+    (finding,) = opt501(tmp_path, ["arch.py", "train.py"])
+    assert finding.startswith("fixed"), finding
