@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, is_literal, with_keyword
+from optimizer_codemod.analysis.calls import code_of, excerpt, is_literal, with_keyword
 from optimizer_codemod.analysis.devices import multithreaded_runtime
 from optimizer_codemod.analysis.loaders import (
     DatasetKind,
@@ -15,8 +15,11 @@ from optimizer_codemod.analysis.loaders import (
     dataset_kind,
     dataset_mutated,
     in_memory_dataset_class,
+    ITERATED_WITHIN_ITS_LOOP,
+    iterated_within_its_own_loop,
     module_name,
     opens_handles_when_built,
+    own_random_generator,
     by_options_dict,
     fixes_every_loader,
     hidden_options_reason,
@@ -114,7 +117,16 @@ class DataloaderInMainProcess(Rule):
         followed to their values), a dataset changed from outside after it is built (`dataset.set_epoch(...)`:
         persistent workers keep their own copy), or one whose `__init__` keeps an open file,
         HDF5, LMDB or database handle (forked workers would share its state and read garbage;
-        open it lazily in `__getitem__`). Options built in a dict (`loader_args = dict(...)` or
+        open it lazily in `__getitem__`), or one that keeps its own random generator
+        (`self.rng = random.Random(911)`, also NumPy's and torch's: PyTorch seeds the
+        `random` module and NumPy's and torch's global generators in each worker, not an
+        object the dataset holds, so every worker repeats the same draws). A dataset built
+        from a list the script fills with device tensors (`xs.append(torch.tensor(...,
+        device=device))`) counts as one of device tensors. Never for a loader that a loop
+        over it hands to a call or iterates again (`evaluate(loader)` in the middle of an
+        epoch): with `persistent_workers=True` the second `iter(loader)` resets the one
+        iterator the loader keeps, and the outer epoch ends early without an error
+        (tests/test_persistent_worker_claims.py runs both on the installed torch). Options built in a dict (`loader_args = dict(...)` or
         `{...}`, assigned once and passed as `**loader_args`) are read like keywords; the fix
         goes into the dict when every loader built from it gets it, else onto the call.
         Reported, not fixed, when options arrive through `*args`/`**kwargs` the file does not
@@ -265,6 +277,25 @@ class DataloaderInMainProcess(Rule):
                     "the dataset opens a file handle in `__init__`, which forked workers "
                     "would share: open it lazily in `__getitem__` first",
                 )
+                continue
+            generator = next(
+                filter(
+                    None, (own_random_generator(facts, n) for n in dataset_classes(facts, site))
+                ),
+                None,
+            )
+            if generator is not None:
+                self.decline(
+                    call,
+                    f"the dataset keeps its own random generator (`{generator}`): each worker "
+                    "would get a copy in the same state and draw the same numbers (PyTorch "
+                    "seeds `random`, NumPy's and torch's generators per worker, not the "
+                    "dataset's), so random picks would repeat",
+                )
+                continue
+            nested = iterated_within_its_own_loop(facts, site)
+            if nested is not None:
+                self.decline(call, ITERATED_WITHIN_ITS_LOOP.format(excerpt(nested)))
                 continue
             if options_unknown(facts, call):
                 self.report(

@@ -14,7 +14,9 @@ from optimizer_codemod.analysis.loaders import (
     fixes_every_loader,
     hidden_options_reason,
     is_pure,
+    ITERATED_WITHIN_ITS_LOOP,
     iterated_repeatedly,
+    iterated_within_its_own_loop,
     OptionsDict,
     option,
     option_sources,
@@ -100,8 +102,12 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         it is built (`dataset.set_epoch(...)`, assigning its attributes, also
         `loader.dataset.x = ...` in a function the loader is handed to: persistent workers
         would keep a stale copy; a change earlier in the function that builds the loader,
-        outside any loop, is seen by every worker and does not count), or when
-        `persistent_workers` is already chosen. A copy prepared by Accelerate counts only
+        outside any loop, is seen by every worker and does not count), when a loop over
+        the loader hands it to a call or iterates it again (`evaluate(loader)` mid-epoch:
+        the second `iter(loader)` would reset the one iterator a persistent loader keeps and
+        end the epoch early, silently), when each call of the function that iterates it
+        gets a new loader from the function building it (Hugging Face's `evaluate()` calls
+        `get_eval_dataloader()`), or when `persistent_workers` is already chosen. A copy prepared by Accelerate counts only
         when it is iterated and nothing else (`loader.set_epoch(epoch)` on it hands the
         epoch to the dataset in the main process, which persistent workers would not see),
         and only when it is prepared once, outside the epoch loop.
@@ -281,6 +287,10 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
                 "the dataset is changed after it is built; persistent workers would "
                 "never see the change",
             )
+            return False
+        nested = iterated_within_its_own_loop(facts, site)
+        if nested is not None:
+            self.decline(call, ITERATED_WITHIN_ITS_LOOP.format(excerpt(nested)))
             return False
         return True
 

@@ -7,6 +7,7 @@ import re
 from typing import (
     TYPE_CHECKING,
     Callable,
+    Dict,
     FrozenSet,
     Iterable,
     List,
@@ -467,8 +468,27 @@ def _live_successors(facts: "ScriptFacts", node) -> Iterable:
         yield from ((_NAME, name) for name in names)
     elif node[0] == _NAME:
         yield from (assignment.value for assignment in facts.assignments_to(node[1]))
+        yield from _added_items(facts).get(node[1], ())
     else:
         yield from _definition_successors(facts, node[1])
+
+
+# Methods that put their arguments into the container they are called on.
+_ADDING_METHODS = frozenset({"append", "extend", "insert", "add"})
+
+
+def _added_items(facts: "ScriptFacts") -> Dict[str, List[cst.BaseExpression]]:
+    """For each name, the values `name.append(v)` (extend, insert, add) puts into it: a list
+    of device tensors built item by item (pplm's `x.append(torch.tensor(..., device=device))`)
+    holds them."""
+    memo = facts.memo("added_items")
+    if None not in memo:
+        found: Dict[str, List[cst.BaseExpression]] = {}
+        for call in facts.records.calls:
+            if call.method in _ADDING_METHODS and call.receiver is not None:
+                found.setdefault(call.receiver, []).extend(a.value for a in call.node.args)
+        memo[None] = found
+    return memo[None]
 
 
 def _definition_successors(facts: "ScriptFacts", name: str) -> Iterable:

@@ -475,6 +475,40 @@ def opens_handles_when_built(facts: "ScriptFacts", class_name: str) -> bool:
     return False
 
 
+# Random generators a dataset may keep as its own: workers receive copies in one state.
+OWN_RANDOM_GENERATORS = frozenset(
+    {
+        "random.Random",
+        "numpy.random.RandomState",
+        "numpy.random.default_rng",
+        "numpy.random.Generator",
+        "torch.Generator",
+    }
+)
+
+
+def own_random_generator(facts: "ScriptFacts", class_name: str) -> Optional[str]:
+    """The generator a dataset class of this file keeps on `self` (`self.rng =
+    random.Random(911)`, LoRA's FT_Dataset), as written; None when it keeps none.
+
+    PyTorch seeds `random`, NumPy's global generator and torch's in each worker, not an
+    object the dataset holds: every worker starts from a copy of the same state and draws
+    the same numbers, so random picks repeat across the workers' items."""
+    info = facts.classes.get(class_name)
+    if info is None:
+        return None
+    for assignment in facts.records.assignments:
+        if not assignment.target.startswith("self."):
+            continue
+        if assignment.site.class_name != class_name:
+            continue
+        value = assignment.value
+        if isinstance(value, cst.Call):
+            if (facts.qualified_name(value.func) or "") in OWN_RANDOM_GENERATORS:
+                return excerpt(value)
+    return None
+
+
 # What a DataLoader hands each worker process, pickled when workers start by spawn or
 # forkserver (the default on macOS, Windows and, from Python 3.14, Linux).
 PICKLED_FOR_WORKERS = ("collate_fn", "worker_init_fn")
@@ -868,6 +902,42 @@ def loops_over(facts: "ScriptFacts", site: CallSite) -> List[Loop]:
     return table.get(id(site), [])
 
 
+# Why neither workers' rule adds `persistent_workers` to such a loader (the use, as written).
+ITERATED_WITHIN_ITS_LOOP = (
+    "`{}` may iterate the loader again inside its own loop: with `persistent_workers=True` "
+    "a second `iter(loader)` resets the one iterator the loader keeps, and the outer epoch "
+    "silently ends early"
+)
+# Calls that read a loader without iterating it.
+_LOADER_READS = frozenset({"len", "isinstance", "print", "id", "type", "hasattr", "getattr"})
+
+
+def iterated_within_its_own_loop(facts: "ScriptFacts", site: CallSite) -> Optional[cst.CSTNode]:
+    """A use, in the body of a loop over this loader, that may iterate it again (a nested
+    `for` over it, or the loader handed to a call: `evaluate(loader)` in the middle of an
+    epoch); None when there is none. With `persistent_workers=True`, `iter(loader)` hands
+    out the one iterator it keeps and resets it, so the outer epoch silently ends early."""
+    for loop in loops_over(facts, site):
+        names = _iterated_names(loop.iter)
+        for node in find_all(loop.node.body, cst.For, cst.Call):
+            if isinstance(node, cst.For):
+                if names & _iterated_names(node.iter):
+                    return node
+            elif dotted_name(node.func) not in _LOADER_READS and any(
+                dotted_name(arg.value) in names for arg in node.args
+            ):
+                return node
+    return None
+
+
+def _iterated_names(node: Optional[cst.BaseExpression]) -> Set[str]:
+    """The dotted names a loop header iterates: `loader` in `enumerate(tqdm(loader))`."""
+    if isinstance(node, cst.Call):
+        return set().union(*(_iterated_names(arg.value) for arg in node.args))
+    name = dotted_name(node) if node is not None else None
+    return {name} if name is not None else set()
+
+
 def zipped_with_other_iterables(facts: "ScriptFacts", site: CallSite) -> bool:
     """`for (a, b) in enumerate(zip(loader_A, loader_B)):`: a loop that iterates this loader
     together with other iterables, whose batches `loops_over` does not assign to a loader."""
@@ -1014,6 +1084,8 @@ def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
 def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
     if depth > MAX_DEPTH or function is site.site.function or id(function) in seen:
         return False  # a loader built inside the function is a new loader on each call
+    if id(function) in _obtaining_functions(facts, site):
+        return False  # so is one it gets by calling the function that builds it
     seen.add(id(function))
     for caller in _callers(facts, function):
         if any(id(loop) not in built_in for loop in caller.site.loops):
@@ -1073,6 +1145,7 @@ def _handoffs_by_site(facts: "ScriptFacts") -> Dict[int, Handoffs]:
             built_in = {id(loop) for loop in (*site.site.loops, *assigned_in)}
             runs_again = any(id(loop) not in built_in for loop in call.site.loops) or (
                 call.site.function is not None
+                and not _built_by_each_call(facts, arg.value, call.site.function, site)
                 and _called_in_loop(facts, call.site.function, site, built_in, 0, set())
             )
             summary = callee_summary(facts, call, local, elsewhere)
@@ -1132,6 +1205,40 @@ def _names_a_parameter(node: cst.BaseExpression, function: Optional[cst.CSTNode]
     if not isinstance(node, cst.Name) or not isinstance(function, cst.FunctionDef):
         return False
     return node.value in parameter_names(function) and node.value not in ("self", "cls")
+
+
+def _obtaining_functions(facts: "ScriptFacts", site: CallSite) -> Set[int]:
+    """ids of the functions that call the function of this file returning the loader `site`
+    builds (`eval_dataloader = self.get_eval_dataloader()` in HF's Trainer.evaluate)."""
+    builder = site.site.function
+    if not isinstance(builder, cst.FunctionDef):
+        return set()
+    memo = facts.memo("obtaining_functions")
+    if id(site) not in memo:
+        name = builder.name.value
+        memo[id(site)] = {
+            id(call.site.function)
+            for call in facts.records.calls
+            if (call.method or dotted_name(call.node.func)) == name
+            and call.site.function is not None
+            and _returned_loader(facts, call) is site
+        }
+    return memo[id(site)]
+
+
+def _built_by_each_call(facts, node, function, site: CallSite) -> bool:
+    """`node` names a loader that `function` itself obtains from a function of this file
+    returning `site` (`loader = self.get_eval_dataloader()`, HF's Trainer.evaluate): each
+    call of `function` builds a new loader, so calling it again and again does not iterate
+    one loader again and again."""
+    name = dotted_name(node)
+    assignments = facts.assignments_in_scope(name, function) if name is not None else ()
+    return bool(assignments) and all(
+        not a.unpacked
+        and (made := facts.call_site_of.get(a.value)) is not None
+        and _returned_loader(facts, made) is site
+        for a in assignments
+    )
 
 
 def _loader_value(facts, node, local) -> Tuple[Optional[CallSite], Tuple[Loop, ...]]:
