@@ -112,3 +112,15 @@ def test_numpy_noise_in_a_legacy_typed_constructor_raises_under_compile() -> Non
     model.compile(backend=_CountingBackend())
     with pytest.raises(torch._dynamo.exc.TorchRuntimeError):
         model(torch.randn(2, 4))
+
+
+def test_a_compiled_dropout_draws_another_mask_under_the_same_seed() -> None:
+    """Why OPT402's fix is `behavior` for a model that applies dropout: Inductor's kernels
+    draw their own random numbers (torch._inductor.config.fallback_random is False)."""
+    dropout = nn.Dropout(0.5)
+    x = torch.ones(1000)
+    torch.manual_seed(0)
+    eager = dropout(x)
+    compiled = torch.compile(dropout)
+    torch.manual_seed(0)
+    assert not torch.equal(eager, compiled(x))

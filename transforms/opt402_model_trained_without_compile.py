@@ -26,6 +26,7 @@ from optimizer_codemod.analysis.training import (
     device_type_code,
     model_built,
     model_device,
+    model_randomness,
     model_recurrent_layers,
     model_sparse_calls,
     places_while_wrapping,
@@ -80,7 +81,12 @@ class ModelTrainedWithoutCompile(Rule):
         ```
 
     Fix safety:
-        `numerics`: generated kernels fuse and reorder floating-point operations.
+        `numerics`: generated kernels fuse and reorder floating-point operations. `behavior`
+        for a model whose code applies element-wise dropout or draws random numbers per
+        element (`torch.randn_like` for a VAE's noise; the same detection as OPT407):
+        compiled kernels draw their own random numbers (Inductor, unless
+        `torch._inductor.config.fallback_random`), so a seeded run drops other elements from
+        the first step (tests/test_compile_claims.py runs it).
         `model.compile()` compiles the module in place, so `state_dict()` keys keep their
         names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
@@ -251,10 +257,19 @@ class ModelTrainedWithoutCompile(Rule):
         # Where the placement also builds the DDP wrapper, compile the inner module first
         # (PyTorch's "Where to apply torch.compile?": DDP is not compiled well).
         side = "before" if places_while_wrapping(facts, anchor, model.name) else "after"
+        message = f"`{model.name}` is trained in eager mode: every operator is a separate kernel"
+        randomness = model_randomness(facts, model)
+        if randomness is not None:
+            what = "applies dropout" if randomness[0] == "dropout" else "draws random numbers"
+            message += (
+                f" (it {what}, {randomness[1]}: compiled kernels draw their own random "
+                "numbers, so a seeded run draws others)"
+            )
         self.report(
             anchor,
             Fix((InsertStatements(anchor, **{side: (inserted,)}),)),
-            message=f"`{model.name}` is trained in eager mode: every operator is a separate kernel",
+            message=message,
+            safety=Safety.BEHAVIOR if randomness is not None else None,
             fix_title=(
                 f"Add `{model.name}.compile()` (on CUDA) before the statement that places it "
                 "and wraps it in DistributedDataParallel"

@@ -21,17 +21,14 @@ from optimizer_codemod.analysis.precision import (
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     each_trained_model,
-    imported_layer,
     initialised_after,
-    is_elementwise_dropout,
     model_built,
     model_classes,
-    model_dropout_calls,
     model_helper_functions,
-    model_random_draws,
     model_imported_classes,
     model_layer_calls,
     model_output_names,
+    model_randomness,
     models_fed_by,
     places_while_wrapping,
     why_no_trained_model,
@@ -288,23 +285,16 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         )
         imports = () if torch else (ImportSpec("torch"),)
         message = f"Convolutional model `{model.name}` trained in the NCHW memory format"
-        dropout = model_dropout_calls(facts, model)
-        dropout_elsewhere = imported_layer(facts, model, is_elementwise_dropout)
-        if dropout:
-            shown = f"`{cst.Module([]).code_for_node(dropout[0].node.func)}`"
-        elif dropout_elsewhere is not None:
-            shown = f"`{dropout_elsewhere[0]}` in {dropout_elsewhere[1].module}"
-        if dropout or dropout_elsewhere is not None:
+        randomness = model_randomness(facts, model)
+        if randomness is not None and randomness[0] == "dropout":
             message += (
-                f" (it applies dropout, {shown}: in channels_last a seeded run drops other "
-                "elements)"
+                f" (it applies dropout, {randomness[1]}: in channels_last a seeded run drops "
+                "other elements)"
             )
-        draws = [] if dropout or dropout_elsewhere is not None else model_random_draws(facts, model)
-        if draws:
-            shown = f"`{cst.Module([]).code_for_node(draws[0].node.func)}`"
+        elif randomness is not None:
             message += (
-                f" (it draws random numbers per element, {shown}: in channels_last a seeded "
-                "run draws other numbers for each element)"
+                f" (it draws random numbers per element, {randomness[1]}: in channels_last a "
+                "seeded run draws other numbers for each element)"
             )
         # Before a DDP wrapper built around the placement: parameters must not change after
         # DistributedDataParallel registered them.
@@ -316,7 +306,7 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             anchor,
             Fix((InsertStatements(initialised or anchor, **{side: (statement,)}),), imports),
             message=message,
-            safety=(Safety.BEHAVIOR if dropout or dropout_elsewhere is not None or draws else None),
+            safety=Safety.BEHAVIOR if randomness is not None else None,
         )
 
     def _report_view(self, model, anchor, imported) -> bool:

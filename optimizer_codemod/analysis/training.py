@@ -1981,6 +1981,25 @@ def model_random_draws(facts: "ScriptFacts", model: TrainedModel) -> List["CallS
     ]
 
 
+def model_randomness(facts: "ScriptFacts", model: TrainedModel) -> Optional[Tuple[str, str]]:
+    """What in `model`'s code draws random numbers per element while it trains, shown:
+    ("dropout", "`nn.Dropout`") for element-wise dropout among its layer calls, or a layer
+    one of its classes from another module may build ("`torch.nn.Dropout` in model.py");
+    ("draws", "`torch.randn_like`") for a per-element draw (a VAE's latent noise); None when
+    nothing does. A change of layout or of kernels changes which numbers a seeded run
+    draws for which element."""
+    dropout = model_dropout_calls(facts, model)
+    if dropout:
+        return "dropout", f"`{cst.Module([]).code_for_node(dropout[0].node.func)}`"
+    elsewhere = imported_layer(facts, model, is_elementwise_dropout)
+    if elsewhere is not None:
+        return "dropout", f"`{elsewhere[0]}` in {elsewhere[1].module}"
+    draws = model_random_draws(facts, model)
+    if draws:
+        return "draws", f"`{cst.Module([]).code_for_node(draws[0].node.func)}`"
+    return None
+
+
 def model_recurrent_layers(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
     """`nn.LSTM(...)`, `nn.GRU(...)`, `nn.RNN(...)` among the model's layer calls."""
     return [call for call in model_layer_calls(facts, model) if call.qualname in RECURRENT_LAYERS]

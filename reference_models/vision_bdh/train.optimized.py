@@ -174,8 +174,6 @@ def main():
     model = VisionBDH(
         size["width"], size["heads"], size["multiplier"], size["depth"], size["patch"]
     ).to(device)
-    if device.type == "cuda":
-        model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
 
     step = 0
