@@ -9,7 +9,7 @@ import libcst as cst
 from optimizer_codemod.analysis.devices import per_sample_gradients
 from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
-from optimizer_codemod.analysis.calls import keyword
+from optimizer_codemod.analysis.calls import keyword, literal
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import (
@@ -128,7 +128,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         differ by at most 6e-5. Parameters and state_dict keys keep their shapes and names
         (only strides change), so checkpoints load either way. The conversion goes after an
         in-place weight init that follows the placement in the same block
-        (`netG.apply(weights_init)`, `nn.init.normal_(model.fc.weight)`): a random
+        (`netG.apply(weights_init)`, `nn.init.normal_(model.fc.weight)`, `self.apply(...)` on
+        the object that holds the model, a function of this file handed the model that calls
+        `nn.init` or `.normal_()`, as CycleGAN's `init_weights(generator_A2B)`): a random
         initialiser fills a channels_last tensor in its memory order, so a seeded run would
         start from other weights. Not applied in a script that computes per-sample gradients
         with Opacus: its convolution gradients assume NCHW tensors, and a channels_last model
@@ -151,6 +153,8 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         `mu + torch.randn_like(mu) * std` on a 4-D latent gets other noise per element (its
         first-step loss 0.5913 in NCHW, 0.5969 in channels_last; 2-core AMD EPYC, torch
         2.13.0+cpu, 2026-11-24). `F.gumbel_softmax` allocates its noise contiguous and agrees.
+        An in-place draw into a parameter (`m.weight.data.normal_(0.0, 0.02)` in the model's
+        own init) runs when the model is built, before the conversion, and does not count.
 
         With the files rewritten together, a model class of another module of the run
         counts with the layers it is built from (docs/projects.md): its `.view` calls, 3-D
@@ -175,7 +179,8 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         size and stride" on a channels_last tensor (checked with torch 2.13.0+cpu). Use
         `torch.flatten(x, 1)` or `x.reshape(...)` there, then convert the model. Reported
         too when the model's output is fed to another trained model that flattens its
-        feature maps (`critic(encoder(x))` where the critic calls `out.view(out.size(0), -1)`):
+        feature maps (`critic(encoder(x))` where the critic calls `out.view(out.size(0), -1)`
+        or `h.view(-1, 512)`; `output.view(-1, 1)` of a score per sample does not count):
         a convolution keeps the channels_last layout of its input, so the view there raises
         as well. So is a view of a gradient anywhere in the script: `p.grad.view(-1)` (a
         gradient keeps its parameter's layout; cleanrl's hand-written all-reduce) or the
@@ -360,8 +365,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                     anchor,
                     message=f"Convolutional model `{model.name}` could train in channels_last, "
                     f"but its output is fed to `{consumer.name}`, whose {shown} would raise on "
-                    "a channels_last tensor: use `torch.flatten` or `.reshape` there, then "
-                    "convert the models with `.to(memory_format=torch.channels_last)`",
+                    "a channels_last tensor unless its feature maps are 1x1: use "
+                    "`torch.flatten` or `.reshape` there, then convert the models with "
+                    "`.to(memory_format=torch.channels_last)`",
                 )
             return True
         return False
@@ -454,16 +460,24 @@ def _other_convolution(qualname: str) -> bool:
 
 
 def _flattens(view: cst.BaseExpression) -> bool:
-    """`x.view(n, -1)`: a view that merges every dimension after the first, the channels with
-    the spatial ones of a feature map, which raises on a channels_last tensor."""
+    """`x.view(n, -1)`, `h.view(-1, 512)`: a view that merges every dimension after the
+    first, or all but the last into one of a given width, the channels with the spatial
+    ones of a feature map, which raises on a channels_last tensor; `output.view(-1, 1)` of a
+    score per sample does not count."""
     if not isinstance(view, cst.Call) or len(view.args) < 2:
         return False
-    last = view.args[-1].value
+    first, last = view.args[0].value, view.args[-1].value
+    if _is_minus_one(last):
+        return True
+    return len(view.args) == 2 and _is_minus_one(first) and literal(last, None) != 1
+
+
+def _is_minus_one(node: cst.BaseExpression) -> bool:
     return (
-        isinstance(last, cst.UnaryOperation)
-        and isinstance(last.operator, cst.Minus)
-        and isinstance(last.expression, cst.Integer)
-        and last.expression.value == "1"
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+        and node.expression.value == "1"
     )
 
 

@@ -9,6 +9,7 @@ rule leaves the script alone or reports.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -909,18 +910,44 @@ def initialised_after(
         return None
     statements = list(block.body)
     later = statements[statements.index(anchor) + 1 :]
+    # `self.apply(self._init_weights)` after `self.G = Generator()` reaches `self.G` too.
+    holders = {model.name}
+    while "." in min(holders, key=len):
+        holders.add(min(holders, key=len).rsplit(".", 1)[0])
     found = None
     for statement in later:
         for node in find_all(statement, cst.Call):
             call = facts.call_site_of.get(node)
             if call is None:
                 continue
-            if call.method == "apply" and call.receiver == model.name:
+            if call.method == "apply" and call.receiver in holders:
                 found = statement
             elif (call.qualname or "").startswith(_IN_PLACE_INIT_PREFIX) and node.args:
                 if root_name(node.args[0].value) == model.name:
                     found = statement
+            elif isinstance(node.func, cst.Name) and any(
+                root_name(arg.value) == model.name for arg in node.args
+            ):
+                if _initialises_in_place(facts, node.func.value, 0):
+                    found = statement  # CycleGAN's `init_weights(generator_A2B)`
     return found
+
+
+def _initialises_in_place(facts: "ScriptFacts", function: str, depth: int) -> bool:
+    """The function `function` of this file, or one it calls by name, fills tensors with
+    random numbers in place (`torch.nn.init.normal_(m.weight)`, `m.weight.data.normal_()`)."""
+    if depth > 3 or function not in facts.records.functions:
+        return False
+    for call in facts.calls_made_in(function):
+        if (call.qualname or "").startswith(_IN_PLACE_INIT_PREFIX):
+            return True
+        if call.qualname is None and call.method in ELEMENTWISE_RANDOM_METHODS:
+            return True
+        func = call.node.func
+        if isinstance(func, cst.Name) and func.value != function:
+            if _initialises_in_place(facts, func.value, depth + 1):
+                return True
+    return False
 
 
 def data_parallel_wrapping(facts: "ScriptFacts", model: TrainedModel) -> Optional["CallSite"]:
@@ -1977,7 +2004,13 @@ def model_random_draws(facts: "ScriptFacts", model: TrainedModel) -> List["CallS
         call
         for call in model_layer_calls(facts, model)
         if (call.qualname or "") in ELEMENTWISE_RANDOM_FUNCTIONS
-        or (call.qualname is None and call.method in ELEMENTWISE_RANDOM_METHODS)
+        or (
+            call.qualname is None
+            and call.method in ELEMENTWISE_RANDOM_METHODS
+            # `m.weight.data.normal_(0.0, 0.02)` initialises a parameter when the model is
+            # built, before any conversion (initialised_after places one after a later init).
+            and not _PARAMETER_RECEIVER.search(call.receiver or "")
+        )
     ]
 
 
@@ -1998,6 +2031,9 @@ def model_randomness(facts: "ScriptFacts", model: TrainedModel) -> Optional[Tupl
     if draws:
         return "draws", f"`{cst.Module([]).code_for_node(draws[0].node.func)}`"
     return None
+
+
+_PARAMETER_RECEIVER = re.compile(r"\b(weight|bias)(\.data)?$")
 
 
 def model_recurrent_layers(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
