@@ -75,9 +75,12 @@ class Float32MatmulWithoutTF32(Rule):
         (`set_float32_matmul_precision`, `allow_tf32`, `fp32_precision`, `backends.flags`),
         when it does not train (no backward call), or when it already computes in another
         precision (autocast, GradScaler, `.half()`/`.bfloat16()`, a 16-bit dtype,
-        `mixed_precision=`, a 16/64-bit default dtype), or when its model computes in float64
+        `mixed_precision=`, a 16/64-bit default dtype, NVIDIA Apex's `amp.initialize`, an
+        autocast aliased or wrapped in `functools.partial`), or when its model computes in float64
         (`model.double()`, `model.to(torch.float64)`, layers built with
         `dtype=torch.float64`): TF32 concerns float32 matmuls only.
+
+        A notebook is never taken for an importable module (nothing imports it).
 
         Reported without a fix when the file looks importable (no `__main__` guard, and no
         module-level statement that trains: a backward call, or a call of one of its own
@@ -186,7 +189,7 @@ class Float32MatmulWithoutTF32(Rule):
         if reason is not None:
             self.decline(anchor.node, reason)
             return
-        if elsewhere is None and not facts.runs_as_script:
+        if elsewhere is None and not self.runs_as_script:
             scripts = entry_points_elsewhere(facts)
             if scripts:
                 self.decline(

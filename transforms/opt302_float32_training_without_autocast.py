@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import (
     AUTOCAST,
+    determinism_request,
     environment_step,
     reduced_precision_use,
 )
@@ -125,9 +126,14 @@ class Float32TrainingWithoutAutocast(Rule):
         `numerics`: matrix products round to bfloat16 (8 bits of mantissa); PyTorch's autocast
         keeps precision-sensitive operations in float32, and bfloat16 has float32's range so
         no loss scaling is needed. Backward stays outside the autocast region. Not applied
-        when the script already chose a precision (autocast, `.half()`, 16-bit dtypes; other
+        when the script already chose a precision (autocast, `.half()`, 16-bit dtypes, NVIDIA
+        Apex's `amp.initialize`; an autocast named without being called, as timm's
+        `amp_autocast = torch.cuda.amp.autocast if args.amp else suppress` or dinov2's
+        `partial(torch.cuda.amp.autocast, ...)`, counts too; other
         than its own autocast, `--why-not` says so at the training step, even where the choice
-        is made on one path only, as DALLE-pytorch's `--fp16`), when
+        is made on one path only, as DALLE-pytorch's `--fp16`), when the script asks for
+        reproducible numerics (`cudnn.deterministic = True`, `use_deterministic_algorithms`),
+        which OPT301 and OPT401 respect too, when
         the model is never placed on a device (a CPU-only script) or, for a CUDA target, is
         placed on the CPU only (`model.to("cpu")`, or a device parameter that every call of
         the file gives as the CPU: llama-recipes' prompt_guard notebook; bfloat16 autocast
@@ -258,6 +264,15 @@ class Float32TrainingWithoutAutocast(Rule):
             return
         steps, owners = found
         anchor = steps[0].forward[0]
+        requested = determinism_request(facts)
+        if requested is not None:
+            self.decline(
+                anchor,
+                f"the script asks for reproducible numerics (`{excerpt(requested)}`), even if "
+                "only in some runs: bfloat16 matmuls would change them far more than TF32 "
+                "(which OPT301 leaves alone here too)",
+            )
+            return
         environment = environment_step(facts)
         if environment is not None:
             self.decline(

@@ -170,7 +170,7 @@ class CudnnBenchmarkDisabled(Rule):
                 "shapes repeat",
             )
             return
-        if elsewhere is None and not facts.runs_as_script:
+        if elsewhere is None and not self.runs_as_script:
             scripts = entry_points_elsewhere(facts)
             if scripts:
                 self.decline(

@@ -134,7 +134,7 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         if self._configured() or facts.calls_to(ALLOCATOR_SETTINGS):
             self.decline(shapes.node, "the script already configures the CUDA allocator")
             return
-        if not facts.runs_as_script:
+        if not self.runs_as_script:
             self.decline(
                 shapes.node,
                 "the file looks importable (no `__main__` guard, no module-level training): "

@@ -23,7 +23,7 @@ from optimizer_codemod.analysis.calls import (
     receiver,
 )
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import root_name
+from optimizer_codemod.analysis.nodes import find_all, root_name
 from optimizer_codemod.analysis.padding import hand_padding, pads_by_hand
 from optimizer_codemod.analysis.script import DATALOADER
 from optimizer_codemod.analysis.training import builds_module
@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 AUTOCAST = ("torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast")
+AUTOCAST_CALLABLES = frozenset({*AUTOCAST, "torch.autocast"})
+# NVIDIA Apex's mixed precision: `model, opt = amp.initialize(model, opt, opt_level="O2")`.
+APEX_AMP = "apex.amp."
 GRAD_SCALERS = ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.amp.GradScaler")
 # `.half()`/`.bfloat16()` on anything: a script that converts tensors or modules to 16 bits
 # has already chosen its precision, even when the analysis cannot tell which object it is.
@@ -294,6 +297,8 @@ def reduced_precision_use(
     for call in facts.records.calls:
         if call.qualname in AUTOCAST or call.qualname in scalers:
             return call.node
+        if (call.qualname or "").startswith(APEX_AMP):  # amp.initialize, amp.scale_loss
+            return call.node
         if call.method in methods or call.method in LOW_PRECISION_METHODS:
             return call.node
         if call.qualname == "torch.set_default_dtype" and call.node.args:
@@ -307,7 +312,27 @@ def reduced_precision_use(
     for assignment in facts.records.assignments:
         if facts.qualified_name(assignment.value) in LOW_PRECISION_DTYPES:
             return assignment.statement_node
-    return facts.module if entered else None
+    if entered:
+        return facts.module
+    return autocast_reference(facts)
+
+
+def autocast_reference(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """An autocast context named without being called where it is named: an alias
+    (timm's `amp_autocast = torch.cuda.amp.autocast if args.amp else suppress`), a
+    `functools.partial(torch.cuda.amp.autocast, ...)` (dinov2's eval), an argument. The
+    script then enters it under another name, on some runs at least."""
+    memo = facts.memo("autocast_reference")
+    if None not in memo:
+        memo[None] = next(
+            (
+                node
+                for node in find_all(facts.module, cst.Attribute, cst.Name)
+                if facts.qualified_name(node) in AUTOCAST_CALLABLES
+            ),
+            None,
+        )
+    return memo[None]
 
 
 def sixteen_bit_conversion(

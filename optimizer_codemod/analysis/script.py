@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -581,11 +582,16 @@ class ScriptFacts:
             elif not (
                 (index == 0 and is_docstring(statement))
                 or _is_masked_magic(statement)
+                or _is_module_metadata(statement)
                 or _configures(statement, roots)
             ):
                 break
             block.append(statement)
-            if not is_docstring(statement) and not _is_masked_magic(statement):
+            if not (
+                is_docstring(statement)
+                or _is_masked_magic(statement)
+                or _is_module_metadata(statement)
+            ):
                 end = len(block)
         return tuple(block[:end]) if any(map(_is_import_line, block[:end])) else ()
 
@@ -692,6 +698,28 @@ def derived_root(node: cst.BaseExpression, names: Set[str]) -> Optional[str]:
             node = node.func.value
         else:
             return None
+
+
+_METADATA_VALUES = (cst.SimpleString, cst.ConcatenatedString, cst.Integer, cst.Float)
+
+
+def _is_module_metadata(statement: cst.CSTNode) -> bool:
+    """`__author__ = 'SherlockLiao'`, `__version__ = "1.0"`, `__all__ = ["Net"]`: a literal
+    bound to a dunder name, which runs nothing and may sit among the imports."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    small = statement.body[0]
+    if not isinstance(small, cst.Assign):
+        return False
+    if not all(
+        isinstance(t.target, cst.Name) and re.fullmatch(r"__\w+__", t.target.value)
+        for t in small.targets
+    ):
+        return False
+    value = small.value
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return all(isinstance(e.value, _METADATA_VALUES) for e in value.elements)
+    return isinstance(value, _METADATA_VALUES)
 
 
 def _is_masked_magic(statement: cst.CSTNode) -> bool:

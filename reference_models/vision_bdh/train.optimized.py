@@ -141,8 +141,7 @@ def evaluate(model, loader, device):
             images, labels = images.to(device, non_blocking=True), labels.to(
                 device, non_blocking=True
             )
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                correct += (model(images).argmax(dim=1) == labels).sum().item()
+            correct += (model(images).argmax(dim=1) == labels).sum().item()
             total += labels.size(0)
     model.train()
     return correct / total
@@ -182,8 +181,7 @@ def main():
             images, labels = images.to(device, non_blocking=True), labels.to(
                 device, non_blocking=True
             )
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
