@@ -11,6 +11,7 @@ from optimizer_codemod.analysis.meters import meter_updates
 from optimizer_codemod.analysis.periodic import LOG_EVERY, LOSS_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.syncs import (
+    CPU_ONLY,
     LOSS_ACCUMULATION,
     device_total_term,
     every_iteration_of_some_process,
@@ -245,6 +246,9 @@ class LossItemSynchronizesEveryStep(Rule):
             obstacle = accumulation.obstacle or _remaining_sync(
                 syncs.plan(accumulation.loop, enabled)
             )
+            if obstacle is not None and not syncs.accelerated:
+                self.decline(statement, obstacle)  # on the CPU nothing waits: no finding
+                continue
             if obstacle is not None:
                 self.report(
                     statement,
@@ -271,6 +275,9 @@ class LossItemSynchronizesEveryStep(Rule):
                 if per_step is None:
                     per_step = every_iteration_of_some_process(loop)
                 if item.site.statement not in per_step:
+                    continue
+                if not syncs.accelerated:
+                    self.decline(item.node, CPU_ONLY)
                     continue
                 line = lines.get(item.site.statement)
                 why = (

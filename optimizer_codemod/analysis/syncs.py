@@ -1319,6 +1319,12 @@ def _small_statement(item: CallSite) -> Optional[cst.CSTNode]:
     return None
 
 
+# Why nothing waits in a script that never uses an accelerator (OPT202's reason).
+CPU_ONLY = (
+    "the script never places a tensor on an accelerator: on the CPU `.item()` waits for " "nothing"
+)
+
+
 def _accumulation(
     facts, loop: Loop, name: str, items, per_step, what: str = "the loss", counts: bool = False
 ) -> Accumulation:
@@ -1362,10 +1368,7 @@ def _accumulation(
             result.reads.append(use.node)
     if not facts.host_syncs.accelerated:
         # d2l's CPU-only `train_ch3`: on the CPU `.item()` waits for no queue.
-        result.obstacle = result.obstacle or (
-            "the script never places a tensor on an accelerator: on the CPU `.item()` "
-            "waits for nothing"
-        )
+        result.obstacle = CPU_ONLY
     if not result.reads and not result.obstacle:
         result.obstacle = f"`{name}` is never read: delete the accumulation instead"
     if counts and all(isinstance(n, cst.Integer) for n in numbers):
