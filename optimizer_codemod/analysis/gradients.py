@@ -134,6 +134,8 @@ TORCH_VIEW_FUNCTIONS = frozenset(
 ARGUMENT_READING_METHODS = frozenset(
     "add add_ sub sub_ mul mul_ div div_ addcmul addcmul_ addcdiv addcdiv_ copy_ lerp lerp_ "
     "dot matmul maximum minimum".split()
+    # `state["exp_avg"].to(grad)` (HF's Adafactor) reads only the gradient's dtype and device.
+    + "to type_as view_as reshape_as expand_as".split()
 )
 MAX_DEPTH = 3
 # Methods that return a new tensor or a Python value computed from the gradient.

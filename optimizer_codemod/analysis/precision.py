@@ -474,7 +474,14 @@ def shape_variation(facts: "ScriptFacts") -> Optional[ShapeVariation]:
         name = dotted_name(built.node.func) or ""
         imported = project.imported_class(name)
         where = f" from {imported.module}" if imported is not None else ""
-        why = f"`{name}`{where} resizes each image: batches change shape"
+        layers = imported.possible_layers if imported is not None else ()
+        layer = next((q for q in layers if varies_shapes(q)), "")
+        does = (
+            f"takes sequences of varying length (`{layer.rsplit('.', 1)[-1]}`)"
+            if layer in VARIABLE_LENGTH_BATCHING
+            else "resizes each image"
+        )
+        why = f"`{name}`{where} {does}: batches change shape"
         return ShapeVariation(built, why, name)
     called = imported_shape_varying_call(facts)
     if called is not None:
