@@ -31,7 +31,8 @@ class VaryingShapesWithoutExpandableSegments(Rule):
         Reports (without changing anything) a training script whose batches change shape
         from step to step (sequences padded or packed to the longest in each batch, by
         `pad_sequence` or by a Hugging Face tokenizer or collator: `tokenizer.pad(batch,
-        padding="longest")`, `DataCollatorWithPadding`; a torchvision detection model that
+        padding="longest")`, `DataCollatorWithPadding` unless the file pads every item to
+        `padding="max_length"` first; a torchvision detection model that
         resizes every image; padding by hand to the largest item, as DETR's
         `nested_tensor_from_tensor_list` does: a tensor sized by a maximum computed in the
         same function, `torch.zeros([len(images)] + max_size)`, and each item copied into

@@ -410,10 +410,23 @@ def variable_input_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     shape is autotuned again."""
     padded = hand_padding(facts)
     first = padded[0].allocation if padded else None
+    to_max_length = _pads_to_max_length(facts)
     for call in facts.records.calls:
+        if to_max_length and (call.qualname or "").endswith(".DataCollatorWithPadding"):
+            continue  # items padded to one length first: the longest in a batch is that length
         if call is first or shapes_vary_at(call):
             return call
     return None
+
+
+def _pads_to_max_length(facts: "ScriptFacts") -> bool:
+    """The file pads items to a fixed length (`tokenizer(t, padding="max_length")`), as
+    Hugging Face's legacy examples do before a `DataCollatorWithPadding`."""
+    return any(
+        (arg := keyword(call.node, "padding")) is not None
+        and literal(arg.value, None) == "max_length"
+        for call in facts.records.calls
+    )
 
 
 def shapes_vary_at(call: "CallSite") -> bool:
@@ -467,6 +480,12 @@ def shape_variation(facts: "ScriptFacts") -> Optional[ShapeVariation]:
             why = f"`{label}` pads each batch to its largest item by hand: batches change shape"
             return ShapeVariation(own, why, label)
         label = code_of(own.node.func)
+        if (own.qualname or "").endswith(".DataCollatorWithPadding"):
+            why = (
+                f"`{label}` pads each batch to its longest item: batches change shape (unless "
+                "every item is already padded to one length)"
+            )
+            return ShapeVariation(own, why, label)
         return ShapeVariation(own, f"`{label}`: batches change shape", label)
     built = imported_variable_shapes(facts)
     project = getattr(facts, "project", None)
