@@ -7,7 +7,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.checkpoints import library_saves
 from optimizer_codemod.analysis.collect import CallSite
-from optimizer_codemod.analysis.epochs import step_loops
+from optimizer_codemod.analysis.epochs import once_per_pass, step_loops
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.values import local_function
 from optimizer_codemod.rule import Example, Rule, Safety
@@ -51,9 +51,10 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
         the training thread too: Accelerate's `accelerator.save_state(dir)` and Lightning
         Fabric's `fabric.save(path, state)`, on an object the file builds from
         `accelerate.Accelerator` or `lightning.Fabric` or takes as a parameter annotated with
-        it (litgpt's `fit(fabric: L.Fabric, ...)`). It reports, never rewrites. Saves once per epoch (in an outer
-        loop, outside the step loop), after the loop, or in a loop without backward are not
-        reported; nor are loops whose backward happens in a called function.
+        it (litgpt's `fit(fabric: L.Fabric, ...)`). It reports, never rewrites. Saves once per
+        epoch (in an outer loop, outside the step loop, or under an `if` that asks the step
+        loop's counter for one value, `batch_idx == 0`), after the loop, or in a loop without
+        backward are not reported; nor are loops whose backward happens in a called function.
 
     Why is it slow:
         `torch.save` runs on the training thread: every checkpoint copies the state off the
@@ -126,11 +127,11 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
             return
         saves = facts.calls_to(*SAVE_FUNCTIONS)
         for call in saves:
-            if _in_step_loop(call, loops):
+            if _in_step_loop(facts, call, loops):
                 self.report(call.node)
         library = library_saves(facts)
         for call, name in library:
-            if _in_step_loop(call, loops):
+            if _in_step_loop(facts, call, loops):
                 self.report(
                     call.node,
                     message=f"`{excerpt(call.node)}` writes a checkpoint through {name} inside the "
@@ -139,7 +140,7 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
         saves = [*saves, *(call for call, _ in library)]
         savers = {id(call.site.function): call for call in saves if call.site.function}
         for call in facts.records.calls:
-            if not call.site.loops or not _in_step_loop(call, loops):
+            if not call.site.loops or not _in_step_loop(facts, call, loops):
                 continue
             function = local_function(facts, call)
             save = savers.get(id(function)) if function is not None else None
@@ -152,8 +153,13 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
                 )
 
 
-def _in_step_loop(call: CallSite, loops) -> bool:
+def _in_step_loop(facts, call: CallSite, loops) -> bool:
     """The call sits in the body of a loop that runs the training step, at any depth of
     `if`, `with` or `try`, in that loop's own function (not in a function defined inside
-    the loop)."""
-    return any(loop in call.site.loops and call.site.function is loop.function for loop in loops)
+    the loop), and not under an `if` that lets it run on one step of each pass only."""
+    return any(
+        loop in call.site.loops
+        and call.site.function is loop.function
+        and id(call.node) not in once_per_pass(facts, loop)
+        for loop in loops
+    )

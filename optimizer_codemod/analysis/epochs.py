@@ -622,3 +622,33 @@ def _eval_mode_problem(
                     f"training: call `{receiver or 'model'}.train()` at the start of the loop"
                 )
     return None
+
+
+def once_per_pass(facts: "ScriptFacts", loop: Loop) -> Set[int]:
+    """ids of the calls in `loop`'s body that run on one iteration of each pass only: under
+    an `if` whose test asks the loop's counter for one value (`batch_idx == 0`, also as a
+    conjunct: `(epoch + 1) % every == 0 and batch_idx == 0`, pytorch-GAT's checkpoint)."""
+    memo = facts.memo("once_per_pass")
+    if id(loop.node) not in memo:
+        found: Set[int] = set()
+        counters = set(loop.targets)
+        for branch in find_all(loop.node.body, cst.If):
+            if _asks_counter_for_one_value(branch.test, counters):
+                found.update(id(call) for call in find_all(branch.body, cst.Call))
+        memo[id(loop.node)] = found
+    return memo[id(loop.node)]
+
+
+def _asks_counter_for_one_value(test: cst.BaseExpression, counters: Set[str]) -> bool:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _asks_counter_for_one_value(test.left, counters) or _asks_counter_for_one_value(
+            test.right, counters
+        )
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+        and isinstance(test.left, cst.Name)
+        and test.left.value in counters
+        and isinstance(test.comparisons[0].comparator, cst.Integer)
+    )
