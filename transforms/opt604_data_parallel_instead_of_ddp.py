@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.training import DATA_PARALLEL
+from optimizer_codemod.analysis.training import DATA_PARALLEL, DDP_CLASSES
 from optimizer_codemod.rule import Example, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -28,7 +29,10 @@ class DataParallelInsteadOfDDP(Rule):
     What it does:
         Reports `torch.nn.DataParallel(...)` (also `torch.nn.parallel.DataParallel`, and under
         any import alias) in a script that trains (calls `backward`). It reports, never
-        rewrites: moving to DistributedDataParallel changes how the script is launched.
+        rewrites: moving to DistributedDataParallel changes how the script is launched. In a
+        script that also builds DistributedDataParallel (Hugging Face's examples: DataParallel
+        when several GPUs are visible to one process, DDP under a distributed launch) the
+        report says to launch that path with torchrun instead.
 
     Why is it slow:
         DataParallel is one process driving every GPU from Python threads: each forward
@@ -99,5 +103,15 @@ class DataParallelInsteadOfDDP(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self.facts.trains:
             return
+        ddp = next(iter(self.facts.calls_to(*DDP_CLASSES)), None)
         for call in self.facts.calls_to(*DATA_PARALLEL):
-            self.report(call.node)
+            if ddp is None:
+                self.report(call.node)
+                continue
+            self.report(
+                call.node,
+                message=f"{self.message}; this script has a DistributedDataParallel path "
+                f"already (`{excerpt(ddp.node)}`): launch it with torchrun, one process per "
+                "GPU, rather than this branch",
+                fix_title="Launch with torchrun (the script's own DDP path)",
+            )
