@@ -146,8 +146,21 @@ class DataloaderWithoutPinnedMemory(Rule):
         sites = self.facts.dataloader_constructions()
         if not self.facts.trains:
             # A data module: only the loaders it returns to scripts that copy their batches.
+            every = sites
             sites = [site for site in sites if copied_by_callers(self.facts, site)]
-            for call, runner, trains in loaders_run_elsewhere(self.facts):
+            elsewhere = loaders_run_elsewhere(self.facts)
+            for site in every:
+                if any(site is s for s in sites) or any(call is site for call, _, _ in elsewhere):
+                    continue
+                if not option_values(self.facts, site.node, "pin_memory"):
+                    self.decline(
+                        site.node,
+                        "this file trains nothing (no `backward` call), and no script of the "
+                        "run is seen copying this loader's batches: add "
+                        "`pin_memory=torch.cuda.is_available()` by hand if a training step "
+                        "elsewhere copies them to an accelerator",
+                    )
+            for call, runner, trains in elsewhere:
                 if any(call is site for site in sites):
                     continue
                 if not option_values(self.facts, call.node, "pin_memory"):
