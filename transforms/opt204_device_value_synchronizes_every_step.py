@@ -60,7 +60,9 @@ class DeviceValueSynchronizesEveryStep(Rule):
         Rewrites the one pattern with a sound fix: a metric summed with `.item()` on every
         step and read only later (`correct += (pred == y).sum().item()`) is summed on the
         device (`correct += (pred == y).sum()`) and read back where the script reads it
-        (`int(correct)`); so is a term of the backpropagated loss summed for a log
+        (`int(correct)`), also through a name bound only to such a metric or a function of
+        the file returning one (bentrevett's `acc = binary_accuracy(predictions, y)`, which
+        returns `correct.sum() / len(correct)`); so is a term of the backpropagated loss summed for a log
         (`agg_content_loss += content_loss.item()` with `total_loss = content_loss +
         style_loss`, pytorch/examples' fast_neural_style), a floating scalar like the loss. A line that only prints or logs device values on every step
         (`print(f"acc {acc.item():.3f}")`, `sys.stdout.write(...)`, a logger's method) runs

@@ -1197,9 +1197,34 @@ def metric_type(facts: "ScriptFacts", value: cst.BaseExpression) -> Optional[str
     """The Python type of `value.item()` for a per-step metric whose dtype the analysis
     knows: `int` for a count (`(pred == y).sum()`, `mask.eq(0).sum()`,
     `torch.count_nonzero(...)`: int64, summed exactly on the device too), `float` for a mean
-    (`.mean()`) or a sum of floats (`x.float().sum()`); None otherwise."""
+    (`.mean()`) or a sum of floats (`x.float().sum()`), also through names bound only to
+    such values, a function of this file returning one (bentrevett's `acc =
+    binary_accuracy(predictions, y)`, which returns `correct.sum() / len(correct)`), and a
+    quotient or product of one and a host number; None otherwise."""
+    return _metric_type(facts, value, 0)
+
+
+def _metric_type(facts: "ScriptFacts", value: cst.BaseExpression, depth: int) -> Optional[str]:
+    if depth > _METRIC_DEPTH:
+        return None
+    if isinstance(value, cst.Name):
+        kinds = {
+            _metric_type(facts, a.value, depth + 1) if not a.unpacked else None
+            for a in facts.assignments_to(value.value)
+        }
+        return kinds.pop() if len(kinds) == 1 else None
+    if isinstance(value, cst.BinaryOperation) and isinstance(
+        value.operator, (cst.Divide, cst.Multiply)
+    ):
+        if _host_number(value.right) and _metric_type(facts, value.left, depth + 1):
+            return "float"
+        return None
     if not isinstance(value, cst.Call):
         return None
+    if isinstance(value.func, cst.Name) and value.func.value in facts.records.functions:
+        returned = _returned_values(facts.records.functions[value.func.value])
+        kinds = {_metric_type(facts, r, depth + 1) for r in returned}
+        return kinds.pop() if len(kinds) == 1 and returned else None
     qualname = facts.qualified_name(value.func)
     if qualname is None:  # a method: `x.sum()`, without arguments (`dim` keeps a tensor)
         method = method_name(value)
@@ -1217,11 +1242,39 @@ def metric_type(facts: "ScriptFacts", value: cst.BaseExpression) -> Optional[str
         if qualname not in ("torch.sum", "torch.count_nonzero"):
             return None
         inner = args[0].value
+    if isinstance(inner, cst.Name):
+        bound = [a.value for a in facts.assignments_to(inner.value) if not a.unpacked]
+        inner = bound[0] if len(bound) == 1 else inner
     if _boolean(facts, inner):
         return "int"
     if isinstance(inner, cst.Call) and method_name(inner) in ("float", "double"):
         return "float" if facts.qualified_name(inner.func) is None and not inner.args else None
     return None
+
+
+# Names, calls and arithmetic followed from an `.item()` to the metric it reads.
+_METRIC_DEPTH = 4
+
+
+def _host_number(node: cst.BaseExpression) -> bool:
+    """A plain number: a literal, or `len(...)`."""
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    return isinstance(node, cst.Call) and is_name(node.func, "len")
+
+
+def _returned_values(function: cst.CSTNode) -> List[cst.BaseExpression]:
+    """What the function's own `return` statements return (not those of nested functions)."""
+    nested = {
+        id(r)
+        for inner in find_all(function.body, cst.FunctionDef)
+        for r in find_all(inner.body, cst.Return)
+    }
+    return [
+        r.value
+        for r in find_all(function.body, cst.Return)
+        if r.value is not None and id(r) not in nested
+    ]
 
 
 def _identity_test(test: cst.BaseExpression) -> bool:
