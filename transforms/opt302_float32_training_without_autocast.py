@@ -142,7 +142,9 @@ class Float32TrainingWithoutAutocast(Rule):
         device variable is not bound (a sampler that only receives the model) stays in
         float32: the autocast written there would raise NameError. `BCELoss` and
         `binary_cross_entropy` raise under CUDA autocast: the rule reports them (compute
-        logits and use `BCEWithLogitsLoss`) instead of writing a script that crashes; custom
+        logits and use `BCEWithLogitsLoss`, or, for an input that is no sigmoid's output,
+        compute the loss after the autocast block in float32) instead of writing a script
+        that crashes; custom
         autograd Functions are reported too (they need `torch.amp.custom_fwd`). GPUs without
         bfloat16 (before Ampere) want `precision = "fp16"`; an existing GradScaler is reused.
         Not applied to reinforcement learning (a file that imports gym, gymnasium, envpool...
@@ -526,8 +528,10 @@ class Float32TrainingWithoutAutocast(Rule):
             self.report(
                 bce[0].node,
                 message="Float32 training without autocast, but `BCELoss`/`binary_cross_entropy` "
-                "raise under CUDA autocast: return logits and use `BCEWithLogitsLoss` (or "
-                "`binary_cross_entropy_with_logits`), then autocast applies",
+                "raise under CUDA autocast: where its input is a sigmoid's output, return "
+                "logits and use `BCEWithLogitsLoss` (or `binary_cross_entropy_with_logits`); "
+                "otherwise (a cosine similarity, Wav2Lip's sync loss) autocast the forward "
+                "only and compute the loss after the block on `.float()` inputs",
             )
             return True
         functions = [
