@@ -1193,37 +1193,41 @@ BOOLEAN_METHODS = frozenset(
 BOOLEAN_FUNCTIONS = frozenset(f"torch.{name}" for name in BOOLEAN_METHODS - {"bool"})
 
 
-def metric_type(facts: "ScriptFacts", value: cst.BaseExpression) -> Optional[str]:
+def metric_type(
+    facts: "ScriptFacts", value: cst.BaseExpression, scope: Optional[cst.CSTNode] = None
+) -> Optional[str]:
     """The Python type of `value.item()` for a per-step metric whose dtype the analysis
     knows: `int` for a count (`(pred == y).sum()`, `mask.eq(0).sum()`,
     `torch.count_nonzero(...)`: int64, summed exactly on the device too), `float` for a mean
     (`.mean()`) or a sum of floats (`x.float().sum()`), also through names bound only to
     such values, a function of this file returning one (bentrevett's `acc =
     binary_accuracy(predictions, y)`, which returns `correct.sum() / len(correct)`), and a
-    quotient or product of one and a host number; None otherwise."""
-    return _metric_type(facts, value, 0)
+    quotient or product of one and a host number; None otherwise. Names are read in
+    `scope` (the function the value is read in; None: module level)."""
+    return _metric_type(facts, value, scope, 0)
 
 
-def _metric_type(facts: "ScriptFacts", value: cst.BaseExpression, depth: int) -> Optional[str]:
+def _metric_type(
+    facts: "ScriptFacts", value: cst.BaseExpression, scope: Optional[cst.CSTNode], depth: int
+) -> Optional[str]:
     if depth > _METRIC_DEPTH:
         return None
     if isinstance(value, cst.Name):
-        kinds = {
-            _metric_type(facts, a.value, depth + 1) if not a.unpacked else None
-            for a in facts.assignments_to(value.value)
-        }
+        bound = _bound_in(facts, value.value, scope)
+        kinds = {_metric_type(facts, v, scope, depth + 1) for v in bound}
         return kinds.pop() if len(kinds) == 1 else None
     if isinstance(value, cst.BinaryOperation) and isinstance(
         value.operator, (cst.Divide, cst.Multiply)
     ):
-        if _host_number(value.right) and _metric_type(facts, value.left, depth + 1):
+        if _host_number(value.right) and _metric_type(facts, value.left, scope, depth + 1):
             return "float"
         return None
     if not isinstance(value, cst.Call):
         return None
     if isinstance(value.func, cst.Name) and value.func.value in facts.records.functions:
-        returned = _returned_values(facts.records.functions[value.func.value])
-        kinds = {_metric_type(facts, r, depth + 1) for r in returned}
+        function = facts.records.functions[value.func.value]
+        returned = _returned_values(function)
+        kinds = {_metric_type(facts, r, function, depth + 1) for r in returned}
         return kinds.pop() if len(kinds) == 1 and returned else None
     qualname = facts.qualified_name(value.func)
     if qualname is None:  # a method: `x.sum()`, without arguments (`dim` keeps a tensor)
@@ -1243,13 +1247,26 @@ def _metric_type(facts: "ScriptFacts", value: cst.BaseExpression, depth: int) ->
             return None
         inner = args[0].value
     if isinstance(inner, cst.Name):
-        bound = [a.value for a in facts.assignments_to(inner.value) if not a.unpacked]
+        bound = _bound_in(facts, inner.value, scope)
         inner = bound[0] if len(bound) == 1 else inner
     if _boolean(facts, inner):
         return "int"
     if isinstance(inner, cst.Call) and method_name(inner) in ("float", "double"):
         return "float" if facts.qualified_name(inner.func) is None and not inner.args else None
     return None
+
+
+def _bound_in(
+    facts: "ScriptFacts", name: str, scope: Optional[cst.CSTNode]
+) -> List[cst.BaseExpression]:
+    """The values `name` is bound to in `scope`'s own body (or, when it binds nothing
+    there, at module level); an unpacking binds no value the analysis can read."""
+    assignments = facts.assignments_in_scope(name, scope)
+    if not assignments and scope is not None:
+        assignments = facts.assignments_in_scope(name, None)
+    if any(a.unpacked for a in assignments):
+        return []
+    return [a.value for a in assignments]
 
 
 # Names, calls and arithmetic followed from an `.item()` to the metric it reads.
@@ -1319,7 +1336,9 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
             if accumulated is None or accumulated[1] is not call.node:
                 continue
             receiver = call.node.func.value
-            kind = metric_type(facts, receiver) or _loss_term_type(facts, loop, call, losses)
+            kind = metric_type(facts, receiver, call.site.function) or _loss_term_type(
+                facts, loop, call, losses
+            )
             if kind is None or call.site.statement not in per_step:
                 continue
             items.append(call)
