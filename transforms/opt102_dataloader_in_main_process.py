@@ -310,7 +310,7 @@ class DataloaderInMainProcess(Rule):
                 self.report(
                     call,
                     message=f"DataLoader may prepare items in the training process; its {what} "
-                    "is defined elsewhere: if it does CPU work on host tensors, set "
+                    "is not known to the analysis: if it does CPU work on host tensors, set "
                     "`num_workers` and `persistent_workers=True`",
                 )
                 continue

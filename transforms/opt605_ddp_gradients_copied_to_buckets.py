@@ -55,7 +55,9 @@ class DDPGradientsCopiedToBuckets(Rule):
         to a function other than torch's, set to a tensor, or read with `getattr`. Reads that
         compute from a gradient (`p.grad.norm()`, `torch.isfinite(p.grad)`, `p.grad is
         None`, a local name only computed from later in its block, as in a hand-written
-        optimizer's step),
+        optimizer's step, also when it is bound again to its own value, `grad = grad.float()`,
+        or passed only for its dtype and device, `state.to(grad)`: Hugging Face's AdamW and
+        Adafactor),
         updates in place (`p.grad.data.mul_(c)`, `p.grad += noise`, `p.grad.zero_()`) and
         `p.grad = None` are sound. Where the script does one of the others, it reports,
         naming the first such line.

@@ -12,7 +12,7 @@ from optimizer_codemod.analysis.calls import argument, is_literal, literal, meth
 from optimizer_codemod.analysis.collect import CallSite, Site
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
-from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
 from optimizer_codemod.analysis.syncs import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -213,8 +213,21 @@ def _bucket_safe_use(facts: "ScriptFacts", table, node: cst.CSTNode, depth: int 
             # `mu.mul_(momentum).add_(dp)`: a tensor method that reads its argument.
             return method_name(call) in ARGUMENT_READING_METHODS
         if isinstance(parent, cst.Assign) and parent.value is node and depth < MAX_DEPTH:
+            if depth > 0 and _rebinds_its_own_name(parent):
+                return True  # `grad = grad.float()`: the name's other uses are being checked
             return _name_safe_uses(facts, table, parent, depth)
         return False
+
+
+def _rebinds_its_own_name(assign: cst.Assign) -> bool:
+    """`grad = grad.float()` (Hugging Face's Adafactor): the name is bound again to what its
+    own value gives, the same tensor or a new one."""
+    targets = assign.targets
+    return (
+        len(targets) == 1
+        and isinstance(targets[0].target, cst.Name)
+        and root_name(assign.value) == targets[0].target.value
+    )
 
 
 def _name_safe_uses(facts: "ScriptFacts", table, assign: cst.Assign, depth: int) -> bool:

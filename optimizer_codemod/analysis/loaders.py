@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Set,
 
 import libcst as cst
 
-from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.nodes import find_all, is_name, returned_values
 from optimizer_codemod.analysis.calls import (
     argument,
     excerpt,
@@ -308,11 +308,32 @@ def _kind_of(
     local = dotted_name(node.func)
     if qualname is None and local in facts.classes:
         return _class_kind(facts, local, 0, classes)
+    if qualname is None and local in facts.records.functions:
+        return _returned_kind(facts, facts.records.functions[local], depth, classes)
     imported = imported_dataset(facts, local)
     if imported is not None:
         classes.append(imported.name)
         return DatasetKind(imported.kind)
     return DatasetKind.UNKNOWN
+
+
+def _returned_kind(
+    facts: "ScriptFacts", function: cst.FunctionDef, depth: int, classes: List[str]
+) -> DatasetKind:
+    """What a function of this file returns as a dataset, its names read in its own body
+    (Hugging Face's `load_and_cache_examples` ends `dataset = TensorDataset(...)`, `return
+    dataset`): one kind for every return, else unknown."""
+    kinds = set()
+    for value in returned_values(function):
+        if isinstance(value, cst.Name):
+            bound = facts.assignments_in_scope(value.value, function)
+            if bound:
+                if any(a.unpacked or a.augmented for a in bound):
+                    return DatasetKind.UNKNOWN
+                kinds.update(_kind_of(facts, a.value, depth + 1, classes) for a in bound)
+                continue
+        kinds.add(_kind_of(facts, value, depth + 1, classes))
+    return kinds.pop() if len(kinds) == 1 else DatasetKind.UNKNOWN
 
 
 def class_kind_of(

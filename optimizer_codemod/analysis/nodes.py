@@ -143,3 +143,17 @@ def parameters_of(params: cst.Parameters) -> List[cst.Param]:
         if isinstance(extra, cst.Param):
             found.append(extra)
     return found
+
+
+def returned_values(function: cst.CSTNode) -> List[cst.BaseExpression]:
+    """What the function's own `return` statements return (not those of nested functions)."""
+    nested = {
+        id(r)
+        for inner in find_all(function.body, cst.FunctionDef)
+        for r in find_all(inner.body, cst.Return)
+    }
+    return [
+        r.value
+        for r in find_all(function.body, cst.Return)
+        if r.value is not None and id(r) not in nested
+    ]

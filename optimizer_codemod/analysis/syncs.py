@@ -46,7 +46,7 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call
+from optimizer_codemod.analysis.nodes import find_all, is_name, lone_call, returned_values
 from optimizer_codemod.analysis.training import DATA_PARALLEL_WRAPPERS
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
@@ -1226,7 +1226,7 @@ def _metric_type(
         return None
     if isinstance(value.func, cst.Name) and value.func.value in facts.records.functions:
         function = facts.records.functions[value.func.value]
-        returned = _returned_values(function)
+        returned = returned_values(function)
         kinds = {_metric_type(facts, r, function, depth + 1) for r in returned}
         return kinds.pop() if len(kinds) == 1 and returned else None
     qualname = facts.qualified_name(value.func)
@@ -1278,20 +1278,6 @@ def _host_number(node: cst.BaseExpression) -> bool:
     if isinstance(node, (cst.Integer, cst.Float)):
         return True
     return isinstance(node, cst.Call) and is_name(node.func, "len")
-
-
-def _returned_values(function: cst.CSTNode) -> List[cst.BaseExpression]:
-    """What the function's own `return` statements return (not those of nested functions)."""
-    nested = {
-        id(r)
-        for inner in find_all(function.body, cst.FunctionDef)
-        for r in find_all(inner.body, cst.Return)
-    }
-    return [
-        r.value
-        for r in find_all(function.body, cst.Return)
-        if r.value is not None and id(r) not in nested
-    ]
 
 
 def _identity_test(test: cst.BaseExpression) -> bool:
