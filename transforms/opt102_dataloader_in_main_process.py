@@ -123,8 +123,8 @@ class DataloaderInMainProcess(Rule):
         object the dataset holds, so every worker repeats the same draws). A dataset built
         from a list the script fills with device tensors (`xs.append(torch.tensor(...,
         device=device))`) counts as one of device tensors. Never for a loader that a loop
-        over it hands to a call or iterates again (`evaluate(loader)` in the middle of an
-        epoch): with `persistent_workers=True` the second `iter(loader)` resets the one
+        over it iterates again or hands to a function that may (`evaluate(loader)` in the
+        middle of an epoch; a helper the run shows only reading `len(loader)` does not count): with `persistent_workers=True` the second `iter(loader)` resets the one
         iterator the loader keeps, and the outer epoch ends early without an error
         (tests/test_persistent_worker_claims.py runs both on the installed torch). Options built in a dict (`loader_args = dict(...)` or
         `{...}`, assigned once and passed as `**loader_args`) are read like keywords; the fix

@@ -103,7 +103,8 @@ class DataloaderWorkersRestartedEachEpoch(Rule):
         `loader.dataset.x = ...` in a function the loader is handed to: persistent workers
         would keep a stale copy; a change earlier in the function that builds the loader,
         outside any loop, is seen by every worker and does not count), when a loop over
-        the loader hands it to a call or iterates it again (`evaluate(loader)` mid-epoch:
+        the loader iterates it again or hands it to a function that may (`evaluate(loader)`
+        mid-epoch; one the run shows only reading `len(loader)` does not count:
         the second `iter(loader)` would reset the one iterator a persistent loader keeps and
         end the epoch early, silently), when each call of the function that iterates it
         gets a new loader from the function building it (Hugging Face's `evaluate()` calls

@@ -938,17 +938,35 @@ def iterated_within_its_own_loop(facts: "ScriptFacts", site: CallSite) -> Option
     `for` over it, or the loader handed to a call: `evaluate(loader)` in the middle of an
     epoch); None when there is none. With `persistent_workers=True`, `iter(loader)` hands
     out the one iterator it keeps and resets it, so the outer epoch silently ends early."""
+    local = looping_summaries(facts)
+    elsewhere = imported_looping_functions(facts)
     for loop in loops_over(facts, site):
         names = _iterated_names(loop.iter)
         for node in find_all(loop.node.body, cst.For, cst.Call):
             if isinstance(node, cst.For):
                 if names & _iterated_names(node.iter):
                     return node
-            elif dotted_name(node.func) not in _LOADER_READS and any(
-                dotted_name(arg.value) in names for arg in node.args
-            ):
-                return node
+                continue
+            if dotted_name(node.func) in _LOADER_READS:
+                continue
+            for arg in node.args:
+                if dotted_name(arg.value) in names and _may_iterate(
+                    facts, node, arg, local, elsewhere
+                ):
+                    return node
     return None
+
+
+def _may_iterate(facts, call: cst.Call, arg: cst.Arg, local, elsewhere) -> bool:
+    """The function `call` runs may loop over what `arg` passes: unless its summary (this
+    file's, or the project index's) says the parameter is neither looped over nor handed on
+    (barlowtwins' `adjust_learning_rate(args, optimizer, loader, step)` reads `len(loader)`)."""
+    site = facts.call_site_of.get(call)
+    summary = callee_summary(facts, site, local, elsewhere) if site is not None else None
+    bound = summary.bound(call, arg) if summary is not None else None
+    if bound is None or summary.varargs:
+        return True
+    return bound in (*summary.iterated, *summary.repeated, *summary.handed_away)
 
 
 def _iterated_names(node: Optional[cst.BaseExpression]) -> Set[str]:
