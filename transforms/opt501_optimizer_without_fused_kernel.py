@@ -24,6 +24,7 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.checkpoints import restores_optimizer_state
 from optimizer_codemod.analysis.precision import fp16_loss_scaling, sixteen_bit_conversion
+from optimizer_codemod.analysis.training import lightning_module_optimizer
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -117,8 +118,10 @@ class OptimizerWithoutFusedKernel(Rule):
         checkpoint). Without loss scaling such a resume only turns the fused kernel off again.
         An optimizer a LightningModule's `configure_optimizers` builds is left alone: under
         mixed precision with `gradient_clip_val`, both set on the Trainer, Lightning raises for
-        a fused optimizer. A ShardedGradScaler built in a module of the run the script imports
-        (dinov2's `SSLMetaArch`) counts as the script's own. tests/test_fused_optimizer_claims.py runs each
+        a fused optimizer (minGPT's own `configure_optimizers` on a plain nn.Module does not
+        count). A ShardedGradScaler that a module of the run the script imports names
+        (dinov2's `SSLMetaArch`, llama-recipes' train_utils.py) counts as the script's own; a
+        library module that only reads Accelerate's FSDP state in a helper does not. tests/test_fused_optimizer_claims.py runs each
         of these on the installed torch.
 
     Expected gain:
@@ -256,8 +259,7 @@ def _why_fused_would_fail(facts, label: str, site) -> "str | None":
             "disagree on skipping a step and on the loss scale, and after `unscale_` (to clip "
             "gradients) the fused step raises (torch 2.13)"
         )
-    function = site.site.function
-    if isinstance(function, cst.FunctionDef) and function.name.value == "configure_optimizers":
+    if lightning_module_optimizer(facts, site):
         return (
             "a LightningModule's optimizer: under mixed precision Lightning refuses gradient "
             "clipping with a fused optimizer (`MixedPrecision.clip_gradients` raises), and "

@@ -789,13 +789,11 @@ def sharded_grad_scaler(facts: "ScriptFacts") -> Optional[str]:
 
 
 def names_sharded_grad_scaler(facts: "ScriptFacts") -> bool:
-    """This file itself names a ShardedGradScaler or the FSDP state that brings one (the
-    project index tells the files that import it)."""
-    return (
-        _package_named(facts, _SHARDED_SCALER_NAMES) is not None
-        or _keyword_named(facts, lambda arg: arg.keyword.value == "fsdp_plugin") is not None
-        or _reads_fsdp_state(facts) is not None
-    )
+    """This file names a ShardedGradScaler itself (the project index tells the files that
+    import it: llama-recipes' train_utils.py, dinov2's ssl_meta_arch.py). A library module
+    that only reads Accelerate's FSDP state in a helper (diffusers' training_utils.py,
+    accelerate's own state.py) says nothing of how the importing script runs."""
+    return _package_named(facts, _SHARDED_SCALER_NAMES) is not None
 
 
 # Accelerate's state says FSDP is on: `accelerator.state.fsdp_plugin` (also through

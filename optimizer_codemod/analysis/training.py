@@ -2112,3 +2112,19 @@ def models_fed_by(facts: "ScriptFacts", model: TrainedModel) -> List[TrainedMode
                 found.append(other)
                 break
     return found
+
+
+def lightning_module_optimizer(facts: "ScriptFacts", optimizer: "CallSite") -> bool:
+    """The optimizer is built in `configure_optimizers` of a LightningModule (a class of this
+    file deriving from `lightning.LightningModule`, `pytorch_lightning.LightningModule` or
+    `L.LightningModule`): the Trainer steps it (minGPT's own `configure_optimizers`, on a
+    plain nn.Module, does not count)."""
+    function = optimizer.site.function
+    if not isinstance(function, cst.FunctionDef):
+        return False
+    if function.name.value != "configure_optimizers":
+        return False
+    info = facts.classes.get(optimizer.site.class_name or "")
+    return info is not None and any(
+        (base or "").rsplit(".", 1)[-1] == "LightningModule" for base in info.bases
+    )
