@@ -31,14 +31,20 @@ SCRIPT = textwrap.dedent("""\
     """)
 
 
-def test_a_nested_iteration_cuts_a_persistent_loaders_epoch_short(tmp_path) -> None:
-    script = tmp_path / "nested.py"
-    script.write_text(SCRIPT)
+def _printed_numbers(tmp_path, text: str):
+    """Run `text` as a script (worker processes need a real `__main__` file) and return the
+    integers it prints."""
+    script = tmp_path / "claim.py"
+    script.write_text(text)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    plain, persistent = map(int, done.stdout.split())
+    return [int(word) for word in done.stdout.split()]
+
+
+def test_a_nested_iteration_cuts_a_persistent_loaders_epoch_short(tmp_path) -> None:
+    plain, persistent = _printed_numbers(tmp_path, SCRIPT)
     assert plain == 40
     assert persistent < 40
 
@@ -69,12 +75,6 @@ RANDOM_PICKS = textwrap.dedent("""\
 def test_workers_copy_a_datasets_own_generator_and_repeat_its_draws(tmp_path) -> None:
     """Why OPT102 leaves alone a dataset that keeps its own random generator: PyTorch seeds
     each worker's `random` module, not the dataset's `random.Random`."""
-    script = tmp_path / "picks.py"
-    script.write_text(RANDOM_PICKS)
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    in_process, in_workers = map(int, done.stdout.split())
+    in_process, in_workers = _printed_numbers(tmp_path, RANDOM_PICKS)
     assert in_process == 8
     assert in_workers == 4  # each of the two workers drew the same four numbers
