@@ -210,11 +210,15 @@ class Rule(cst.BatchableCSTVisitor):
         return self.context.facts
 
     @property
+    def in_notebook(self) -> bool:
+        return self.context.path.endswith(".ipynb")
+
+    @property
     def runs_as_script(self) -> bool:
         """The file is run, not imported (ScriptFacts.runs_as_script), or is a notebook,
         which nothing imports: its cells run top to bottom even where the training is a
         callback the analysis does not follow (ignite's `Engine(train_step).run(...)`)."""
-        return self.facts.runs_as_script or self.context.path.endswith(".ipynb")
+        return self.facts.runs_as_script or self.in_notebook
 
     def sync_removals_applied(self) -> FrozenSet[str]:
         """The kinds of per-step sync that this run's fixes remove: those of this rule and of

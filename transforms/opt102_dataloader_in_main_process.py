@@ -35,9 +35,6 @@ from optimizer_codemod.analysis.loaders import (
 from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
-NOTEBOOK_SUFFIX = ".ipynb"
-
-
 # Why a loader whose items cost nothing to prepare gets no workers, by dataset kind.
 _NO_WORK_FOR_WORKERS = {
     DatasetKind.TENSORS: "the dataset is a TensorDataset: items are slices of tensors in "
@@ -192,7 +189,7 @@ class DataloaderInMainProcess(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         facts = self.facts
-        if self.context.path.endswith(NOTEBOOK_SUFFIX):
+        if self.in_notebook:
             for site in facts.dataloader_constructions():
                 workers = option_settings(facts, site.node, "num_workers")
                 if not workers or all(is_literal(value, 0) for value in workers):

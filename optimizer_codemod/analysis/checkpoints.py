@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Collection, List, Optional, Tuple
 
 import libcst as cst
 
+from optimizer_codemod.analysis.calls import callee_name
 from optimizer_codemod.analysis.collect import CallSite
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import parameters_of
@@ -82,14 +83,7 @@ def restores_optimizer_state(facts: "ScriptFacts", optimizer: cst.Call) -> Optio
         elif call.method == "load_state" and call.receiver is not None:
             if holds_instance(facts, call.node.func.value, call.site.function, (ACCELERATOR,)):
                 return call.node
-        elif name is not None and _RESTORING_WORDS.search(_called_name(call.node) or ""):
+        elif name is not None and _RESTORING_WORDS.search(callee_name(call.node) or ""):
             if any(dotted_name(arg.value) == name for arg in call.node.args):
                 return call.node
     return None
-
-
-def _called_name(call: cst.Call) -> Optional[str]:
-    func = call.func
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return func.value if isinstance(func, cst.Name) else None

@@ -941,10 +941,10 @@ def iterated_within_its_own_loop(facts: "ScriptFacts", site: CallSite) -> Option
     local = looping_summaries(facts)
     elsewhere = imported_looping_functions(facts)
     for loop in loops_over(facts, site):
-        names = _iterated_names(loop.iter)
+        names = {facts.iterated_name(loop.iter)} - {None}
         for node in find_all(loop.node.body, cst.For, cst.Call):
             if isinstance(node, cst.For):
-                if names & _iterated_names(node.iter):
+                if facts.iterated_name(node.iter) in names:
                     return node
                 continue
             if dotted_name(node.func) in _LOADER_READS:
@@ -967,14 +967,6 @@ def _may_iterate(facts, call: cst.Call, arg: cst.Arg, local, elsewhere) -> bool:
     if bound is None or summary.varargs:
         return True
     return bound in (*summary.iterated, *summary.repeated, *summary.handed_away)
-
-
-def _iterated_names(node: Optional[cst.BaseExpression]) -> Set[str]:
-    """The dotted names a loop header iterates: `loader` in `enumerate(tqdm(loader))`."""
-    if isinstance(node, cst.Call):
-        return set().union(*(_iterated_names(arg.value) for arg in node.args))
-    name = dotted_name(node) if node is not None else None
-    return {name} if name is not None else set()
 
 
 def zipped_with_other_iterables(facts: "ScriptFacts", site: CallSite) -> bool:
@@ -1184,7 +1176,6 @@ def _handoffs_by_site(facts: "ScriptFacts") -> Dict[int, Handoffs]:
             built_in = {id(loop) for loop in (*site.site.loops, *assigned_in)}
             runs_again = any(id(loop) not in built_in for loop in call.site.loops) or (
                 call.site.function is not None
-                and not _built_by_each_call(facts, arg.value, call.site.function, site)
                 and _called_in_loop(facts, call.site.function, site, built_in, 0, set())
             )
             summary = callee_summary(facts, call, local, elsewhere)
@@ -1263,21 +1254,6 @@ def _obtaining_functions(facts: "ScriptFacts", site: CallSite) -> Set[int]:
             and _returned_loader(facts, call) is site
         }
     return memo[id(site)]
-
-
-def _built_by_each_call(facts, node, function, site: CallSite) -> bool:
-    """`node` names a loader that `function` itself obtains from a function of this file
-    returning `site` (`loader = self.get_eval_dataloader()`, HF's Trainer.evaluate): each
-    call of `function` builds a new loader, so calling it again and again does not iterate
-    one loader again and again."""
-    name = dotted_name(node)
-    assignments = facts.assignments_in_scope(name, function) if name is not None else ()
-    return bool(assignments) and all(
-        not a.unpacked
-        and (made := facts.call_site_of.get(a.value)) is not None
-        and _returned_loader(facts, made) is site
-        for a in assignments
-    )
 
 
 def _loader_value(facts, node, local) -> Tuple[Optional[CallSite], Tuple[Loop, ...]]:

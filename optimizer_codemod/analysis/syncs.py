@@ -1138,7 +1138,11 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
     found: List[Accumulation] = []
     seen: Set[tuple] = set()
     for loop in facts.training_loops:
-        per_step = _reads_every_step(facts, loop)
+        # A read on every iteration of the loop that sums the total syncs as often as the
+        # `.item()` it replaces; a micro-step loop's total read once per optimizer step, in
+        # the loop around it (imagen's trainer), syncs once per step instead of once per
+        # micro-batch, and the micro-batches' kernels queue without waiting for each other.
+        per_step = every_iteration(loop)
         items = loss_items(facts, loop)
         for item in items:
             small = _small_statement(item)
@@ -1152,15 +1156,6 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
             seen.add(key)
             found.append(_accumulation(facts, loop, name, items, per_step))
     return found
-
-
-def _reads_every_step(facts: "ScriptFacts", loop: Loop) -> Set[cst.CSTNode]:
-    """Statements that run on every iteration of `loop`, where the total is summed: a read
-    there syncs as often as the `.item()` it replaces. A micro-step loop's total read once
-    per optimizer step, in the loop around it (imagen's trainer), is no obstacle: its syncs
-    drop from one per micro-batch to one per step, and the micro-batches' kernels queue
-    without waiting for each other."""
-    return every_iteration(loop)
 
 
 def step_loss_items(facts: "ScriptFacts") -> List[CallSite]:
@@ -1336,7 +1331,7 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
                     loop,
                     name,
                     items,
-                    _reads_every_step(facts, loop),
+                    every_iteration(loop),
                     "a metric",
                     counts=kinds == {"int"},
                 )
@@ -1379,7 +1374,7 @@ def _small_statement(item: CallSite) -> Optional[cst.CSTNode]:
 
 # Why nothing waits in a script that never uses an accelerator (OPT202's reason).
 CPU_ONLY = (
-    "the script never places a tensor on an accelerator: on the CPU `.item()` waits for " "nothing"
+    "the script never places a tensor on an accelerator: on the CPU `.item()` waits for nothing"
 )
 
 

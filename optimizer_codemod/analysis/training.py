@@ -27,6 +27,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import (
     callee_name,
+    code_of,
     excerpt,
     has_star_args,
     is_prepare,
@@ -140,6 +141,8 @@ ELEMENTWISE_RANDOM_FUNCTIONS = frozenset(
 ELEMENTWISE_RANDOM_METHODS = frozenset(
     {"bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "random_"}
 )
+# A parameter's own tensor (`m.weight.data`): an in-place draw into it initialises the model.
+_PARAMETER_RECEIVER = re.compile(r"\b(weight|bias)(\.data)?$")
 # torchvision builders whose networks apply element-wise dropout to 4-D feature maps
 # (SqueezeNet's classifier and DenseNet's `drop_rate` before a convolution, the ASPP and FCN
 # heads); the others drop only flattened 2-D features.
@@ -911,9 +914,8 @@ def initialised_after(
     statements = list(block.body)
     later = statements[statements.index(anchor) + 1 :]
     # `self.apply(self._init_weights)` after `self.G = Generator()` reaches `self.G` too.
-    holders = {model.name}
-    while "." in min(holders, key=len):
-        holders.add(min(holders, key=len).rsplit(".", 1)[0])
+    parts = model.name.split(".")
+    holders = {".".join(parts[:end]) for end in range(1, len(parts) + 1)}
     found = None
     for statement in later:
         for node in find_all(statement, cst.Call):
@@ -2023,17 +2025,14 @@ def model_randomness(facts: "ScriptFacts", model: TrainedModel) -> Optional[Tupl
     draws for which element."""
     dropout = model_dropout_calls(facts, model)
     if dropout:
-        return "dropout", f"`{cst.Module([]).code_for_node(dropout[0].node.func)}`"
+        return "dropout", f"`{code_of(dropout[0].node.func)}`"
     elsewhere = imported_layer(facts, model, is_elementwise_dropout)
     if elsewhere is not None:
         return "dropout", f"`{elsewhere[0]}` in {elsewhere[1].module}"
     draws = model_random_draws(facts, model)
     if draws:
-        return "draws", f"`{cst.Module([]).code_for_node(draws[0].node.func)}`"
+        return "draws", f"`{code_of(draws[0].node.func)}`"
     return None
-
-
-_PARAMETER_RECEIVER = re.compile(r"\b(weight|bias)(\.data)?$")
 
 
 def model_recurrent_layers(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:
