@@ -6,6 +6,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.devices import mentions_accelerator
+from optimizer_codemod.analysis.matmuls import convolution_only_training
 from optimizer_codemod.analysis.precision import (
     determinism_request,
     entry_call,
@@ -81,6 +82,23 @@ class Float32MatmulWithoutTF32(Rule):
         `dtype=torch.float64`): TF32 concerns float32 matmuls only.
 
         A notebook is never taken for an importable module (nothing imports it).
+
+        Not applied when every model the script trains is built of convolutions and layers
+        that multiply no matrices (normalisation, pooling, padding, resampling, dropout,
+        embeddings, element-wise activations; a DCGAN, Wav2Lip's SyncNet) and nothing else
+        in the file multiplies matrices either: the line would change nothing, because
+        cuDNN already runs float32 convolutions on TF32 tensor cores
+        (`torch.backends.cudnn.conv.fp32_precision` is "tf32" before and after
+        `set_float32_matmul_precision("high")`, torch 2.13; the convolution descriptor asks
+        for FMA math only when TF32 is off, `ConvolutionDescriptor::set` in
+        aten/src/ATen/cudnn/Descriptors.h). Anything the analysis cannot read keeps the fix:
+        an `nn.Linear`, recurrent or attention layer, `@`, `torch.mm`, `x.bmm(y)`, `einsum`,
+        `F.affine_grid` or spectral norm anywhere in the file; a model it does not follow
+        whole (a torchvision or timm builder, `torch.load`, a base class from a library, a
+        module handed to the constructor and called); a call of another module it cannot
+        read (pytorch/examples' neural_style computes its style loss with
+        `utils.gram_matrix`, a `bmm`); `cudnn.enabled = False`, which sends convolutions
+        through im2col and cuBLAS (analysis/matmuls.py).
 
         Reported without a fix when the file looks importable (no `__main__` guard, and no
         module-level statement that trains: a backward call, or a call of one of its own
@@ -188,6 +206,17 @@ class Float32MatmulWithoutTF32(Rule):
         reason = _why_precision_is_decided(facts)
         if reason is not None:
             self.decline(anchor.node, reason)
+            return
+        convolution = convolution_only_training(facts) if backward is not None else None
+        if convolution is not None:
+            self.decline(
+                anchor.node,
+                f"every model it trains is built of convolutions ({convolution}) and layers "
+                "that multiply no matrices, and the file multiplies none: cuDNN already runs "
+                "float32 convolutions on TF32 tensor cores (`torch.backends.cudnn.conv."
+                'fp32_precision` is "tf32" by default), and the setting changes cuBLAS '
+                "matmuls only",
+            )
             return
         if elsewhere is None and not self.runs_as_script:
             scripts = entry_points_elsewhere(facts)

@@ -1346,6 +1346,8 @@ def _class_layers(
     under a conditional expression, the first `.view` among them), memoised per class: its
     methods, its bases and the classes it builds in the same file or, through imports, in
     other files of the run, and the functions of its file those methods call."""
+    from optimizer_codemod.analysis.matmuls import MATMUL_METHODS, writes_matmul_operator
+
     if name in owner.summaries:
         return owner.summaries[name]
     owner.summaries[name] = (set(), set(), "")  # a class that builds itself ends here
@@ -1362,8 +1364,13 @@ def _class_layers(
         info = facts.classes.get(current)
         if info is not None:
             pending.extend(b for b in info.bases if b in facts.classes)
+        definition = facts.top_level_definitions.get(current)
+        if definition is not None and writes_matmul_operator(definition):
+            layers.add("operator.matmul")  # `q @ k.transpose(-2, -1)`: counted as a layer
         for call in facts.calls_made_in(current):
             layer = _custom_function(facts, call.node.func) or call.qualname or ""
+            if not layer and call.method in MATMUL_METHODS:
+                layer = "torch.matmul"  # `x.bmm(y)`: a method of a value, named as torch's
             (optional if id(call.node) in _conditional_calls(owner, call) else layers).add(layer)
             if call.method in ("view", "view_as") and not views:
                 views.append(excerpt(call.node))

@@ -2127,3 +2127,92 @@ def lightning_module_optimizer(facts: "ScriptFacts", optimizer: "CallSite") -> b
     return info is not None and any(
         (base or "").rsplit(".", 1)[-1] == "LightningModule" for base in info.bases
     )
+
+
+def model_layer_names(facts: "ScriptFacts", model: TrainedModel) -> Optional[List[str]]:
+    """The qualified names of every call `model` may be built of (its layer calls in this
+    file, see model_layer_calls, and the layers of its classes from other modules of the run),
+    when the analysis sees all of it: every module its construction builds is a class of this
+    file deriving from torch's nn classes and classes of this file, a class of another module
+    of the run, or a torch.nn class, and no class of it calls a module handed to its
+    constructor (`self.backbone = backbone`). None otherwise (a torchvision or timm builder, a
+    function of this file, `torch.load`, a base class from a library)."""
+    expressions = _model_expressions(facts, model)
+    if any(isinstance(e, cst.FunctionDef) for e in expressions):
+        return None
+    built = False
+    for expression in expressions:
+        for call in find_all(expression, cst.Call):
+            if not _may_build_other_modules(facts, call):
+                qualname = facts.qualified_name(call.func) or ""
+                if qualname.startswith("torch.nn.") and builds_module(facts, call):
+                    built = True
+                elif qualname.startswith(("torch.load", "torch.jit.", "torch.hub.")):
+                    return None
+                continue
+            name = dotted_name(call.func) or ""
+            if (name in facts.classes and is_module_class(facts, name)) or imported_module_class(
+                facts, call.func
+            ):
+                built = True
+            elif not _builds_no_module(facts, call):
+                return None
+    classes = model_classes(facts, model)
+    if not (built or classes) or any(_opaque_class(facts, name) for name in classes):
+        return None
+    names = [
+        call.qualname or ""
+        for call in model_layer_calls(facts, model)
+        if not imported_module_class(facts, call.node.func)  # read through its layers below
+    ]
+    for imported in model_imported_classes(facts, model):
+        names.extend(imported.possible_layers)
+    return names
+
+
+def _builds_no_module(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """A call of a builtin (`int(args.nz)`, `len(classes)`) or of an attribute of a value
+    (`args.get("nz")`), which builds no module."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value in _PLAIN_BUILTINS and not facts.imports.is_bound(func.value)
+    head = root_name(func)
+    return (
+        head not in (None, "self")
+        and not facts.imports.is_bound(head)
+        and head not in facts.top_level_definitions
+    )
+
+
+_PLAIN_BUILTINS = frozenset({"int", "float", "len", "range", "min", "max", "round", "bool", "str"})
+
+
+def _opaque_class(facts: "ScriptFacts", name: str) -> bool:
+    """A class of this file whose code the analysis cannot see whole: a base neither of this
+    file nor torch.nn's, or a module handed to its constructor that it calls."""
+    info = facts.classes[name]
+    if any(
+        base is None or not (base in facts.classes or base.startswith("torch.nn."))
+        for base in info.bases
+    ):
+        return True
+    handed = set()
+    for function in find_all(info.node.body, cst.FunctionDef):
+        parameters = {p.name.value for p in function.params.params}
+        for assign in find_all(function.body, cst.Assign):
+            value = assign.value
+            if isinstance(value, cst.Name) and value.value in parameters:
+                handed.update(dotted_name(t.target) for t in assign.targets)
+    return any(dotted_name(call.func) in handed for call in find_all(info.node.body, cst.Call))
+
+
+def every_optimizer_model_known(facts: "ScriptFacts") -> bool:
+    """Every optimizer of this file takes the parameters of models the analysis follows
+    (trained_models): none of a model loaded whole (`torch.load`), handed in from elsewhere,
+    or of parameters gathered some other way."""
+    for optimizer in facts.optimizer_constructions() + _custom_optimizer_constructions(facts):
+        args = positional(optimizer.node)
+        owners = _parameter_owners(facts, args[0].value) if args else set()
+        if not owners or any(_trained_model(facts, o, optimizer) is None for o in owners):
+            return False
+    return True
