@@ -6,6 +6,7 @@ from typing import List
 
 import libcst as cst
 
+from optimizer_codemod.analysis.layouts import viewed_in_standard_layout
 from optimizer_codemod.analysis.devices import per_sample_gradients
 from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
@@ -177,7 +178,14 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         `.view_as(...)`: a view that merges the channel dimension with the spatial ones
         (`x.view(x.size(0), -1)`) raises "view size is not compatible with input tensor's
         size and stride" on a channels_last tensor (checked with torch 2.13.0+cpu). Use
-        `torch.flatten(x, 1)` or `x.reshape(...)` there, then convert the model. Reported
+        `torch.flatten(x, 1)` or `x.reshape(...)` there, then convert the model. A view of
+        a value that is never a channels_last feature map does not count: the output of a
+        Linear or Flatten layer of the class (or of an `nn.Sequential` ending in one, then
+        element-wise layers), of `torch.flatten`, `.reshape` or `.contiguous()`, written as
+        the view's receiver or bound to it by the last assignment before it in the same function
+        body (pytorch-beginner's conv_gan generator, `x = self.fc(x); x = x.view(n, 1, 56,
+        56)`): a Linear writes a new contiguous tensor, also from a 4-D channels_last input
+        (analysis/layouts.py). Reported
         too when the model's output is fed to another trained model that flattens its
         feature maps (`critic(encoder(x))` where the critic calls `out.view(out.size(0), -1)`
         or `h.view(-1, 512)`; `output.view(-1, 1)` of a score per sample does not count):
@@ -434,7 +442,8 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 function = call.site.function
                 in_helper = function is not None and function.name.value in helpers
                 if call.site.class_name in classes or in_helper or on_output:
-                    found.append(call)
+                    if not viewed_in_standard_layout(facts, call):
+                        found.append(call)
         return [call.node for call in sorted(found, key=lambda call: call.site.order)]
 
 

@@ -1346,6 +1346,7 @@ def _class_layers(
     under a conditional expression, the first `.view` among them), memoised per class: its
     methods, its bases and the classes it builds in the same file or, through imports, in
     other files of the run, and the functions of its file those methods call."""
+    from optimizer_codemod.analysis.layouts import viewed_in_standard_layout
     from optimizer_codemod.analysis.matmuls import MATMUL_METHODS, writes_matmul_operator
 
     if name in owner.summaries:
@@ -1372,7 +1373,11 @@ def _class_layers(
             if not layer and call.method in MATMUL_METHODS:
                 layer = "torch.matmul"  # `x.bmm(y)`: a method of a value, named as torch's
             (optional if id(call.node) in _conditional_calls(owner, call) else layers).add(layer)
-            if call.method in ("view", "view_as") and not views:
+            if (
+                call.method in ("view", "view_as")
+                and not views
+                and not viewed_in_standard_layout(facts, call)
+            ):
                 views.append(excerpt(call.node))
             called = call.node.func.value if isinstance(call.node.func, cst.Name) else None
             if called in facts.classes or called in facts.records.functions:

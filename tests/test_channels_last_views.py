@@ -1,0 +1,78 @@
+"""OPT407 and views of tensors that are never channels_last feature maps
+(analysis/layouts.py).
+
+A view of a Linear layer's output, of `torch.flatten`/`.reshape`, or of `.contiguous()`
+works whatever the model's memory format, so it no longer blocks the conversion
+(pytorch-beginner's conv_gan generator views its Linear output as an image). A view of a
+feature map is still reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optimizer_codemod import rewrite
+from optimizer_codemod.diagnostics import Status
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "OPT407" / "fix_views_of_linear_outputs.py"
+SOURCE = FIXTURE.read_text()
+CONVERTED = FIXTURE.with_name(FIXTURE.stem + ".expected.py").read_text()
+
+
+def test_torch_views_linear_flatten_and_contiguous_results_of_channels_last_maps() -> None:
+    torch = pytest.importorskip("torch")
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    maps = conv(torch.randn(2, 3, 6, 6))
+    assert maps.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        maps.view(2, -1)  # the hazard the rule reports
+    linear = torch.nn.Linear(4, 5)(maps)  # a Linear over the last dimension of a 4-D map
+    assert linear.is_contiguous() and linear.view(2, -1).shape == (2, 8 * 4 * 5)
+    for value in (maps.contiguous(), maps.reshape(2, -1), torch.flatten(maps, 1)):
+        assert value.view(2, -1).shape == (2, 8 * 4 * 4)
+
+
+def test_the_converted_fixture_trains_without_a_view_error() -> None:
+    torch = pytest.importorskip("torch")
+    for source in (SOURCE, CONVERTED):
+        torch.manual_seed(0)
+        namespace = {"loader": [torch.randn(4, 1, 28, 28) for _ in range(2)]}
+        exec(compile(source, str(FIXTURE), "exec"), namespace)
+        assert torch.isfinite(namespace["lossG"]).item()
+    assert CONVERTED.count("memory_format=torch.channels_last") == 2
+
+
+def only_opt407(source: str):
+    result = rewrite(source, select=["OPT407"], why_not=True)
+    return result, [d for d in result.diagnostics if d.code == "OPT407"]
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        # the Generator's view reads a feature map once the Linear is gone
+        ("        x = self.fc(z)\n", "        x = self.features(z)\n"),
+        # assigned only in some runs: the value viewed may be the feature map
+        (
+            "        x = self.fc(z)\n",
+            "        x = z\n        if z.dim() == 2:\n            x = self.fc(z)\n",
+        ),
+        # a copy kept in channels_last is still channels_last
+        ("x.contiguous().view(", "x.contiguous(memory_format=torch.channels_last).view("),
+        # a convolution at the end of the Sequential: its output is a feature map
+        ("nn.Linear(nz, 56 * 56), nn.ReLU(True)", "nn.Linear(nz, 56 * 56), nn.Conv2d(1, 1, 1)"),
+    ],
+)
+def test_a_view_that_may_see_a_channels_last_map_is_still_reported(old: str, new: str) -> None:
+    assert old in SOURCE
+    result, findings = only_opt407(SOURCE.replace(old, new))
+    reported = [f for f in findings if f.status is Status.REPORTED]
+    assert reported and "raises on a channels_last tensor" in reported[0].message, findings
+
+
+def test_views_of_linear_and_contiguous_results_leave_both_models_converted() -> None:
+    result, findings = only_opt407(SOURCE)
+    assert [f.status for f in findings] == [Status.FIXED, Status.FIXED]
+    assert result.source == CONVERTED
