@@ -199,3 +199,25 @@ def test_a_dataset_computing_on_the_host_is_not_read_for_matmuls(
     )
     assert "audio.melspectrogram" in source
     assert only_opt301(source)[1].status is expected
+
+
+def test_pytorch_examples_dcgan_shape_is_declined() -> None:
+    """pytorch/examples' dcgan: the model's size comes from argparse (`ngpu =
+    int(opt.ngpu)`), its forward runs `nn.parallel.data_parallel` over several GPUs."""
+    source = GAN.replace(
+        "import torch\n",
+        "import argparse\n\nimport torch\n\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--ngpu', type=int, default=1)\nopt = parser.parse_args()\n"
+        "ngpu = int(opt.ngpu)\n",
+        1,
+    )
+    source = source.replace(
+        "def __init__(self, nz=100, ngf=64):", "def __init__(self, ngpu, nz=100, ngf=64):"
+    )
+    source = source.replace(
+        "return self.main(z)", "return nn.parallel.data_parallel(self.main, z, range(ngpu))"
+    )
+    source = source.replace("netG = Generator()", "netG = Generator(ngpu)")
+    assert source.count("ngpu") == 6
+    result, finding = only_opt301(source)
+    assert finding.status is Status.DECLINED, finding.message

@@ -9,6 +9,7 @@ nothing, which makes every rule conservative about it.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set
 
@@ -147,3 +148,44 @@ class ImportTable:
     def bindings_of(self, targets: Iterable[str]) -> List[ImportedName]:
         wanted = set(targets)
         return [b for b in self.bindings if CANONICAL.get(b.target, b.target) in wanted]
+
+
+# Libraries a training script calls that never run on the GPU (data, images, plots, logs),
+# with Python's own.
+HOST_LIBRARIES = frozenset(
+    {
+        "numpy",
+        "PIL",
+        "cv2",
+        "matplotlib",
+        "tqdm",
+        "scipy",
+        "sklearn",
+        "pandas",
+        "yaml",
+        "imageio",
+        "skimage",
+        "tensorboardX",
+        "wandb",
+        "h5py",
+        "librosa",
+        "soundfile",
+        *getattr(sys, "stdlib_module_names", ()),  # Python >= 3.10
+        *("os", "sys", "time", "math", "random", "json", "argparse", "logging", "pathlib"),
+        *("glob", "shutil", "pickle", "copy", "datetime", "collections", "itertools"),
+        *("functools", "csv", "re", "warnings", "gc", "typing", "operator", "io", "builtins"),
+    }
+)
+# torchvision's parts that build no model.
+_TORCHVISION_HOST = (
+    "torchvision.transforms",
+    "torchvision.datasets",
+    "torchvision.utils",
+    "torchvision.io",
+)
+
+
+def runs_on_the_host(qualname: str) -> bool:
+    """A call of Python's standard library or of a library that never builds a model nor
+    runs on the GPU (`argparse.ArgumentParser()`, `np.load`, `torchvision.transforms`)."""
+    return qualname.split(".")[0] in HOST_LIBRARIES or qualname.startswith(_TORCHVISION_HOST)

@@ -15,12 +15,11 @@ matmul.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Optional, Set
 
 import libcst as cst
 
-from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.imports import dotted_name, runs_on_the_host
 from optimizer_codemod.analysis.loaders import dataset_classes
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import CUDNN_ENABLED, is_convolution
@@ -29,7 +28,7 @@ from optimizer_codemod.analysis.training import (
     every_optimizer_model_known,
     model_layer_names,
 )
-from optimizer_codemod.analysis.values import imported_module_class
+from optimizer_codemod.analysis.values import imported_dataset, imported_module_class
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -143,6 +142,8 @@ _MATMUL_FREE_LAYERS = (
     "Threshold",
     "GLU",
     "init.",
+    "parallel.",  # replicas and gradient all-reduce of DataParallel and DDP
+    "DataParallel",
     "functional.",
     "utils.",
     "modules.",
@@ -152,7 +153,8 @@ _MATMUL_FREE_LAYERS = (
 def may_multiply_matrices(qualname: str) -> bool:
     """A call (by qualified name; "" for a method of a value or a builtin) that may run a
     float32 matmul: torch's matmul functions, a torch.nn class that is not known to run none
-    (`nn.Linear`, `nn.LSTM`, `nn.MultiheadAttention`), or anything from outside torch."""
+    (`nn.Linear`, `nn.LSTM`, `nn.MultiheadAttention`), or anything from outside torch but
+    Python's standard library and host libraries (imports.runs_on_the_host)."""
     if not qualname:
         return False
     if qualname in _MATMUL_FUNCTIONS or qualname.startswith(_MATMUL_PREFIXES):
@@ -162,11 +164,7 @@ def may_multiply_matrices(qualname: str) -> bool:
         if layer.startswith("modules."):
             layer = layer.rsplit(".", 1)[-1]
         return not (layer.startswith(_MATMUL_FREE_LAYERS) or layer.endswith("Loss"))
-    return not qualname.startswith(("torch.", *_PLAIN_LIBRARIES))
-
-
-# Libraries of numbers and plain Python a model's code may call (`math.sqrt(2)`).
-_PLAIN_LIBRARIES = ("math.", "numpy.", "functools.", "itertools.", "collections.", "operator.")
+    return not (qualname.startswith("torch.") or runs_on_the_host(qualname))
 
 
 def convolution_only_training(facts: "ScriptFacts") -> Optional[str]:
@@ -202,10 +200,13 @@ def _multiplies_matrices(facts: "ScriptFacts") -> bool:
             continue
         qualname = call.qualname or ""
         if call.method in MATMUL_METHODS or may_multiply_matrices(qualname):
-            if not qualname or qualname.startswith("torch."):
+            if not qualname or qualname.startswith(("torch.", "operator.")):
                 return True
-            if _runs_on_the_host(qualname):
-                continue
+            if call.method in MATMUL_METHODS and runs_on_the_host(qualname):
+                continue  # `np.einsum`, `np.matmul`
+            dataset = imported_dataset(facts, dotted_name(call.node.func))
+            if dataset is not None and not dataset.places_on_accelerator:
+                continue  # a dataset of another module of the run: host code, as below
             imported = (
                 project.imported_class(dotted_name(call.node.func) or "")
                 if imported_module_class(facts, call.node.func)
@@ -242,45 +243,6 @@ def _host_dataset_classes(facts: "ScriptFacts") -> Set[str]:
         if call.method in ("to", "cuda") or call.qualname in ("torch.device",)
     }
     return named - moving
-
-
-# Libraries a training script calls that never run on the GPU (data, images, plots, logs),
-# with Python's own.
-_HOST_LIBRARIES = frozenset(
-    {
-        "numpy",
-        "PIL",
-        "cv2",
-        "matplotlib",
-        "tqdm",
-        "scipy",
-        "sklearn",
-        "pandas",
-        "yaml",
-        "imageio",
-        "skimage",
-        "tensorboardX",
-        "wandb",
-        "h5py",
-        "librosa",
-        "soundfile",
-        *getattr(sys, "stdlib_module_names", ()),  # Python >= 3.10
-        *("os", "sys", "time", "math", "random", "json", "argparse", "logging", "pathlib"),
-        *("glob", "shutil", "pickle", "copy", "datetime", "collections", "itertools"),
-        *("functools", "csv", "re", "warnings", "gc", "typing", "operator", "io", "builtins"),
-    }
-)
-# torchvision's parts that build no model.
-_TORCHVISION_HOST = (
-    "torchvision.transforms",
-    "torchvision.datasets",
-    "torchvision.utils",
-    "torchvision.io",
-)
-
-
-def _runs_on_the_host(qualname: str) -> bool:
-    return qualname.split(".")[0] in _HOST_LIBRARIES or qualname.startswith(_TORCHVISION_HOST)
 
 
 def writes_matmul_operator(tree: cst.CSTNode) -> bool:

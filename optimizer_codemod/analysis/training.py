@@ -37,7 +37,7 @@ from optimizer_codemod.analysis.calls import (
     receiver,
 )
 from optimizer_codemod.analysis.collect import is_main_guard, target_names
-from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.imports import dotted_name, runs_on_the_host
 from optimizer_codemod.analysis.epochs import body_holding
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
 from optimizer_codemod.analysis.parameter_loops import (
@@ -2171,16 +2171,21 @@ def model_layer_names(facts: "ScriptFacts", model: TrainedModel) -> Optional[Lis
 
 
 def _builds_no_module(facts: "ScriptFacts", call: cst.Call) -> bool:
-    """A call of a builtin (`int(args.nz)`, `len(classes)`) or of an attribute of a value
-    (`args.get("nz")`), which builds no module."""
+    """A call of a builtin (`int(args.nz)`, `len(classes)`), of a host library
+    (`argparse.ArgumentParser()`) or a method of a value (`args.get("nz")`), which builds
+    no module."""
+    if runs_on_the_host(facts.qualified_name(call.func) or ""):
+        return True  # `argparse.ArgumentParser()`, followed from `ngpu = int(opt.ngpu)`
     func = call.func
     if isinstance(func, cst.Name):
         return func.value in _PLAIN_BUILTINS and not facts.imports.is_bound(func.value)
+    # A method of a value (`parser.parse_args()`): the value's own construction is
+    # followed with the names the model is built from.
     head = root_name(func)
     return (
         head not in (None, "self")
-        and not facts.imports.is_bound(head)
         and head not in facts.top_level_definitions
+        and facts.qualified_name(func) is None
     )
 
 
