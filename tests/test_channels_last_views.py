@@ -76,3 +76,60 @@ def test_views_of_linear_and_contiguous_results_leave_both_models_converted() ->
     result, findings = only_opt407(SOURCE)
     assert [f.status for f in findings] == [Status.FIXED, Status.FIXED]
     assert result.source == CONVERTED
+
+
+NORMALISED = (Path(__file__).parent.parent / "fixtures" / "OPT407").joinpath(
+    "keep_instance_norm_generator.py"
+)
+
+
+def test_torch_instance_norm_returns_nchw_from_a_channels_last_map() -> None:
+    torch = pytest.importorskip("torch")
+    maps = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    for layer in (torch.nn.InstanceNorm2d(8), torch.nn.InstanceNorm2d(8, affine=True)):
+        out = layer(maps)
+        assert out.is_contiguous() and not out.is_contiguous(memory_format=torch.channels_last)
+    # batch norm keeps the layout: the hazard is instance norm's own
+    assert torch.nn.BatchNorm2d(8)(maps).is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    "old, new, declined",
+    [
+        ("", "", True),
+        (
+            "nn.InstanceNorm2d(32, affine=True)",
+            "norm_layer(32)",
+            True,
+        ),  # handed over as a default argument, a functools.partial
+        ("nn.InstanceNorm2d(32, affine=True)", "nn.BatchNorm2d(32)", False),
+    ],
+)
+def test_models_normalised_with_instance_norm_are_declined(old, new, declined) -> None:
+    source = NORMALISED.read_text().replace(old, new)
+    if "norm_layer" in source:
+        source = source.replace(
+            "def __init__(self):",
+            "def __init__(self, norm_layer=functools.partial(nn.InstanceNorm2d, affine=True)):",
+        ).replace("import torch\n", "import functools\n\nimport torch\n", 1)
+    result, findings = only_opt407(source)
+    assert len(findings) == 1, findings
+    if declined:
+        assert findings[0].status is Status.DECLINED and result.source == source
+        assert "returns NCHW tensors" in findings[0].message
+    else:
+        assert findings[0].status is Status.FIXED
+
+
+def test_instance_norm_of_another_class_does_not_decline_this_model() -> None:
+    source = NORMALISED.read_text().replace(
+        "nn.InstanceNorm2d(32, affine=True)", "nn.BatchNorm2d(32)"
+    )
+    source = source.replace(
+        "\n\nmodel = ",
+        "\n\nclass Stylised(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.norm = nn.InstanceNorm2d(3)\n\n\nmodel = ",
+    )
+    assert "InstanceNorm2d" in source
+    result, findings = only_opt407(source)
+    assert [f.status for f in findings] == [Status.FIXED]

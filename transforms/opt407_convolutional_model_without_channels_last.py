@@ -6,7 +6,11 @@ from typing import List
 
 import libcst as cst
 
-from optimizer_codemod.analysis.layouts import viewed_in_standard_layout
+from optimizer_codemod.analysis.layouts import (
+    NCHW_RESULTS,
+    nchw_layer_mentioned,
+    viewed_in_standard_layout,
+)
 from optimizer_codemod.analysis.devices import per_sample_gradients
 from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
@@ -166,7 +170,18 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         `.to(memory_format=torch.channels_last)` raise; `channels_last_3d` is another
         format), when it is a torchvision video, detection, optical-flow or quantized model
         or comes from `torchvision.models.get_model` (which may return any of them), or
-        when the script already mentions `channels_last` or `memory_format` anywhere.
+        when the script already mentions `channels_last` or `memory_format` anywhere. Nor
+        when the model normalises with `nn.InstanceNorm2d` or `F.instance_norm` (in its
+        layers, those of its classes from other modules, or named in its classes' code, as
+        a default `norm_layer=nn.InstanceNorm2d` or a `functools.partial(nn.InstanceNorm2d,
+        affine=False)` there): ATen's
+        `instance_norm` normalises `input.contiguous()` (aten/src/ATen/native/
+        Normalization.cpp) and returns NCHW whatever its input (checked with torch
+        2.13.0+cpu), so each convolution after it would convert its input back and the
+        conversion adds copies: benchmarks/channels_last_instance_norm.py measured a
+        style-transfer encoder 0.82x as fast in channels_last with InstanceNorm2d (111.6 ms
+        against 135.5 ms a step) and 1.13x with BatchNorm2d (2-core AMD EPYC, torch
+        2.13.0+cpu, 2026-11-30; benchmarks/results/channels-last-instance-norm-cpu.json).
         `--why-not` explains where it can: at a model whose architecture is chosen at run
         time by name (`models.__dict__[args.arch]()`, timm's `create_model(args.model)`),
         and at the model of a script that hands it to the training loop of another module
@@ -264,6 +279,27 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
                 )
             return
         if self._converted(model):
+            return
+        nchw = next((f"`{q}`" for q in qualnames if q in NCHW_RESULTS), None)
+        nchw = nchw or next(
+            (f"`{q}` in {c.module}" for c in imported for q in c.optional if q in NCHW_RESULTS),
+            None,
+        )
+        code = [facts.classes[name].node for name in model_classes(facts, model)]
+        code += [
+            facts.top_level_definitions[name]
+            for name in model_helper_functions(facts, model)
+            if name in facts.top_level_definitions
+        ]
+        mentioned = nchw_layer_mentioned(facts, code)
+        nchw = nchw or (f"`{mentioned}`" if mentioned else None)
+        if nchw is not None and anchor is not None:
+            self.decline(
+                anchor,
+                f"`{model.name}` normalises with {nchw}, which returns NCHW tensors whatever its "
+                "input (it normalises a contiguous copy): each convolution after it would turn "
+                "its input back to channels_last, adding layout copies instead of removing them",
+            )
             return
         private = per_sample_gradients(facts)
         if private is not None and anchor is not None:

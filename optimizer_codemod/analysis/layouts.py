@@ -10,12 +10,13 @@ tests/test_channels_last_views.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import callee_name, keyword
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import CallSite
@@ -129,3 +130,27 @@ def _contiguous_build(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
         if name not in _ELEMENTWISE_LAYERS:
             return _contiguous_build(facts, inner)
     return False
+
+
+# Layers and functions that return NCHW tensors whatever their input's layout: ATen's
+# `instance_norm` normalises `input.contiguous()` (aten/src/ATen/native/Normalization.cpp),
+# so a channels_last feature map comes out NCHW (checked with torch 2.13.0+cpu).
+NCHW_RESULTS = frozenset(
+    {
+        *(f"torch.nn.{kind}InstanceNorm2d" for kind in ("", "Lazy")),
+        *(f"torch.nn.modules.instancenorm.{kind}InstanceNorm2d" for kind in ("", "Lazy")),
+        "torch.nn.functional.instance_norm",
+    }
+)
+
+
+def nchw_layer_mentioned(facts: "ScriptFacts", code: Iterable[cst.CSTNode]) -> Optional[str]:
+    """The first name in `code` (a model's classes and helper functions) that refers to a
+    layer returning NCHW tensors, called or handed over (`norm_layer=nn.InstanceNorm2d` as a
+    default argument, `functools.partial(nn.InstanceNorm2d, affine=False)`), as written;
+    None when none."""
+    for tree in code:
+        for node in find_all(tree, cst.Attribute, cst.Name):
+            if facts.qualified_name(node) in NCHW_RESULTS:
+                return dotted_name(node)
+    return None
