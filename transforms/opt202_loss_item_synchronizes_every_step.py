@@ -48,7 +48,9 @@ class LossItemSynchronizesEveryStep(Rule):
         loss.detach().float()`, and
         turns every place that reads the total into `float(running)`. A `.item()` of the loss
         that runs on every step for another reason (`print(loss.item())`,
-        `losses.append(loss.item())`) is reported, not rewritten, with one exception: a
+        `losses.append(loss.item())`) is reported, once per statement (`ema = loss.item() if
+        ema is None else 0.9 * ema + 0.1 * loss.item()` runs one read per step), not
+        rewritten, with one exception: a
         line that only prints or logs (`print(...)`, `sys.stdout.write(...)`, a `logging`
         function or a `logging.getLogger` logger's method, whose arguments only read values)
         runs every 10th step instead (`if step % 10 == 0:`, by the loop's counter: `step` in
@@ -269,8 +271,9 @@ class LossItemSynchronizesEveryStep(Rule):
             handled.update(self._gate_log_lines(loop, enabled))
             lines = {line.statement: line for line in log_lines.of(loop)}
             per_step = None
+            reported = set()  # one report per statement: `a.item() if ... else b.item()`
             for item in loss_items(self.facts, loop):
-                if item.node in handled:
+                if item.node in handled or id(item.site.statement) in reported:
                     continue
                 if per_step is None:
                     per_step = every_iteration_of_some_process(loop)
@@ -279,6 +282,7 @@ class LossItemSynchronizesEveryStep(Rule):
                 if not syncs.accelerated:
                     self.decline(item.node, CPU_ONLY)
                     continue
+                reported.add(id(item.site.statement))
                 line = lines.get(item.site.statement)
                 why = (
                     log_lines.why_not_gated(line, enabled | {LOSS_LOG})
