@@ -51,7 +51,11 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
         the training thread too: Accelerate's `accelerator.save_state(dir)` and Lightning
         Fabric's `fabric.save(path, state)`, on an object the file builds from
         `accelerate.Accelerator` or `lightning.Fabric` or takes as a parameter annotated with
-        it (litgpt's `fit(fabric: L.Fabric, ...)`). It reports, never rewrites. Saves once per
+        it (litgpt's `fit(fabric: L.Fabric, ...)`), and Hugging Face's
+        `model.save_pretrained(dir)` (not a tokenizer's, processor's or config's, a few kB).
+        The saves of one block (`if step % n == 0:` writing the model, the optimizer and the
+        arguments) are one checkpoint, reported once at the first. It reports, never
+        rewrites. Saves once per
         epoch (in an outer loop, outside the step loop, or under an `if` that asks the step
         loop's counter for one value, `batch_idx == 0`), after the loop, or in a loop without
         backward are not reported; nor are loops whose backward happens in a called function.
@@ -113,7 +117,7 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
     min_torch = TorchVersion(1, 0)
     # `torch.save(`, `T.save(`, `save(` after `from torch import save`, and an alias
     # (`from torch import save as save_checkpoint`) named in its import.
-    triggers = (r"\bsave\s*\(", r"\bsave\s+as\b", r"\.save_state\s*\(")
+    triggers = (r"\bsave\s*\(", r"\bsave\s+as\b", r"\.save_state\s*\(", r"\.save_pretrained\s*\(")
     requires = (BACKWARD_CALL,)
     examples = (
         Example(SCRIPT),
@@ -126,17 +130,25 @@ class CheckpointSavedSynchronouslyInTrainingLoop(Rule):
         if not loops:
             return
         saves = facts.calls_to(*SAVE_FUNCTIONS)
-        for call in saves:
-            if _in_step_loop(facts, call, loops):
-                self.report(call.node)
         library = library_saves(facts)
-        for call, name in library:
+        writes = [(call, None) for call in saves] + list(library)
+        # One report per checkpoint: the saves of one block (`if step % n == 0:` writing
+        # the model, the optimizer and the arguments) are one checkpoint.
+        blocks: dict = {}
+        for call, name in sorted(writes, key=lambda write: write[0].site.order):
             if _in_step_loop(facts, call, loops):
-                self.report(
-                    call.node,
-                    message=f"`{excerpt(call.node)}` writes a checkpoint through {name} inside the "
-                    "training loop, which blocks training while it is written",
-                )
+                block = facts.parents.get(call.site.statement)
+                blocks.setdefault(id(block), []).append((call, name))
+        for (call, name), *others in blocks.values():
+            more = f" (and {len(others)} more save(s) of the same checkpoint)" if others else ""
+            if name is None:
+                self.report(call.node, message=(self.message + more) if more else None)
+                continue
+            self.report(
+                call.node,
+                message=f"`{excerpt(call.node)}` writes a checkpoint through {name} inside the "
+                f"training loop, which blocks training while it is written{more}",
+            )
         saves = [*saves, *(call for call, _ in library)]
         savers = {id(call.site.function): call for call in saves if call.site.function}
         for call in facts.records.calls:

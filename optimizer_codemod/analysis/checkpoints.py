@@ -1,5 +1,6 @@
 """Checkpoints that training libraries write on the training thread, as `torch.save` does:
-Accelerate's `accelerator.save_state(dir)` and Lightning Fabric's `fabric.save(path, state)`."""
+Accelerate's `accelerator.save_state(dir)`, Lightning Fabric's `fabric.save(path, state)` and
+Hugging Face's `model.save_pretrained(dir)`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Collection, List, Optional, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name
+from optimizer_codemod.analysis.calls import callee_name, code_of
 from optimizer_codemod.analysis.collect import CallSite
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import parameters_of
@@ -37,7 +38,23 @@ def library_saves(facts: "ScriptFacts") -> List[Tuple[CallSite, str]]:
         classes, library = known
         if holds_instance(facts, call.node.func.value, call.site.function, classes):
             found.append((call, library))
-    return found
+    return found + _pretrained_saves(facts)
+
+
+# Receivers of `save_pretrained` that hold no weights: a tokenizer's files are a few kB.
+_SMALL_PRETRAINED = re.compile(r"token|processor|config|feature_extractor", re.IGNORECASE)
+
+
+def _pretrained_saves(facts: "ScriptFacts") -> List[Tuple[CallSite, str]]:
+    """`model.save_pretrained(dir)` (Hugging Face transformers, diffusers, peft): it
+    gathers the state dict and writes it on the calling thread, as `torch.save` does."""
+    return [
+        (call, "Hugging Face's `save_pretrained`")
+        for call in facts.records.calls
+        if call.method == "save_pretrained"
+        and isinstance(call.node.func, cst.Attribute)
+        and not _SMALL_PRETRAINED.search(code_of(call.node.func.value))
+    ]
 
 
 def holds_instance(
