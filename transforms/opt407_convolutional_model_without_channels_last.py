@@ -29,6 +29,7 @@ from optimizer_codemod.analysis.training import (
     initialised_after,
     model_built,
     model_classes,
+    model_code_call,
     model_helper_functions,
     model_imported_classes,
     model_layer_calls,
@@ -280,19 +281,16 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             return
         if self._converted(model):
             return
-        nchw = next((f"`{q}`" for q in qualnames if q in NCHW_RESULTS), None)
-        nchw = nchw or next(
-            (f"`{q}` in {c.module}" for c in imported for q in c.optional if q in NCHW_RESULTS),
-            None,
-        )
-        code = [facts.classes[name].node for name in model_classes(facts, model)]
-        code += [
-            facts.top_level_definitions[name]
-            for name in model_helper_functions(facts, model)
-            if name in facts.top_level_definitions
-        ]
-        mentioned = nchw_layer_mentioned(facts, code)
-        nchw = nchw or (f"`{mentioned}`" if mentioned else None)
+        nchw = model_code_call(facts, model, NCHW_RESULTS.__contains__)
+        if nchw is None:  # handed over uncalled: `norm_layer=nn.InstanceNorm2d`, a partial
+            code = [facts.classes[name].node for name in model_classes(facts, model)]
+            code += [
+                facts.top_level_definitions[name]
+                for name in model_helper_functions(facts, model)
+                if name in facts.top_level_definitions
+            ]
+            mentioned = nchw_layer_mentioned(facts, code)
+            nchw = f"`{mentioned}`" if mentioned else None
         if nchw is not None and anchor is not None:
             self.decline(
                 anchor,

@@ -1723,10 +1723,6 @@ def _constructor_call(facts: "ScriptFacts", expression: cst.BaseExpression) -> O
     return None
 
 
-# Calls inside a construction that build no module: torch's own, and libraries of numbers.
-_BUILDS_NO_OTHER_MODULE = ("torch.", "collections.", "numpy.", "math.", "functools.", "itertools.")
-
-
 # Methods of a model or tensor value that build no module (`net.to(device)`).
 _VALUE_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train"})
 
@@ -1734,10 +1730,11 @@ _VALUE_METHODS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfl
 def _may_build_other_modules(facts: "ScriptFacts", call: cst.Call) -> bool:
     """A call that may build a module other than torch's own: a class or function of this
     file, a name it binds, a method of `self`, or anything imported from elsewhere; Python's
-    builtins and the placement methods of a value do not."""
+    builtins, host libraries (`argparse`, numpy: imports.runs_on_the_host) and the placement
+    methods of a value do not."""
     qualname = facts.qualified_name(call.func)
     if qualname is not None:
-        return not qualname.startswith(_BUILDS_NO_OTHER_MODULE)
+        return not (qualname.startswith("torch.") or runs_on_the_host(qualname))
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value in _VALUE_METHODS:
         return False
@@ -2155,7 +2152,7 @@ def model_layer_names(facts: "ScriptFacts", model: TrainedModel) -> Optional[Lis
                 facts, call.func
             ):
                 built = True
-            elif not _builds_no_module(facts, call):
+            elif not _method_of_a_value(facts, call):
                 return None
     classes = model_classes(facts, model)
     if not (built or classes) or any(_opaque_class(facts, name) for name in classes):
@@ -2170,26 +2167,17 @@ def model_layer_names(facts: "ScriptFacts", model: TrainedModel) -> Optional[Lis
     return names
 
 
-def _builds_no_module(facts: "ScriptFacts", call: cst.Call) -> bool:
-    """A call of a builtin (`int(args.nz)`, `len(classes)`), of a host library
-    (`argparse.ArgumentParser()`) or a method of a value (`args.get("nz")`), which builds
-    no module."""
-    if runs_on_the_host(facts.qualified_name(call.func) or ""):
-        return True  # `argparse.ArgumentParser()`, followed from `ngpu = int(opt.ngpu)`
-    func = call.func
-    if isinstance(func, cst.Name):
-        return func.value in _PLAIN_BUILTINS and not facts.imports.is_bound(func.value)
-    # A method of a value (`parser.parse_args()`): the value's own construction is
-    # followed with the names the model is built from.
-    head = root_name(func)
+def _method_of_a_value(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """`parser.parse_args()`, `args.get("nz")`: a method of a name bound in the file, which
+    builds no module; the value's own construction is followed with the names the model is
+    built from."""
+    head = root_name(call.func)
     return (
-        head not in (None, "self")
+        isinstance(call.func, cst.Attribute)
+        and head not in (None, "self")
         and head not in facts.top_level_definitions
-        and facts.qualified_name(func) is None
+        and facts.qualified_name(call.func) is None
     )
-
-
-_PLAIN_BUILTINS = frozenset({"int", "float", "len", "range", "min", "max", "round", "bool", "str"})
 
 
 def _opaque_class(facts: "ScriptFacts", name: str) -> bool:
