@@ -55,7 +55,7 @@ TRAIN = textwrap.dedent("""\
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = torch.nn.Linear(8, 8).to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        loader = DataLoader(ImageDataset(), batch_size=8)
+        loader = DataLoader(ImageDataset(), batch_size=8, num_workers=2)
         for batch in loader:
             loss = (model(batch["A"].to(device)) - batch["B"].to(device)).pow(2).mean()
             optimizer.zero_grad()
@@ -66,6 +66,8 @@ TRAIN = textwrap.dedent("""\
     if __name__ == "__main__":
         main()
     """)
+# The same loader without workers: OPT102's case, and one OPT101 leaves to it.
+IN_MAIN_PROCESS = TRAIN.replace(", num_workers=2", "")
 
 
 def outcomes(folder: Path, files: List[str]) -> Dict[str, Dict[str, List[str]]]:
@@ -98,8 +100,12 @@ def test_a_dataset_class_of_another_module_is_pinned_and_its_copies_overlap(
     assert pinned(found), found
     assert [m for m in found["OPT201"] if m.startswith("fixed")], found
     # Under the main guard, with work per item: OPT102 offers workers (a behaviour-level fix),
-    # as for a class of its own file.
+    # as for a class of its own file; without them the loader would pin in the training
+    # process, so OPT101 waits for them.
+    found = outcomes(project(tmp_path, train=IN_MAIN_PROCESS), ["datasets.py", "train.py"])
     assert any(m.startswith(Status.UNSAFE.value) for m in found["OPT102"]), found
+    assert not pinned(found)
+    assert any("prepares its batches in the training process" in m for m in found["OPT101"])
 
 
 def test_given_alone_the_script_reads_the_module_it_imports(tmp_path: Path) -> None:
@@ -185,6 +191,7 @@ def test_an_imported_iterable_dataset_gets_no_workers(tmp_path: Path) -> None:
     datasets = datasets.replace('return {"A"', 'yield {"A"')
     found = outcomes(project(tmp_path, datasets), ["datasets.py", "train.py"])
     assert pinned(found), found
+    found = outcomes(project(tmp_path, datasets, IN_MAIN_PROCESS), ["datasets.py", "train.py"])
     assert any("IterableDataset" in m for m in found["OPT102"]), found
 
 
@@ -193,7 +200,7 @@ def test_a_dataset_that_opens_a_handle_when_built_gets_no_workers(tmp_path: Path
         "self.images = torch.randn(count, 8)",
         'self.images = torch.randn(count, 8)\n        self.log = open("items.txt")',
     )
-    found = outcomes(project(tmp_path, datasets), ["datasets.py", "train.py"])
+    found = outcomes(project(tmp_path, datasets, IN_MAIN_PROCESS), ["datasets.py", "train.py"])
     assert any("opens a file handle" in m for m in found["OPT102"]), found
 
 

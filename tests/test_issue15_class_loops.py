@@ -48,7 +48,7 @@ TRAINER = textwrap.dedent("""\
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
             self.model = model.to(self.device)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
-            self.loader = DataLoader(dataset, batch_size=16, shuffle=True)
+            self.loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=2)
 
         def run(self):
             for x, y in self.loader:

@@ -75,7 +75,9 @@ BATCH = """import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 loader = DataLoader(
-    TensorDataset(torch.arange(24.0).view(6, 4).double(), torch.arange(6)), batch_size=2
+    TensorDataset(torch.arange(24.0).view(6, 4).double(), torch.arange(6)),
+    batch_size=2,
+    num_workers=2,
 )
 Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor
 LongTensor = torch.cuda.LongTensor if torch.cuda.is_available() else torch.LongTensor

@@ -117,7 +117,7 @@ def test_copies_of_an_unpinned_loader_built_elsewhere_are_declined_with_why(tmp_
 
 
 def test_the_builder_pins_the_loaders_whose_batches_the_caller_copies(tmp_path: Path) -> None:
-    outcome = run(tmp_path, "", code="OPT101")["data.py"]
+    outcome = run(tmp_path, ", num_workers=2", code="OPT101")["data.py"]
     fixed = messages_by_code(outcome, Status.FIXED)["OPT101"]
     # get_loader's loader and create_dataloaders' train loader; the test loader is never copied
     assert len(fixed) == 2
@@ -257,9 +257,9 @@ def test_a_loader_handed_to_a_function_of_the_caller_is_followed_into_it(
 def test_the_builder_pins_a_loader_the_caller_hands_to_a_copying_function(
     tmp_path: Path,
 ) -> None:
-    outcome = run(tmp_path, "", code="OPT101", train=_handed())["data.py"]
+    outcome = run(tmp_path, ", num_workers=2", code="OPT101", train=_handed())["data.py"]
     fixed = messages_by_code(outcome, Status.FIXED)["OPT101"]
     assert len(fixed) == 1  # get_loader's; create_dataloaders is not called here
     assert outcome.new_text.decode().count("pin_memory=torch.cuda.is_available()") == 1
-    outcome = run(tmp_path, "", code="OPT101", train=_handed("pass"))["data.py"]
+    outcome = run(tmp_path, ", num_workers=2", code="OPT101", train=_handed("pass"))["data.py"]
     assert not messages_by_code(outcome, Status.FIXED).get("OPT101")

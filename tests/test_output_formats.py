@@ -289,14 +289,16 @@ def test_status_is_fixable_in_check_mode_and_fixed_when_written(tmp_path: Path) 
 
 # Fixed in the first pass (OPT101, OPT301 after the imports, OPT302, OPT402 beside OPT301's
 # insertion), in the second (OPT201, once the loader is pinned), unsafe (OPT502), suppressed
-# (OPT501) and declined (OPT102, with --why-not).
+# (OPT501) and declined (OPT104, with --why-not).
 MIXED_SCRIPT = b"""import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 model = Net().cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # noqa: OPT501
-loader = DataLoader(TensorDataset(torch.randn(64, 32), torch.randint(0, 10, (64,))), batch_size=8)
+loader = DataLoader(
+    TensorDataset(torch.randn(64, 32), torch.randint(0, 10, (64,))), batch_size=8, num_workers=2
+)
 for epoch in range(2):
     for x, y in loader:
         x, y = x.cuda(), y.cuda()
@@ -326,7 +328,7 @@ def test_every_fixable_finding_carries_its_fix_in_sarif_and_json(tmp_path: Path,
     results = sarif["runs"][0]["results"]
     statuses = {(r["ruleId"], r["properties"]["status"]) for r in results}
     assert {("OPT301", "fixable"), ("OPT402", "fixable"), ("OPT201", "fixable")} <= statuses
-    assert ("OPT102", "declined") in statuses and "OPT501" not in {r for r, _ in statuses}
+    assert ("OPT104", "declined") in statuses and "OPT501" not in {r for r, _ in statuses}
     assert (("OPT502", "fixable") if extra else ("OPT502", "unsafe")) in statuses
     replacements = []
     for result in results:

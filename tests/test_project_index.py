@@ -201,7 +201,7 @@ def test_calls_with_different_datasets_leave_the_dataset_unknown(tmp_path: Path)
     _two_datasets(folder)
     outcomes = apply(folder, why_not=True)
     text = (folder / "trainer.py").read_text()
-    assert "pin_memory" not in text and "num_workers" not in text
+    assert "pin_memory" not in text and "persistent_workers" not in text
     messages = [d.message for d in outcomes["trainer.py"].diagnostics if d.code == "OPT101"]
     assert any(
         "called with values that differ (train.py passes `ds`; train.py passes `PerItem()`)" in m

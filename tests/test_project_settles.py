@@ -26,7 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def get_loader(batch_size):
     dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, num_workers=2, persistent_workers=True
+    )
 """
 TRAIN = """\
 import torch

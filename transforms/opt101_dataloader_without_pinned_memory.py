@@ -16,6 +16,7 @@ from optimizer_codemod.analysis.loaders import (
     dataset_parameter,
     fixes_every_loader,
     hidden_options_reason,
+    loads_in_main_process,
     loaders_run_elsewhere,
     module_name,
     option_values,
@@ -29,8 +30,9 @@ from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safe
 class DataloaderWithoutPinnedMemory(Rule):
     """
     What it does:
-        Adds `pin_memory=torch.cuda.is_available()` to a `torch.utils.data.DataLoader` whose
-        batches the training script copies to an accelerator with `.to(device)`, `.cuda()` or
+        Adds `pin_memory=torch.cuda.is_available()` to a `torch.utils.data.DataLoader` with
+        worker processes (`num_workers` other than 0 on some path) whose batches the training
+        script copies to an accelerator with `.to(device)`, `.cuda()` or
         a legacy CUDA tensor type (`imgs.type(torch.cuda.FloatTensor)`, or a `Tensor` alias
         that is one when CUDA is available), also through a view of the batch
         (`images.reshape(n, -1).to(device)`: a view of a pinned batch is pinned too), in a
@@ -44,16 +46,25 @@ class DataloaderWithoutPinnedMemory(Rule):
         in page-locked memory while the training loop works on the previous one, so the copy
         is a single DMA transfer that `non_blocking=True` can overlap with computation.
         Pinning by hand right before the copy (`x.pin_memory().to(...)`) does not pay off
-        (PyTorch's tutorial "A guide on good usage of non_blocking and pin_memory()"); the
-        loader's pinning happens off the training loop's path.
+        (PyTorch's tutorial "A guide on good usage of non_blocking and pin_memory()": it is
+        "usually slower than just executing the transfer", since the driver makes that
+        page-locked copy anyway); the loader's pinning pays off because a separate thread does
+        it, off the training loop's path. That thread exists only with worker processes: a
+        loader without them (`num_workers=0`, the default) pins each batch in the training
+        process, right after collating it (torch's `_SingleProcessDataLoaderIter`), which is
+        pinning by hand again. Such a loader is declined, with the advice to set `num_workers`
+        first (OPT102 adds workers where it can prove them safe; the two compose in one run).
 
     Example:
         ```python
-        loader = DataLoader(train_set, batch_size=64, shuffle=True)
+        loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=4)
         ```
         becomes
         ```python
-        loader = DataLoader(train_set, batch_size=64, shuffle=True, pin_memory=torch.cuda.is_available())
+        loader = DataLoader(
+            train_set, batch_size=64, shuffle=True, num_workers=4,
+            pin_memory=torch.cuda.is_available(),
+        )
         ```
 
     Fix safety:
@@ -61,7 +72,9 @@ class DataloaderWithoutPinnedMemory(Rule):
         `torch.cuda.is_available()` rather than `True` because torch warns ("no accelerator is
         found, then device pinned memory won't be used") when pinning is asked for on a machine
         without one, and the rewritten script must run quietly on CPU too. Never applied when
-        the batches are never copied to an accelerator (a CPU-only script), when the dataset may
+        the batches are never copied to an accelerator (a CPU-only script), when the loader
+        has no worker processes on any path (above; `num_workers` read like `pin_memory`, a
+        name bound only to 0 counts as 0), when the dataset may
         already live on the device (its tensors are created on or moved to it, or its class
         places items there: pinning a CUDA tensor raises), when `collate_fn` moves batches to
         the device, or when `pin_memory` is already chosen. Options built in a dict
@@ -117,25 +130,40 @@ class DataloaderWithoutPinnedMemory(Rule):
     examples = (
         Example(
             "import torch\n"
-            "from torch.utils.data import DataLoader, TensorDataset\n"
-            "data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))\n"
-            "loader = DataLoader(data, batch_size=16)\n"
+            "from torch.utils.data import DataLoader\n"
+            "from torchvision import datasets, transforms\n"
+            "data = datasets.MNIST('data', download=True, transform=transforms.ToTensor())\n"
+            "loader = DataLoader(data, batch_size=64, shuffle=True, num_workers=4)\n"
             "for x, y in loader:\n"
-            "    loss = model(x.to(device)).sub(y.to(device)).pow(2).mean()\n"
+            "    loss = loss_fn(model(x.to(device)), y.to(device))\n"
             "    loss.backward()\n",
             "import torch\n"
-            "from torch.utils.data import DataLoader, TensorDataset\n"
-            "data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))\n"
-            "loader = DataLoader(data, batch_size=16, pin_memory=torch.cuda.is_available())\n"
+            "from torch.utils.data import DataLoader\n"
+            "from torchvision import datasets, transforms\n"
+            "data = datasets.MNIST('data', download=True, transform=transforms.ToTensor())\n"
+            "loader = DataLoader(\n"
+            "    data, batch_size=64, shuffle=True, num_workers=4, pin_memory=torch.cuda.is_available()\n"
+            ")\n"
             "for x, y in loader:\n"
-            "    loss = model(x.to(device)).sub(y.to(device)).pow(2).mean()\n"
+            "    loss = loss_fn(model(x.to(device)), y.to(device))\n"
+            "    loss.backward()\n",
+        ),
+        # Without workers the loader would pin each batch in the training process itself.
+        Example(
+            "import torch\n"
+            "from torch.utils.data import DataLoader\n"
+            "from torchvision import datasets, transforms\n"
+            "data = datasets.MNIST('data', download=True, transform=transforms.ToTensor())\n"
+            "loader = DataLoader(data, batch_size=64, shuffle=True)\n"
+            "for x, y in loader:\n"
+            "    loss = loss_fn(model(x.to(device)), y.to(device))\n"
             "    loss.backward()\n",
         ),
         Example(
             "import torch\n"
             "from torch.utils.data import DataLoader, TensorDataset\n"
             "data = TensorDataset(torch.randn(64, 8, device='cuda'), torch.randn(64, 1))\n"
-            "loader = DataLoader(data, batch_size=16)\n"
+            "loader = DataLoader(data, batch_size=16, num_workers=2)\n"
             "for x, y in loader:\n"
             "    loss = model(x.to(device)).sub(y.to(device)).pow(2).mean()\n"
             "    loss.backward()\n",
@@ -221,6 +249,18 @@ class DataloaderWithoutPinnedMemory(Rule):
                     else "collate_fn places batches on the device"
                 )
                 self.decline(call, f"{where}, and pinning a device tensor raises")
+                continue
+            if loads_in_main_process(self.facts, call):
+                self.decline(
+                    call,
+                    "the loader prepares its batches in the training process (`num_workers` "
+                    "is 0 or unset), so it would also pin each batch there, right before the "
+                    "copy: the page-locked copy the driver makes of pageable memory anyway, "
+                    "which PyTorch's pin_memory tutorial finds usually slower than the plain "
+                    "copy; pinning pays off with worker processes, whose "
+                    "batches a separate thread pins (OPT102 adds them where it can), so set "
+                    "`num_workers` first",
+                )
                 continue
             if options_unknown(self.facts, call):
                 self.report(

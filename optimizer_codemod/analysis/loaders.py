@@ -2056,6 +2056,16 @@ def option_settings(
     return settled
 
 
+def loads_in_main_process(facts: "ScriptFacts", call: cst.Call) -> bool:
+    """Whether DataLoader `call` prepares its batches in the training process on every path:
+    `num_workers` unset, or 0 wherever it is set (literals bound to a plain name count).
+    Such a loader also pins each batch there, inline, right before the loop gets it
+    (torch's `_SingleProcessDataLoaderIter._next_data`); only with workers does a separate
+    thread pin them. False when the options cannot all be read."""
+    workers = option_settings(facts, call, "num_workers")
+    return workers is not None and all(is_literal(value, 0) for value in workers)
+
+
 def _forwarded_option(
     facts: "ScriptFacts", call: cst.Call, name: str
 ) -> Optional[List[cst.BaseExpression]]:

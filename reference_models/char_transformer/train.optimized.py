@@ -112,7 +112,6 @@ def main():
         train_set,
         batch_size=None,
         sampler=BatchSampler(RandomSampler(train_set), size["batch_size"], drop_last=False),
-        pin_memory=torch.cuda.is_available(),
     )
     model = CharTransformer(
         len(vocab), size["context"], size["width"], size["layers"], size["heads"]
@@ -125,7 +124,7 @@ def main():
     for epoch in range(args.epochs):
         model.train()
         for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = x.to(device), y.to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = model(x)
                 loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
@@ -142,12 +141,11 @@ def main():
         val_set,
         batch_size=None,
         sampler=BatchSampler(SequentialSampler(val_set), size["batch_size"], drop_last=False),
-        pin_memory=torch.cuda.is_available(),
     )
     total, batches = 0.0, 0
     with torch.inference_mode():
         for x, y in val_loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = x.to(device), y.to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = model(x)
             total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)).item()

@@ -149,10 +149,7 @@ def main():
     windows = 200 * size["batch_size"]
     tokens = generate_tokens(windows * size["context"] + 1, size["vocab"])
     loader = DataLoader(
-        TokenWindows(tokens, size["context"]),
-        batch_size=size["batch_size"],
-        shuffle=True,
-        pin_memory=torch.cuda.is_available(),
+        TokenWindows(tokens, size["context"]), batch_size=size["batch_size"], shuffle=True
     )
     model = GPT(size["vocab"], size["context"], size["width"], size["layers"], size["heads"])
     model = model.to(device)
@@ -166,7 +163,7 @@ def main():
     for epoch in range(args.epochs):
         running_loss = 0.0
         for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = x.to(device), y.to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = model(x, y)
             optimizer.zero_grad()

@@ -98,10 +98,7 @@ def main():
     use_cuda = torch.cuda.is_available()
     device = torch.device("cuda" if use_cuda else "cpu")
     loader = DataLoader(
-        SyntheticCIFAR(size["samples"]),
-        batch_size=size["batch_size"],
-        shuffle=True,
-        pin_memory=torch.cuda.is_available(),
+        SyntheticCIFAR(size["samples"]), batch_size=size["batch_size"], shuffle=True
     )
     model = ResNet(size["widths"], size["blocks"]).to(device)
     if device.type == "cuda":
@@ -116,9 +113,7 @@ def main():
     for epoch in range(args.epochs):
         model.train()
         for images, labels in loader:
-            images, labels = images.to(device, non_blocking=True), labels.to(
-                device, non_blocking=True
-            )
+            images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad(set_to_none=False)
             with torch.amp.autocast("cuda", enabled=use_cuda, dtype=torch.float16):
                 loss = F.cross_entropy(model(images), labels)

@@ -98,7 +98,6 @@ def main():
         train_set,
         batch_size=None,
         sampler=BatchSampler(RandomSampler(train_set), size["batch_size"], drop_last=False),
-        pin_memory=torch.cuda.is_available(),
     )
     model = MLP(size["hidden"]).to(device)
     if device.type == "cuda":
@@ -110,8 +109,8 @@ def main():
     for epoch in range(args.epochs):
         model.train()
         for data, target in loader:
-            data = data.to(device, non_blocking=True)
-            target = target.to(device, non_blocking=True)
+            data = data.to(device)
+            target = target.to(device)
             optimizer.zero_grad()
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = F.nll_loss(model(data), target)
