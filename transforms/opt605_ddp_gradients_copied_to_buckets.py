@@ -14,7 +14,11 @@ from optimizer_codemod.analysis.calls import (
     with_keyword,
 )
 from optimizer_codemod.analysis.gradients import bucket_view_hazards
-from optimizer_codemod.analysis.precision import imported_decider, loops_elsewhere
+from optimizer_codemod.analysis.precision import (
+    apex_amp_call,
+    imported_decider,
+    loops_elsewhere,
+)
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import DDP_CLASSES
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
@@ -103,7 +107,11 @@ class DDPGradientsCopiedToBuckets(Rule):
         hands it to the training loop of another module of the run (`train_one_epoch(model,
         ...)` from engine.py; docs/projects.md) gets the option when neither it nor any
         module of the run it imports, directly or not, uses `.grad` so; else it is reported,
-        naming the module. Not applied when the call already
+        naming the module. Declined in a script that trains with NVIDIA Apex's amp
+        (`amp.initialize`, `amp.scale_loss`): before every backward it stashes each `.grad`
+        and sets it to None, so DDP copies into the bucket anyway, and with master weights
+        (opt_level O2) its `zero_grad` calls `detach_()` on each gradient, which raises on a
+        bucket view (apex/amp/_process_optimizer.py; SwAV). Not applied when the call already
         sets the option (to anything), or passes `**kwargs` that may; needs `target-torch`
         1.7, where the option appeared.
 
@@ -162,6 +170,17 @@ class DDPGradientsCopiedToBuckets(Rule):
                 continue
             if has_double_star(call):
                 self.decline(call, "options arrive through `**` arguments, which may set it")
+                continue
+            apex = apex_amp_call(facts)
+            if apex is not None:
+                self.decline(
+                    call,
+                    f"the script trains with NVIDIA Apex's amp (`{excerpt(apex)}`), which sets "
+                    "each `.grad` to None before every backward, so DDP copies into its buckets "
+                    "anyway, and whose `zero_grad` with master weights (opt_level O2) calls "
+                    "`detach_()` on each gradient, which raises on a view into a bucket; "
+                    "`torch.amp` has neither problem",
+                )
                 continue
             if touched is None:
                 touched = bucket_view_hazards(facts)

@@ -286,6 +286,17 @@ def uses_reduced_precision(facts: "ScriptFacts", count_grad_scalers: bool = True
     return reduced_precision_use(facts, count_grad_scalers) is not None
 
 
+def apex_amp_call(facts: "ScriptFacts") -> Optional[cst.Call]:
+    """The first call of NVIDIA Apex's mixed precision (`amp.initialize`, `amp.scale_loss`),
+    which takes over the gradients: before every backward it stashes each `.grad` and sets it
+    to None, and with master weights (opt_level O2) its `zero_grad` detaches each in place
+    (apex/amp/_process_optimizer.py)."""
+    for call in facts.records.calls:
+        if (call.qualname or "").startswith(APEX_AMP):
+            return call.node
+    return None
+
+
 def reduced_precision_use(
     facts: "ScriptFacts", count_grad_scalers: bool = True
 ) -> Optional[cst.CSTNode]:
