@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
-from optimizer_codemod.analysis.devices import mentions_accelerator
+from optimizer_codemod.analysis.devices import TRAINS_ON_THE_CPU, mentions_accelerator
 from optimizer_codemod.analysis.matmuls import convolution_only_training
 from optimizer_codemod.analysis.precision import (
     determinism_request,
@@ -128,7 +128,9 @@ class Float32MatmulWithoutTF32(Rule):
         or `device=x` with `x` possibly not the CPU, no import or call of a device API,
         launcher or trainer (`torch.cuda`, `torch.device`, `torch.distributed`, `accelerate`,
         `lightning`, `deepspeed`, `torch_xla`), no name that says device (`args.gpu`,
-        `to_device(batch)`; analysis/devices.py `mentions_accelerator`). Such a script trains
+        `to_device(batch)`; analysis/devices.py `mentions_accelerator`), where a device the
+        script pins to the CPU (`device = torch.device("cpu")`, jcjohnson/pytorch-examples)
+        names none. Such a script trains
         on the CPU, where the setting changes nothing (below), so the edit would not pay
         (DESIGN §6); nor, with the files rewritten together, to a script whose loop runs in
         another module when neither places or names an accelerator (openai/spinningup's
@@ -240,9 +242,7 @@ class Float32MatmulWithoutTF32(Rule):
         if backward is not None and not mentions_accelerator(facts):
             self.decline(
                 backward.node,
-                "this script never places a tensor or module on an accelerator nor names one "
-                "(no `.cuda()`, `.to(device)`, `device=`, device API or launcher): it trains "
-                "on the CPU, where the setting changes nothing",
+                f"{TRAINS_ON_THE_CPU}, where the setting changes nothing",
             )
             return
         imported_by = imported_by_others(facts)

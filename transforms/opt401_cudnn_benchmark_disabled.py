@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, literal
-from optimizer_codemod.analysis.devices import mentions_accelerator
+from optimizer_codemod.analysis.devices import TRAINS_ON_THE_CPU, mentions_accelerator
 from optimizer_codemod.analysis.precision import (
     convolution_sites,
     cudnn_benchmark_choice,
@@ -192,9 +192,7 @@ class CudnnBenchmarkDisabled(Rule):
         if elsewhere is None and not mentions_accelerator(facts):
             self.decline(
                 first,
-                "this script never places a tensor or module on an accelerator nor names one "
-                "(no `.cuda()`, `.to(device)`, `device=`, device API or launcher): it trains "
-                "on the CPU, where cuDNN is never called",
+                f"{TRAINS_ON_THE_CPU}, where cuDNN is never called",
             )
             return
         imported_by = imported_by_others(facts)

@@ -621,6 +621,14 @@ DEVICE_WORDS = frozenset({"gpu", "gpus", "tpu", "tpus", "mps", "xla", "xpu", "ng
 DEVICE_WORD_PREFIXES = ("device", "cuda", "accelerat")
 
 
+# Why a rule whose setting acts on CUDA alone leaves a script that mentions_accelerator denies.
+TRAINS_ON_THE_CPU = (
+    "this script never places a tensor or module on an accelerator nor names one (no "
+    "`.cuda()`, no `.to(device)` or `device=` that may be one, no device API or launcher): it "
+    "trains on the CPU"
+)
+
+
 def mentions_accelerator(facts: "ScriptFacts") -> bool:
     """Whether anything in the script may place tensors on an accelerator or names one: a
     placement (see uses_accelerator), an import or call of a device API, launcher or trainer
@@ -638,17 +646,31 @@ def _mentions_accelerator(facts: "ScriptFacts") -> bool:
         return True
     if any(_accelerator_module(b.target) for b in facts.imports.bindings):
         return True
-    texts = [a.target for a in facts.records.assignments]
+    # Each text with the value it names, where one is known: a device the script pins to the
+    # CPU (`device = torch.device("cpu")`, the GPU line commented out) names no accelerator.
+    texts: List[Tuple[str, Optional[cst.BaseExpression]]] = [
+        (a.target, None if a.unpacked else a.value) for a in facts.records.assignments
+    ]
     for call in facts.records.calls:
-        if _accelerator_module(call.qualname or ""):
+        if _accelerator_module(call.qualname or "") and not _on_the_cpu(facts, call.node):
             return True
-        texts += [dotted_name(call.node.func) or "", call.receiver or ""]
-        texts += [dotted_name(arg.value) or "" for arg in call.node.args]
+        texts += [(dotted_name(call.node.func) or "", call.node), (call.receiver or "", None)]
+        texts += [(dotted_name(arg.value) or "", arg.value) for arg in call.node.args]
+    return any(
+        _says_device(text) and (value is None or not _on_the_cpu(facts, value))
+        for text, value in texts
+    )
+
+
+def _says_device(text: str) -> bool:
     return any(
         word in DEVICE_WORDS or word.startswith(DEVICE_WORD_PREFIXES)
-        for text in texts
         for word in re.split(r"[._]", text.lower())
     )
+
+
+def _on_the_cpu(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
+    return device_kind(facts, value) is DeviceKind.CPU
 
 
 def _accelerator_module(name: str) -> bool:
