@@ -340,7 +340,7 @@ class LossItemSynchronizesEveryStep(Rule):
         it every Nth step pays; the syncs it takes off the step."""
         lines = self.facts.log_lines.paying(loop, enabled | {LOSS_LOG})
         for line in lines:
-            if line.loss:
+            if line.periodic is None and line.loss:
                 self.report(
                     line.statement,
                     Fix.replacing(line.replacements()),
@@ -358,7 +358,7 @@ class LossItemSynchronizesEveryStep(Rule):
                         Fix.replacing(line.replacements()),
                         message=f"`{excerpt(deferred.item)}` waits for the device on every "
                         "step only for a log line of the step; the loss stays on the device "
-                        f"(`.detach()`) and the line, run every {LOG_EVERY}th step, reads it",
+                        f"(`.detach()`) and the line, {line.runs_every}, reads it",
                         safety=Safety.BEHAVIOR,
                         fix_title="Keep the loss on the device; read it where it is printed",
                     )

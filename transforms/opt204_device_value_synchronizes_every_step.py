@@ -276,7 +276,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
         these fixes and by OPT202's on lines that read the loss."""
         lines = self.facts.log_lines.paying(loop, enabled | {METRIC_LOG})
         for line in lines:
-            if not line.loss:
+            if line.periodic is None and not line.loss:
                 self.report(
                     line.statement,
                     Fix.replacing(line.replacements()),
@@ -297,7 +297,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
                     Fix.replacing(line.replacements()),
                     message=f"`{excerpt(deferred.item)}` copies a device value to the host on "
                     "every step only for a log line of the step; it stays on the device "
-                    f"(`.detach()`) and the line, run every {LOG_EVERY}th step, reads it",
+                    f"(`.detach()`) and the line, {line.runs_every}, reads it",
                     safety=Safety.BEHAVIOR,
                     fix_title="Keep it on the device; read it where it is printed",
                 )

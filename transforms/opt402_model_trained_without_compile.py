@@ -12,6 +12,7 @@ from optimizer_codemod.analysis.entry_points import (
     rebound_after_placement,
 )
 from optimizer_codemod.analysis.gradients import SECOND_DERIVATIVE_CALLS, double_backward_calls
+from optimizer_codemod.analysis.precision import imported_second_derivative_call
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     data_parallel_wrapping,
@@ -116,7 +117,10 @@ class ModelTrainedWithoutCompile(Rule):
         `.backward()` runs in no loop, nor in a function called from one, as in a demo):
         compiling costs seconds that one step never earns back. Nor when the file
         differentiates a gradient again (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
-        `backward(create_graph=True)`, `torch.autograd.functional.hessian`): the backward of
+        `backward(create_graph=True)`, `torch.autograd.functional.hessian`), or calls a
+        function of another module of the run that does, itself or through the functions of
+        its file it calls (aladdinpersson's ProGAN calls utils.py's `gradient_penalty`; the
+        project index summarises such functions): the backward of
         a compiled module cannot be differentiated, and the second backward raises
         "torch.compile with aot_autograd does not currently support double backward" (torch
         2.13, `_functorch/_aot_autograd/runtime_wrappers.py`; tests/test_compile_claims.py
@@ -384,6 +388,14 @@ def _why_compile_would_fail(facts, twice) -> "str | None":
         return (
             f"this file differentiates a gradient again (`{excerpt(twice[0].node)}`, a gradient "
             f"penalty or a Hessian), {_DOUBLE_BACKWARD_RAISES}"
+        )
+    helper = imported_second_derivative_call(facts)
+    if helper is not None:
+        call, function = helper
+        return (
+            f"`{excerpt(call.node)}` runs `{function.name}` of {function.module}, which "
+            f"differentiates a gradient again (`{function.code}`, a gradient penalty or a "
+            f"Hessian), {_DOUBLE_BACKWARD_RAISES}"
         )
     return None
 

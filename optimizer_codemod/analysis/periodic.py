@@ -138,6 +138,10 @@ class LogLine:
     counter: Optional[str]
     obstacle: Optional[str]  # why it cannot be gated; None when it can
     deferred: Tuple[DeferredRead, ...] = ()
+    # The `if` with a `%` test that already runs the line every Nth step (DCGAN_mnist's
+    # `if batch_idx % 100 == 0:`): only a value read for it earlier in the step waits each
+    # step, and the fix keeps that on the device without gating the line again.
+    periodic: Optional[cst.If] = None
 
     @property
     def kind(self) -> str:
@@ -147,12 +151,21 @@ class LogLine:
     def call(self) -> cst.Call:
         return self.statement.body[0].value
 
-    def gated(self) -> cst.If:
-        assert self.counter is not None
+    @property
+    def runs_every(self) -> str:
+        """How often the line runs once fixed, for messages."""
+        if self.periodic is not None:
+            return f"run under `if {excerpt(self.periodic.test, 40)}:`"
+        return f"run every {LOG_EVERY}th step"
+
+    def gated(self) -> cst.BaseStatement:
         statement = self.statement
         if self.deferred:
             reads = [read for deferred in self.deferred for read in deferred.reads]
             statement = statement.visit(_ReadWithItem(reads))
+        if self.periodic is not None:
+            return statement
+        assert self.counter is not None
         return every_nth_step(statement, self.counter, LOG_EVERY)
 
     def replacements(self) -> Tuple[Tuple[cst.CSTNode, cst.CSTNode], ...]:
@@ -211,6 +224,7 @@ class LogLines:
         obstacle = self._obstacle(loop, counter)
         found = []
         for statement, syncs in lines:
+            periodic = _periodic_gate(facts, statement, loop)
             reads = tuple(
                 replace(read, loss=id(read.sync.node) in losses)
                 for read in deferred.get(statement, ())
@@ -223,8 +237,10 @@ class LogLines:
                     waits,
                     any(id(sync.node) in losses for sync in waits),
                     counter,
-                    _changing_argument(facts, statement) or obstacle,
+                    _changing_argument(facts, statement)
+                    or (obstacle if periodic is None else self._obstacle(loop, None, False)),
                     reads,
+                    periodic,
                 )
             )
         return found
@@ -278,13 +294,15 @@ class LogLines:
                 found.setdefault(line, []).append(DeferredRead(assign.value, reads, sync))
         return found
 
-    def _obstacle(self, loop: Loop, counter: Optional[str]) -> Optional[str]:
-        if step_loop_of(self.facts, loop) is not loop:
+    def _obstacle(self, loop: Loop, counter: Optional[str], gates: bool = True) -> Optional[str]:
+        """Why a line of `loop` cannot be fixed; `gates`: the fix runs it every Nth step (a
+        line already under a periodic `if` is not gated again)."""
+        if gates and step_loop_of(self.facts, loop) is not loop:
             return (
                 "the loop is a micro-step loop of gradient accumulation, and the line would be "
                 "gated by the micro-step, not by the optimizer step"
             )
-        if counter is None:
+        if gates and counter is None:
             return (
                 "the loop has no step counter (`for step, batch in enumerate(loader)`) to "
                 f"print every {LOG_EVERY}th step by"
@@ -322,6 +340,17 @@ def _fresh(value: cst.BaseExpression) -> bool:
     receiver itself: kept on the device until the line reads it, it cannot be changed in
     between by an update in place of what it came from (`correct += ...`)."""
     return isinstance(value, cst.Call) and method_name(value) in FRESH_METHODS
+
+
+def _periodic_gate(facts: "ScriptFacts", statement: cst.CSTNode, loop: Loop) -> Optional[cst.If]:
+    """The innermost `if` of `loop`'s body whose test has a `%` and whose body (not its
+    `else`, which runs on most steps) holds `statement`."""
+    child, node = statement, facts.parents.get(statement)
+    while node is not None and node is not loop.node:
+        if isinstance(node, cst.If) and child is node.body and find_all(node.test, cst.Modulo):
+            return node
+        child, node = node, facts.parents.get(node)
+    return None
 
 
 def _step_statements(loop: Loop) -> List[cst.SimpleStatementLine]:

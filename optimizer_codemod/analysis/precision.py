@@ -546,6 +546,24 @@ def imported_shape_varying_call(
     return None
 
 
+def imported_second_derivative_call(
+    facts: "ScriptFacts",
+) -> Optional[Tuple["CallSite", "ImportedFunction"]]:
+    """The first call in this file of a function of another module of the run that
+    differentiates a gradient again (aladdinpersson's ProGAN: `gradient_penalty(critic, real,
+    fake, ...)` from utils.py, which calls `torch.autograd.grad(..., create_graph=True)`),
+    with what the project index says of it."""
+    project = getattr(facts, "project", None)
+    functions = {f.name: f for f in getattr(project, "second_derivative_functions", ())}
+    if not functions:
+        return None
+    for call in facts.records.calls:
+        found = functions.get(dotted_name(call.node.func) or "")
+        if found is not None:
+            return call, found
+    return None
+
+
 def _first_imported_class_call(facts: "ScriptFacts", wanted) -> Optional["CallSite"]:
     project = getattr(facts, "project", None)
     if project is None or not project.imported_classes:

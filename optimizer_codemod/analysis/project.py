@@ -286,6 +286,9 @@ class ProjectFacts:
     imported_classes: Tuple[ImportedClass, ...] = ()
     importers: Tuple[str, ...] = ()  # the files of the run that import this one
     imported_functions: Tuple[ImportedFunction, ...] = ()  # those that vary batch shapes
+    # Those that differentiate a gradient again (a gradient penalty's `torch.autograd.grad(...,
+    # create_graph=True)`, a Hessian), `call` naming it: compiling the model they run fails.
+    second_derivative_functions: Tuple[ImportedFunction, ...] = ()
     # (spelling, summary) of the functions and methods of other modules it calls, for a
     # loader handed to them: which parameters they loop over (handoffs.py).
     looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
@@ -386,6 +389,9 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             imported_functions=tuple(
                 ImportedFunction(**f) for f in record.get("imported_functions", ())
             ),
+            second_derivative_functions=tuple(
+                ImportedFunction(**f) for f in record.get("second_derivative_functions", ())
+            ),
             looping_functions=tuple(
                 (spelling, looping_function(summary))
                 for spelling, summary in record.get("looping_functions", ())
@@ -430,6 +436,7 @@ class _Module:
     summaries: Dict[str, Tuple[Set[str], Set[str], str]] = field(default_factory=dict)
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
     varying: Optional[Dict[str, Tuple[str, str]]] = None  # functions varying shapes, once asked
+    twice: Optional[Dict[str, Tuple[str, str]]] = None  # functions differentiating twice, too
     looping: Dict[str, LoopingFunction] = field(default_factory=dict)  # handoffs.py summaries
     # Dataset classes and functions returning one: (kind, places, handles), None when unknown.
     datasets: Dict[str, Optional[Tuple[str, bool, bool]]] = field(default_factory=dict)
@@ -1116,6 +1123,18 @@ def _own_facts(
         owner = files.get(path)
         for name, call in (_shape_varying_functions(owner) if owner is not None else {}).items():
             functions.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
+    twice = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        differentiating = _second_derivative_functions(defined[0]) if defined is not None else {}
+        if defined is not None and defined[1] in differentiating:
+            twice.append(ImportedFunction(name, defined[0].label, *differentiating[defined[1]]))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        for name, call in (
+            _second_derivative_functions(owner) if owner is not None else {}
+        ).items():
+            twice.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
     datasets = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
@@ -1154,6 +1173,7 @@ def _own_facts(
         imported_classes=tuple(sorted(classes, key=lambda c: c.name)),
         importers=tuple(sorted(importers)),
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
+        second_derivative_functions=tuple(sorted(twice, key=lambda f: f.name)),
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
         imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
         imported_loaders=tuple(sorted(loaders, key=lambda l: (l.name, l.index))),
@@ -1300,8 +1320,30 @@ def _find_shape_varying_functions(facts) -> Dict[str, Tuple[str, str]]:
         call = padded.allocation
         if call.site.function is not None:
             varying.setdefault(id(call.node), (call.qualname or "", excerpt(padded.copy)))
-    if not varying:
-        return {}
+    return _functions_reaching(facts, varying)
+
+
+def _second_derivative_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
+    """{top-level function of `module`: (qualified name, code) of the first call in it, or in
+    what it calls, that differentiates a gradient again (gradients.double_backward_calls)},
+    memoised."""
+    from optimizer_codemod.analysis.gradients import double_backward_calls
+
+    if module.twice is None:
+        module.twice = {}
+        if module.facts is not None:
+            calls = {
+                id(call.node): (call.qualname or "", excerpt(call.node))
+                for call in double_backward_calls(module.facts)
+                if call.site.function is not None
+            }
+            module.twice = _functions_reaching(module.facts, calls) if calls else {}
+    return module.twice
+
+
+def _functions_reaching(facts, wanted: Dict[int, Tuple[str, str]]) -> Dict[str, Tuple[str, str]]:
+    """{top-level function: the first of the `wanted` calls (by node id) in it, its nested
+    functions, or the top-level functions of the file it calls, transitively}."""
     top = [s for s in facts.module.body if isinstance(s, cst.FunctionDef)]
     names = {s.name.value for s in top}
     found: Dict[str, Tuple[str, str]] = {}
@@ -1309,8 +1351,8 @@ def _find_shape_varying_functions(facts) -> Dict[str, Tuple[str, str]]:
     for statement in top:
         name = statement.name.value
         for node in find_all(statement.body, cst.Call):
-            if name not in found and id(node) in varying:
-                found[name] = varying[id(node)]
+            if name not in found and id(node) in wanted:
+                found[name] = wanted[id(node)]
             called = node.func.value if isinstance(node.func, cst.Name) else None
             if called in names and called != name:
                 callers.setdefault(called, []).append(name)
