@@ -1113,28 +1113,8 @@ def _own_facts(
         for name in owner.facts.classes if owner is not None else ():
             if is_module_class(owner.facts, name):
                 classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
-    functions = []
-    for name, (path, obj) in module.objects.items():
-        defined = _defined(files, path, obj)
-        varying = _shape_varying_functions(defined[0]) if defined is not None else {}
-        if defined is not None and defined[1] in varying:
-            functions.append(ImportedFunction(name, defined[0].label, *varying[defined[1]]))
-    for spelling, path in module.modules.items():
-        owner = files.get(path)
-        for name, call in (_shape_varying_functions(owner) if owner is not None else {}).items():
-            functions.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
-    twice = []
-    for name, (path, obj) in module.objects.items():
-        defined = _defined(files, path, obj)
-        differentiating = _second_derivative_functions(defined[0]) if defined is not None else {}
-        if defined is not None and defined[1] in differentiating:
-            twice.append(ImportedFunction(name, defined[0].label, *differentiating[defined[1]]))
-    for spelling, path in module.modules.items():
-        owner = files.get(path)
-        for name, call in (
-            _second_derivative_functions(owner) if owner is not None else {}
-        ).items():
-            twice.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
+    functions = _imported_functions(module, files, _shape_varying_functions)
+    twice = _imported_functions(module, files, _second_derivative_functions)
     datasets = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
@@ -1293,6 +1273,26 @@ def _registry_layers(
                 views.extend([view] if view else [])
             owner.registries[name] = (layers, optional, views[0] if views else "")
     return owner.registries[name]
+
+
+def _imported_functions(
+    module: _Module,
+    files: Dict[str, _Module],
+    summarise: Callable[[_Module], Dict[str, Tuple[str, str]]],
+) -> List[ImportedFunction]:
+    """The functions of other modules of the run that `module` imports (by name, or through
+    the module: `utils.pad`) and that `summarise` finds in their files, as it spells them."""
+    found = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        summary = summarise(defined[0]) if defined is not None else {}
+        if defined is not None and defined[1] in summary:
+            found.append(ImportedFunction(name, defined[0].label, *summary[defined[1]]))
+    for spelling, path in module.modules.items():
+        owner = files.get(path)
+        for name, call in (summarise(owner) if owner is not None else {}).items():
+            found.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
+    return found
 
 
 def _shape_varying_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
