@@ -39,7 +39,7 @@ from optimizer_codemod.analysis.epochs import containing_body
 from optimizer_codemod.analysis.escapes import block_escape
 from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.syncs import helper_syncs, name_uses
+from optimizer_codemod.analysis.syncs import helper_syncs, name_uses, tests_a_remainder
 from optimizer_codemod.analysis.values import local_function
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,7 +136,7 @@ def _is_periodic_if(node: Optional[cst.CSTNode]) -> bool:
     return (
         isinstance(node, cst.If)
         and node.orelse is None
-        and bool(find_all(node.test, cst.Modulo))
+        and tests_a_remainder(node)
         and not find_all(node.test, cst.Call, cst.NamedExpr, cst.Await)
     )
 

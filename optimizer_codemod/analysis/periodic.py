@@ -23,6 +23,7 @@ from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.values import built_by
 from optimizer_codemod.analysis.walk import children
 from optimizer_codemod.analysis.syncs import (
+    tests_a_remainder,
     CLOCKS,
     HOST_SYNC_METHODS,
     READING_BUILTINS,
@@ -221,7 +222,14 @@ class LogLines:
             return []
         losses = {id(call.node) for call in loss_items(facts, loop)}
         counter = step_counter(facts, loop)
-        obstacle = self._obstacle(loop, counter)
+        gating = self._gating_obstacle(loop, counter)
+        held = _held_syncs(facts, loop)
+        held_obstacle = (
+            f"`{excerpt(held)}` also reads a device value on the host on most steps (under an "
+            "`if` that is not every N steps), so the host would still wait for the device"
+            if held is not None
+            else None
+        )
         found = []
         for statement, syncs in lines:
             periodic = _periodic_gate(facts, statement, loop)
@@ -238,7 +246,8 @@ class LogLines:
                     any(id(sync.node) in losses for sync in waits),
                     counter,
                     _changing_argument(facts, statement)
-                    or (obstacle if periodic is None else self._obstacle(loop, None, False)),
+                    or (gating if periodic is None else None)
+                    or held_obstacle,
                     reads,
                     periodic,
                 )
@@ -294,25 +303,18 @@ class LogLines:
                 found.setdefault(line, []).append(DeferredRead(assign.value, reads, sync))
         return found
 
-    def _obstacle(self, loop: Loop, counter: Optional[str], gates: bool = True) -> Optional[str]:
-        """Why a line of `loop` cannot be fixed; `gates`: the fix runs it every Nth step (a
-        line already under a periodic `if` is not gated again)."""
-        if gates and step_loop_of(self.facts, loop) is not loop:
+    def _gating_obstacle(self, loop: Loop, counter: Optional[str]) -> Optional[str]:
+        """Why a line of `loop` cannot be run every Nth step by a new `if` (a line already
+        under a periodic `if` gets none)."""
+        if step_loop_of(self.facts, loop) is not loop:
             return (
                 "the loop is a micro-step loop of gradient accumulation, and the line would be "
                 "gated by the micro-step, not by the optimizer step"
             )
-        if gates and counter is None:
+        if counter is None:
             return (
                 "the loop has no step counter (`for step, batch in enumerate(loader)`) to "
                 f"print every {LOG_EVERY}th step by"
-            )
-        held = _held_syncs(self.facts, loop)
-        if held is not None:
-            return (
-                f"`{excerpt(held)}` also reads a device value on the host on most steps "
-                "(under an `if` that is not every N steps), so the host would still wait for "
-                "the device"
             )
         return None
 
@@ -347,7 +349,7 @@ def _periodic_gate(facts: "ScriptFacts", statement: cst.CSTNode, loop: Loop) -> 
     `else`, which runs on most steps) holds `statement`."""
     child, node = statement, facts.parents.get(statement)
     while node is not None and node is not loop.node:
-        if isinstance(node, cst.If) and child is node.body and find_all(node.test, cst.Modulo):
+        if isinstance(node, cst.If) and child is node.body and tests_a_remainder(node):
             return node
         child, node = node, facts.parents.get(node)
     return None
@@ -454,7 +456,7 @@ def _held_syncs(facts: "ScriptFacts", loop: Loop) -> Optional[cst.CSTNode]:
         node = stack.pop()
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
-        if isinstance(node, cst.If) and find_all(node.test, cst.Modulo):
+        if isinstance(node, cst.If) and tests_a_remainder(node):
             stack.append(node.test)
             if node.orelse is not None:
                 stack.append(node.orelse)

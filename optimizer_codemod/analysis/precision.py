@@ -9,7 +9,7 @@ setting statement can go so that `torch` is bound there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
@@ -532,18 +532,7 @@ def imported_shape_varying_call(
     pads to the longest sentence), or the first DataLoader handed such a function as its
     `collate_fn=` (`DataLoader(ds, collate_fn=utils.collate_fn)`), with what the project
     index says of it."""
-    project = getattr(facts, "project", None)
-    functions = {f.name: f for f in getattr(project, "imported_functions", ())}
-    if not functions:
-        return None
-    for call in facts.records.calls:
-        found = functions.get(dotted_name(call.node.func) or "")
-        if found is None and call.qualname == DATALOADER:
-            collate = keyword(call.node, "collate_fn")
-            found = functions.get(dotted_name(collate.value) or "") if collate else None
-        if found is not None:
-            return call, found
-    return None
+    return _first_call_of_imported(facts, "imported_functions", _collate_function)
 
 
 def imported_second_derivative_call(
@@ -553,15 +542,31 @@ def imported_second_derivative_call(
     differentiates a gradient again (aladdinpersson's ProGAN: `gradient_penalty(critic, real,
     fake, ...)` from utils.py, which calls `torch.autograd.grad(..., create_graph=True)`),
     with what the project index says of it."""
+    return _first_call_of_imported(facts, "second_derivative_functions")
+
+
+def _first_call_of_imported(
+    facts: "ScriptFacts", summaries: str, handed: Optional[Callable[["CallSite"], str]] = None
+) -> Optional[Tuple["CallSite", "ImportedFunction"]]:
+    """The first call of a function among the project index's `summaries` (a ProjectFacts
+    field of ImportedFunction), or of a call `handed` one (the name it returns), with it."""
     project = getattr(facts, "project", None)
-    functions = {f.name: f for f in getattr(project, "second_derivative_functions", ())}
+    functions = {f.name: f for f in getattr(project, summaries, ())}
     if not functions:
         return None
     for call in facts.records.calls:
         found = functions.get(dotted_name(call.node.func) or "")
+        if found is None and handed is not None:
+            found = functions.get(handed(call))
         if found is not None:
             return call, found
     return None
+
+
+def _collate_function(call: "CallSite") -> str:
+    """The function a DataLoader call is handed as its `collate_fn=`, as written; ""."""
+    collate = keyword(call.node, "collate_fn") if call.qualname == DATALOADER else None
+    return (dotted_name(collate.value) or "") if collate is not None else ""
 
 
 def _first_imported_class_call(facts: "ScriptFacts", wanted) -> Optional["CallSite"]:

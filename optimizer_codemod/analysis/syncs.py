@@ -1052,6 +1052,12 @@ def helper_sync_message(sync: HelperSync) -> str:
     )
 
 
+def tests_a_remainder(branch: cst.If) -> bool:
+    """`if step % 100 == 0:`: a test with a `%`, whose body runs every Nth step (and whose
+    `else` on most steps)."""
+    return bool(find_all(branch.test, cst.Modulo))
+
+
 def _periodic_statements(facts: "ScriptFacts", function: cst.FunctionDef) -> Set[int]:
     """ids of the statements of `function` in the body of an `if` whose test has a `%`."""
     memo = facts.memo("periodic_statements")
@@ -1059,7 +1065,7 @@ def _periodic_statements(facts: "ScriptFacts", function: cst.FunctionDef) -> Set
     if key not in memo:
         found: Set[int] = set()
         for branch in find_all(function.body, cst.If):
-            if id(branch) in found or not find_all(branch.test, cst.Modulo):
+            if id(branch) in found or not tests_a_remainder(branch):
                 continue
             # Its `else` runs on most steps.
             found.update(map(id, find_all(branch.body, cst.BaseStatement)))
