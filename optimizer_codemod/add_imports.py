@@ -28,13 +28,20 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from optimizer_codemod.notebook import is_cell_marker, is_magic_placeholder
+
 
 def add_imports(module: cst.Module, specs: Sequence) -> cst.Module:
     """`module` with the imports `specs` ask for (`module`, `obj`, `asname` each)."""
     body = list(module.body)
     start = 1 if _skip_first(body) else 0
+    cells = _notebook_cell_starts(module)
+    if cells:
+        start = _first_importing_cell(body, cells, start)
     top: List[Tuple[int, cst.BaseSmallStatement]] = []
     for index in range(start, len(body)):
+        if index > start and index in cells:
+            break
         small = _lone_import(body[index])
         if small is None:
             break
@@ -52,7 +59,7 @@ def add_imports(module: cst.Module, specs: Sequence) -> cst.Module:
 
     add_at = top[-1][0] + 1 if top else start
     after = body[add_at:]
-    if after:
+    if after and add_at not in cells:
         first = after[0]
         if not first.leading_lines:
             after[0] = first.with_changes(leading_lines=(cst.EmptyLine(),))
@@ -195,6 +202,47 @@ class _Wanted:
             )
             for module, pairs in by_module.items()
         ]
+
+
+def _notebook_cell_starts(module: cst.Module) -> Set[int]:
+    """In a notebook's Python text, the statements that begin a cell (its first is 0); empty
+    for a script."""
+    if not any(_marks_a_cell(line) for line in module.header):
+        return set()
+    return {0} | {
+        index
+        for index, statement in enumerate(module.body)
+        if any(_marks_a_cell(line) for line in statement.leading_lines)
+    }
+
+
+def _marks_a_cell(line: cst.EmptyLine) -> bool:
+    return line.comment is not None and is_cell_marker(line.comment.value)
+
+
+def _first_importing_cell(body: Sequence[cst.BaseStatement], cells: Set[int], start: int) -> int:
+    """Where a notebook's imports are: the first cell that begins with one (after its magics),
+    so that a fix's import joins the cell every session runs first, not a later cell whose top
+    happens to continue the run of imports (one that only displays an image)."""
+    for cell in sorted(cells):
+        index = max(cell, start)
+        while index < len(body) and (index == cell or index not in cells):
+            if _lone_import(body[index]) is not None:
+                return index
+            if not _masked_magic(body[index]):
+                break
+            index += 1
+    return start
+
+
+def _masked_magic(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.Name)
+        and is_magic_placeholder(statement.body[0].value.value)
+    )
 
 
 def _skip_first(body: Sequence[cst.BaseStatement]) -> bool:

@@ -307,6 +307,16 @@ def _indented_like(old: str, new: str, original: str, indent: str) -> str:
     return "\n".join(out)
 
 
+def is_cell_marker(comment: str) -> bool:
+    """Whether a comment is the line that begins a cell in a notebook's Python text."""
+    return _CELL_MARKER_RE.fullmatch(comment) is not None
+
+
+def is_magic_placeholder(name: str) -> bool:
+    """Whether a name is the placeholder a masked magic line (`%matplotlib inline`) became."""
+    return _MAGIC_PLACEHOLDER_RE.match(name) is not None
+
+
 def _split_cells(text: str) -> List[Tuple[int, str]]:
     markers = list(_CELL_MARKER_RE.finditer(text))
     pieces = []

@@ -199,3 +199,58 @@ def test_non_python_notebook_is_left_alone() -> None:
     document["metadata"] = {"kernelspec": {"name": "ir", "language": "R"}}
     result = rewrite(json.dumps(document, indent=1))
     assert not result.changed and result.skipped == "no Python code cells"
+
+
+IN_MEMORY_TRAINING_CELL = (
+    "from torch.utils.data import DataLoader, TensorDataset\n"
+    "x, y = torch.randn(64, 8), torch.randn(64, 1)\n"
+    "model = nn.Linear(8, 1)\n"
+    "loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)\n"
+    "for xb, yb in loader:\n"
+    "    loss = ((model(xb) - yb) ** 2).mean()\n"
+    "    loss.backward()"
+)
+DISPLAY_CELL = "from IPython.display import Image\nImage('diagram.png')"
+
+
+@pytest.mark.parametrize(
+    "first_cell",
+    [
+        "import torch\nimport torch.nn as nn",
+        "%matplotlib inline\nimport torch\nimport torch.nn as nn",
+    ],
+    ids=["imports", "magic-then-imports"],
+)
+def test_a_fix_import_joins_the_first_import_cell_not_a_later_one(first_cell) -> None:
+    # The run of imports at the top of the Python text went on into the display cell, whose
+    # first line is an import too: a session that skipped that cell raised NameError.
+    notebook = single_cell_notebook(first_cell, DISPLAY_CELL, IN_MEMORY_TRAINING_CELL)
+    result = rewrite(notebook, select=("OPT104",))
+    cells = [cell["source"] for cell in json.loads(result.new)["cells"]]
+    assert cells[0][-1] == "from torch.utils.data import BatchSampler, RandomSampler"
+    assert "".join(cells[0]).startswith(first_cell + "\n")
+    assert cells[1] == DISPLAY_CELL.splitlines(keepends=True)
+    assert "sampler=BatchSampler(RandomSampler(" in "".join(cells[2])
+    namespace = {}  # the first and last cells alone now run
+    exec("".join(cells[0]).replace("%matplotlib inline\n", ""), namespace)
+    exec("".join(cells[2]), namespace)
+
+
+def test_a_fix_import_goes_to_the_first_cell_that_imports() -> None:
+    notebook = single_cell_notebook(
+        "print('setup')",
+        "import torch\nimport torch.nn as nn\n\nprint(torch.__version__)",
+        DISPLAY_CELL,
+        IN_MEMORY_TRAINING_CELL,
+    )
+    result = rewrite(notebook, select=("OPT104",))
+    cells = [cell["source"] for cell in json.loads(result.new)["cells"]]
+    assert cells[0] == ["print('setup')"]
+    assert cells[1] == [
+        "import torch\n",
+        "import torch.nn as nn\n",
+        "from torch.utils.data import BatchSampler, RandomSampler\n",
+        "\n",
+        "print(torch.__version__)",
+    ]
+    assert cells[2] == DISPLAY_CELL.splitlines(keepends=True)
