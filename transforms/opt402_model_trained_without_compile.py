@@ -19,6 +19,7 @@ from optimizer_codemod.analysis.training import (
     RECURRENT_LAYERS,
     class_without_forward,
     model_run_only_through_methods,
+    model_run_through_forward,
     one_training_step,
     compiles,
     each_trained_model,
@@ -95,15 +96,19 @@ class ModelTrainedWithoutCompile(Rule):
         whose class defines no `forward` (cleanrl's PPO `Agent`, used through
         `get_action_and_value`), nor for one the file never calls itself but only through
         methods of its classes that call `self.forward(...)` or submodules (PyTorch-GAN's
-        `D.compute_loss(x, valid)`): `compile()` compiles the module's own call only, so
-        nothing would run compiled. Compiling happens
+        `D.compute_loss(x, valid)`), or only as `model.forward(x)` (PyTorch's
+        optimizer-step-in-backward tutorial): `compile()` compiles the module's own call
+        only, so nothing would run compiled. Compiling happens
         before a DistributedDataParallel wrapper is built, and before Hugging Face
         Accelerate's `model, opt = accelerator.prepare(model, opt)`, which places the model
         on `accelerator.device` (unless the `Accelerator` is built with `device_placement`)
         and may wrap it as DDP does: the guard is then `accelerator.device.type == "cuda"`.
         A model the script builds, places (`model.to(device)`, `model.cuda()`) and hands to
         the training loop of another module of the run (`train_one_epoch(model, ...)` in
-        engine.py, as MAE and ConvNeXt do) is compiled right after that placement, when no
+        engine.py, as MAE and ConvNeXt do) is compiled right after that placement (not after
+        one in a branch that returns or raises first, such as torchvision's quantization
+        script's `if args.test_only: model.to(device); ...; return`, whose compile would
+        leave the training eager; the same holds for a placement in the training file), when no
         module the script imports, the loop's among them, compiles already, may differentiate
         a gradient again (a `create_graph` not literally False: a second-order optimizer's
         scaler), defines a custom `torch.autograd.Function` (gradient checkpointing's
@@ -332,6 +337,13 @@ class ModelTrainedWithoutCompile(Rule):
                 f"`{model.name}` is never called itself, only through `{model.name}.{method}(...)` "
                 "and other methods that call its `forward` or submodules directly: "
                 "`Module.compile()` compiles `__call__` alone, so nothing would be compiled"
+            )
+        forward = model_run_through_forward(self.facts, model)
+        if forward is not None:
+            return (
+                f"`{model.name}` runs through `{excerpt(forward)}`, which calls the method "
+                "itself, past `Module.__call__`: `Module.compile()` compiles `__call__` alone, "
+                "so nothing would be compiled (call the module, `model(x)`, to run it compiled)"
             )
         once = one_training_step(self.facts)
         if once is not None:

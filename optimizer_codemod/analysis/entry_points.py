@@ -30,6 +30,7 @@ from optimizer_codemod.analysis.training import (
     PLACEMENT_METHODS,
     builds_module,
     is_expression_statement,
+    left_before,
     placement_calls,
     placement_device,
     wrapped_model,
@@ -145,6 +146,7 @@ def _placement(
                 and order < site.order < runner.site.order
                 and not site.loops
                 and is_expression_statement(site.statement, call.node)
+                and not left_before(facts, site.statement, runner.node)
             ):
                 placed, order = site.statement, site.order
     return placed, order
@@ -188,12 +190,22 @@ def _variables(node: cst.CSTNode) -> Set[str]:
 
 def _is_model(facts: "ScriptFacts", built: "Assignment", name: str, keyword: Optional[str]) -> bool:
     """`built` builds an nn.Module the analysis knows, a model chosen by name, or (a call the
-    analysis cannot follow) one passed as `model`."""
+    analysis cannot follow) one passed as `model`. A loss module of torch's
+    (`criterion = nn.CrossEntropyLoss()`, handed to the loop beside the model) trains nothing."""
+    if _torch_loss(facts, built.value):
+        return False
     if not built.unpacked and builds_module(facts, built.value):
         return True
     if chosen_by_name(facts, built.value) is not None:
         return True
     return isinstance(built.value, cst.Call) and "model" in (keyword, name)
+
+
+def _torch_loss(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = facts.qualified_name(value.func) or ""
+    return qualified.startswith("torch.nn.") and qualified.endswith("Loss")
 
 
 def chosen_by_name(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[str]:

@@ -286,7 +286,7 @@ def _catches_missing_feature(handler: cst.ExceptHandler) -> bool:
 def _statements_after_exit(node: cst.If, suite: Optional[cst.CSTNode]) -> Sequence[cst.CSTNode]:
     """The statements after `node` in its block when its body always leaves the block."""
     body = getattr(suite, "body", None)
-    if not isinstance(body, (list, tuple)) or not _always_exits(node.body):
+    if not isinstance(body, (list, tuple)) or not always_exits(node.body):
         return ()
     for index, statement in enumerate(body):
         if statement is node:
@@ -304,7 +304,7 @@ def _always_raises(suite: cst.CSTNode) -> bool:
     return False
 
 
-def _always_exits(suite: cst.CSTNode) -> bool:
+def always_exits(suite: cst.CSTNode) -> bool:
     """The block's last statement returns, raises, continues or breaks on every path."""
     statements = _statements(suite)
     last = statements[-1] if statements else None
@@ -313,14 +313,14 @@ def _always_exits(suite: cst.CSTNode) -> bool:
     if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
         return any(isinstance(small, _EXITS) for small in last.body)
     if isinstance(last, cst.With):
-        return _always_exits(last.body)
+        return always_exits(last.body)
     if isinstance(last, cst.If):
         orelse = last.orelse
         other = orelse.body if isinstance(orelse, cst.Else) else orelse
         return (
             other is not None
-            and _always_exits(last.body)
-            and _always_exits(
+            and always_exits(last.body)
+            and always_exits(
                 cst.IndentedBlock(body=[other]) if isinstance(other, cst.If) else other
             )
         )

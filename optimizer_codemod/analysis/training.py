@@ -39,6 +39,7 @@ from optimizer_codemod.analysis.calls import (
 from optimizer_codemod.analysis.collect import is_main_guard, target_names
 from optimizer_codemod.analysis.imports import dotted_name, runs_on_the_host
 from optimizer_codemod.analysis.epochs import body_holding
+from optimizer_codemod.analysis.guards import always_exits
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
 from optimizer_codemod.analysis.parameter_loops import (
     iterated_parameter_calls,
@@ -1044,6 +1045,8 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
             statement = call.site.statement
             if is_expression_statement(statement, call.node):
                 events.append((call.site.order, statement, call.site.loop, call.site.function))
+    needed = (model.handed_in or model.optimizer).node
+    events = [event for event in events if not left_before(facts, event[1], needed)]
     if not events:
         return None
     functions = {id(function) for _, _, _, function in events}
@@ -1309,6 +1312,28 @@ def _plain_device_strings(node: cst.BaseExpression) -> bool:
         return _plain_device_strings(node.body) and _plain_device_strings(node.orelse)
     value = literal(node, None)
     return isinstance(value, str) and value.isidentifier()
+
+
+def left_before(facts: "ScriptFacts", statement: cst.CSTNode, later: cst.CSTNode) -> bool:
+    """`statement` sits in a block of its function that always returns or raises and does not
+    hold `later`: whatever it does never reaches `later` (torchvision's quantization script
+    places the model again under `if args.test_only:`, which evaluates and returns before the
+    training loop)."""
+    holding_later = set()
+    node = facts.parents.get(later)
+    while node is not None:
+        holding_later.add(id(node))
+        node = facts.parents.get(node)
+    node = facts.parents.get(statement)
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if (
+            isinstance(node, cst.IndentedBlock)
+            and id(node) not in holding_later
+            and always_exits(node)
+        ):
+            return True
+        node = facts.parents.get(node)
+    return False
 
 
 # The training step ----------------------------------------------------------------------------
@@ -1824,6 +1849,30 @@ def model_run_only_through_methods(facts: "ScriptFacts", model: TrainedModel) ->
             return None
         runs = runs or method
     return runs
+
+
+def model_run_through_forward(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Call]:
+    """The first `model.forward(...)` call, when the file runs the model by that name only
+    so and never calls `model(...)` (PyTorch's optimizer-step-in-backward tutorial: `loss =
+    model.forward(fake_image)`): the method runs eager whatever `compile()` did to
+    `__call__`. A function of the file that takes the model under another name and calls it
+    counts as a call it cannot see, so the answer errs towards not compiling."""
+    name = model.name.split(".")[-1] if model.name.startswith("self.") else model.name
+    forward = None
+    for call in facts.records.calls:
+        func = call.node.func
+        if dotted_name(func) in (name, model.name) or (
+            model.wrapped_as is not None and dotted_name(func) == model.wrapped_as
+        ):
+            return None
+        if (
+            forward is None
+            and isinstance(func, cst.Attribute)
+            and func.attr.value == "forward"
+            and dotted_name(func.value) in (name, model.name)
+        ):
+            forward = call.node
+    return forward
 
 
 def eager_methods(facts: "ScriptFacts", class_names: Iterable[str]) -> Set[str]:
