@@ -22,6 +22,7 @@ from optimizer_codemod.analysis.precision import (
     TORCHVISION_MODELS,
     convolution_sites,
     imported_convolutions,
+    is_convolution,
 )
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
@@ -93,7 +94,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         is converted on its own (a GAN's generator and discriminator, each after the
         statement that places it) when it is built from `nn.Conv2d` (or `ConvTranspose2d`,
         `F.conv2d`) in its classes of this file or of another module of the run, or is a
-        torchvision classification or segmentation model, and passes the checks below.
+        torchvision classification or segmentation model (not a vision transformer,
+        `vit_*` or `swin_*`, whose one convolution is the patch embedding), and passes the
+        checks below.
 
         Input batches are left alone. A convolution whose weight is channels_last returns a
         channels_last output whatever the layout of its input (checked on CPU, torch
@@ -491,7 +494,7 @@ def _chosen_by_name(lookup: str) -> str:
 def _planar_convolution(qualname: str) -> bool:
     if qualname in CONVOLUTIONS:
         return qualname.endswith("2d")
-    return qualname.startswith(TORCHVISION_MODELS) and not qualname.startswith(OTHER_TORCHVISION)
+    return is_convolution(qualname) and not qualname.startswith(OTHER_TORCHVISION)
 
 
 def _other_convolution(qualname: str) -> bool:

@@ -74,6 +74,12 @@ CONVOLUTIONS = frozenset(
 # embedding). Detection models resize every image keeping its aspect ratio (variable shapes).
 TORCHVISION_MODELS = "torchvision.models."
 VARIABLE_SHAPE_MODELS = ("torchvision.models.detection.",)
+# torchvision's vision transformers convolve once, in their patch embedding (`conv_proj`,
+# `features[0]`), and multiply matrices everywhere else: no convolutional model.
+TORCHVISION_TRANSFORMERS = tuple(
+    f"{TORCHVISION_MODELS}{name}"
+    for name in ("vit_", "swin_", "vision_transformer.", "swin_transformer.")
+)
 # Box operations are detection code (DETR, Faster R-CNN): its images are resized keeping
 # their aspect ratio and batched padded to the largest, so shapes change every step.
 DETECTION_OPS = ("torchvision.ops.boxes.", "torchvision.ops.roi_align", "torchvision.ops.nms")
@@ -453,7 +459,10 @@ def varies_shapes(qualname: str) -> bool:
 
 
 def is_convolution(qualname: str) -> bool:
-    return qualname in CONVOLUTIONS or qualname.startswith(TORCHVISION_MODELS)
+    return qualname in CONVOLUTIONS or (
+        qualname.startswith(TORCHVISION_MODELS)
+        and not qualname.startswith(TORCHVISION_TRANSFORMERS)
+    )
 
 
 # Model classes of other modules of the run ---------------------------------------------------
