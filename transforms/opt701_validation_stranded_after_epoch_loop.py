@@ -44,7 +44,8 @@ class ValidationStrandedAfterEpochLoop(Rule):
         `behavior`: the block then runs every epoch (more validation time, one checkpoint
         per epoch). Always reported; applied with `--unsafe-fixes`. The block starts right
         after the loop, in the same body, and ends at its last statement that reads the loop
-        variable: a final test pass or final save that does not read it is left alone, and
+        variable or a name the block computed from it (`log = {"epoch": epoch}`, then
+        `accelerator.log(log)`): a final test pass or final save that does not read it is left alone, and
         so is everything after a loop with a `break` of its own (early stopping), after a
         `for ... else`, in another notebook cell, or in another scope. So is a block whose
         every statement the loop body already runs (DALLE-pytorch's `save_model(path,
@@ -69,8 +70,13 @@ class ValidationStrandedAfterEpochLoop(Rule):
         `return`, `yield`, `break`, `continue`, `global`/`nonlocal` or a definition is not
         moved. Reported without a fix when the block calls `model.eval()` (directly or in a
         function of the file) and nothing in the loop calls `model.train()` again: the next
-        epoch would train in eval mode; and when the loop's body has a `continue` of its
-        own, which would skip the block in some epochs. Only the loop nearest the loop that
+        epoch would train in eval mode; when the loop's body has a `continue` of its
+        own, which would skip the block in some epochs; and when the loop's body already ends
+        each epoch, after its last inner loop, with work of its own on the loop variable (a
+        checkpoint named after the epoch, a per-epoch log): its author knew where an epoch
+        ends, and Hugging Face's run_qa_no_trainer.py, which saves `epoch_{epoch}` there and
+        evaluates once after the loop, labelling the log with the last `epoch`, had its whole
+        evaluation and prediction pass moved into the loop. Only the loop nearest the loop that
         steps the optimizer counts as the epoch loop (not an outer loop over runs or folds,
         nor the step loop around a micro-step loop), or a loop that calls a function of the
         file that trains: `train(...)`, or `trainer.fit(...)` where a method `fit` of a

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name
+from optimizer_codemod.analysis.calls import callee_name, excerpt
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.mutation import binding_targets, target_name_nodes
@@ -223,13 +223,20 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
         # is read from that binding, not from the epoch loop; from then on it is not the
         # loop's any more.
         used = (reads - binds) & variables
-        variables = variables - binds
+        # What the statement computes from the loop variable is the loop's too (`log =
+        # {"epoch": epoch}`, then `accelerator.log(log)`): the block ends after its use, or a
+        # second pass would find the rest stranded after the moved part.
+        variables = (variables - binds) | (binds if used else set())
         if used:
-            last_use, variable = index, sorted(used)[0]
+            last_use, variable = index, variable or sorted(used)[0]
     block = tuple(candidates[: last_use + 1])
     if not block or not any(_is_action(facts, s) for s in block):
         return None
-    problem = _eval_mode_problem(facts, loop, block) or _rebinding_problem(node.body, block)
+    problem = (
+        _eval_mode_problem(facts, loop, block)
+        or _rebinding_problem(node.body, block)
+        or _epoch_end_problem(facts, node.body, _epoch_names(facts, loop))
+    )
     if _breaks_out(node.body, cst.Continue):
         problem = "the loop's `continue` would skip it in some epochs"
     repeated = _runs_in_body(facts.module, node.body, block)
@@ -240,6 +247,29 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     return StrandedBlock(
         loop, block, variable, problem, repeated, repeats_call, summary, last, final
     )
+
+
+def _epoch_end_problem(
+    facts: "ScriptFacts", body: cst.IndentedBlock, variables: Set[str]
+) -> Optional[str]:
+    """The loop's body already ends its epochs with work of its own on the loop variable (a
+    checkpoint named after the epoch, a per-epoch log), after its last inner loop: the author
+    knew where an epoch ends, so what follows the loop reads as written for after training
+    (Hugging Face's run_qa_no_trainer.py saves `epoch_{epoch}` in the loop and evaluates
+    once after it, labelling the log with the last `epoch`)."""
+    statements = list(body.body)
+    loops = [i for i, s in enumerate(statements) if isinstance(s, (cst.For, cst.While))]
+    for statement in statements[loops[-1] + 1 if loops else 0 :]:
+        reads = _reads_and_binds(statement)[0]
+        if reads & variables:
+            for call in _action_calls(facts, statement):
+                return (
+                    "the loop's body already ends each epoch with its own work on "
+                    f"`{sorted(reads & variables)[0]}` (`{excerpt(call)}`), so the code after "
+                    "the loop reads as written for after training; indent it by hand if it is "
+                    "meant to run every epoch"
+                )
+    return None
 
 
 # Callee words of a call that only shows values.
