@@ -381,11 +381,15 @@ class EvaluationUnderNoGrad(Rule):
         """A loop right after `model.eval()` that runs the trained model with autograd on:
         wrapped in `torch.inference_mode()` when nothing it makes reaches later code."""
         facts = self.facts
-        covered = {
-            id(node) for region in no_grad_regions(facts) for node in find_all(region, cst.For)
-        }
+        regions = no_grad_regions(facts)
+        covered = {id(node) for region in regions for node in find_all(region, cst.For)}
+        statements = {id(region) for region in regions}
         for loop in evaluation_loops(facts, training):
             if id(loop.node) in covered:
+                continue
+            if any(id(inner) in statements for inner in find_all(loop.node.body, cst.With)):
+                # The body turns autograd off itself (Hugging Face's QA scripts: `with
+                # torch.no_grad():` around each batch): the `no_grad` fix converts that block.
                 continue
             scope = loop.function if loop.function is not None else facts.module
             reason = block_escape(facts, loop.node, scope)
