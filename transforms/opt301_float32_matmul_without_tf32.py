@@ -6,7 +6,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.devices import TRAINS_ON_THE_CPU, mentions_accelerator
-from optimizer_codemod.analysis.matmuls import convolution_only_training
+from optimizer_codemod.analysis.matmuls import bare_tensor_training, convolution_only_training
 from optimizer_codemod.analysis.precision import (
     determinism_request,
     entry_call,
@@ -98,7 +98,11 @@ class Float32MatmulWithoutTF32(Rule):
         module handed to the constructor and called); a call of another module it cannot
         read (pytorch/examples' neural_style computes its style loss with
         `utils.gram_matrix`, a `bmm`); `cudnn.enabled = False`, which sends convolutions
-        through im2col and cuBLAS (analysis/matmuls.py).
+        through im2col and cuBLAS (analysis/matmuls.py). Nor when the file trains no model
+        but bare tensors it makes itself, with element-wise arithmetic alone (PyTorch's
+        polynomial tutorial fits four scalars, `a + b * x + c * x ** 2 + d * x ** 3`), every
+        call it makes being known (a model loaded whole and called, `model(x)`, keeps the
+        fix).
 
         Reported without a fix when the file looks importable (no `__main__` guard, and no
         module-level statement that trains: a backward call, or a call of one of its own
@@ -257,6 +261,14 @@ class Float32MatmulWithoutTF32(Rule):
                 anchor.node,
                 f"{once}: one step gains nothing from faster matmuls, and the setting at the top "
                 "of the file would change the precision of every program that imports it",
+            )
+            return
+        if backward is not None and bare_tensor_training(facts):
+            self.decline(
+                anchor.node,
+                "it trains bare tensors with element-wise arithmetic alone (no model, no "
+                "`@`, matmul or linear layer in the file): the setting changes cuBLAS matmuls "
+                "only, and there are none",
             )
             return
         message = None

@@ -15,6 +15,7 @@ matmul.
 
 from __future__ import annotations
 
+import builtins
 from typing import TYPE_CHECKING, Optional, Set
 
 import libcst as cst
@@ -185,6 +186,32 @@ def convolution_only_training(facts: "ScriptFacts") -> Optional[str]:
             return None
         convolution = convolution or next((q for q in layers if is_convolution(q)), None)
     return f"`{convolution}`" if convolution else None
+
+
+def bare_tensor_training(facts: "ScriptFacts") -> bool:
+    """The file trains tensors it makes itself, with element-wise arithmetic only (PyTorch's
+    polynomial tutorials: `y_pred = a + b * x + c * x ** 2 + d * x ** 3` on four scalars): no
+    model is trained, the file multiplies no matrices, and every call it makes is known, so
+    no model hides behind a name (`model = torch.load(path)`, then `model(x)` or
+    `model.forward(x)`)."""
+    if each_trained_model(facts) or _multiplies_matrices(facts):
+        return False
+    own = set(facts.records.functions) | set(facts.classes)
+    for call in facts.records.calls:
+        func = call.node.func
+        qualname = call.qualname or ""
+        if qualname.startswith(_LOADED_MODELS) or call.method in ("forward", "parameters"):
+            return False
+        if isinstance(func, cst.Name) and not (
+            qualname or func.value in own or func.value in _BUILTINS
+        ):
+            return False
+    return True
+
+
+# Calls that return a model the file does not build.
+_LOADED_MODELS = ("torch.load", "torch.hub.", "torch.jit.", "torch.export.", "torch.package.")
+_BUILTINS = frozenset(dir(builtins))
 
 
 def _multiplies_matrices(facts: "ScriptFacts") -> bool:
