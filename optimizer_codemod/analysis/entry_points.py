@@ -23,6 +23,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, positional
 from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.mutation import builds_torch_loss
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.training import (
@@ -192,20 +193,13 @@ def _is_model(facts: "ScriptFacts", built: "Assignment", name: str, keyword: Opt
     """`built` builds an nn.Module the analysis knows, a model chosen by name, or (a call the
     analysis cannot follow) one passed as `model`. A loss module of torch's
     (`criterion = nn.CrossEntropyLoss()`, handed to the loop beside the model) trains nothing."""
-    if _torch_loss(facts, built.value):
+    if builds_torch_loss(facts, built.value):
         return False
     if not built.unpacked and builds_module(facts, built.value):
         return True
     if chosen_by_name(facts, built.value) is not None:
         return True
     return isinstance(built.value, cst.Call) and "model" in (keyword, name)
-
-
-def _torch_loss(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
-    if not isinstance(value, cst.Call):
-        return False
-    qualified = facts.qualified_name(value.func) or ""
-    return qualified.startswith("torch.nn.") and qualified.endswith("Loss")
 
 
 def chosen_by_name(facts: "ScriptFacts", node: cst.BaseExpression) -> Optional[str]:

@@ -215,7 +215,8 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
         if _has_cell_marker(statement) or not _movable(statement):
             break  # another notebook cell, or code whose meaning a loop body would change
         candidates.append(statement)
-    variables = _epoch_names(facts, loop)
+    epoch_names = _epoch_names(facts, loop)
+    variables = set(epoch_names)
     last_use, variable = -1, ""
     for index, statement in enumerate(candidates):
         reads, binds = _reads_and_binds(statement)
@@ -235,7 +236,7 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     problem = (
         _eval_mode_problem(facts, loop, block)
         or _rebinding_problem(node.body, block)
-        or _epoch_end_problem(facts, node.body, _epoch_names(facts, loop))
+        or _epoch_end_problem(facts, node.body, epoch_names)
     )
     if _breaks_out(node.body, cst.Continue):
         problem = "the loop's `continue` would skip it in some epochs"

@@ -53,7 +53,7 @@ from optimizer_codemod.analysis.values import (
     outside_calls,
     parameter_names,
 )
-from optimizer_codemod.analysis.walk import children, parents, type_test
+from optimizer_codemod.analysis.walk import ancestors, children, parents, type_test
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import Loop
@@ -342,7 +342,7 @@ def _rebound_before(table, read: cst.Name, name: str, block, scope) -> bool:
     of its enclosing blocks binds `name` (with `block` not in between), or an enclosing
     `for` or comprehension binds it. A binding outside a loop that holds both the read and
     `block` is no such certainty: from the second iteration on, the read sees the block's."""
-    enclosing_block = _ancestors(table, block)
+    enclosing_block = ancestors(table, block)
     node: cst.CSTNode = read
     while True:
         parent = table.get(node)
@@ -401,15 +401,6 @@ def _reads_only_its_value(table, read: cst.Name) -> bool:
             and call.func.value in _VALUE_READING_BUILTINS
         )
     return isinstance(parent, cst.FormattedStringExpression) and parent.expression is node
-
-
-def _ancestors(table, node: cst.CSTNode) -> Set[cst.CSTNode]:
-    found: Set[cst.CSTNode] = set()
-    parent = table.get(node)
-    while parent is not None:
-        found.add(parent)
-        parent = table.get(parent)
-    return found
 
 
 def _binds(statement: cst.CSTNode, name: str) -> bool:

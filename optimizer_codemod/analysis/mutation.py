@@ -336,12 +336,7 @@ class _Scope:
         values = self.result.bindings.get(name) or [
             a.value for a in self.facts.assignments_to(name)
         ]
-        return bool(values) and all(
-            isinstance(v, cst.Call)
-            and (self.facts.qualified_name(v.func) or "").startswith("torch.nn.")
-            and (self.facts.qualified_name(v.func) or "").endswith("Loss")
-            for v in values
-        )
+        return bool(values) and all(builds_torch_loss(self.facts, v) for v in values)
 
     # Provenance ---------------------------------------------------------------------------
     def provenance(self, node: cst.BaseExpression) -> Tuple[str, Set[str]]:
@@ -573,3 +568,12 @@ def _is_read(name: cst.Name, parent: cst.CSTNode) -> bool:
     return not isinstance(
         parent, (cst.AsName, cst.ImportAlias, cst.Param, cst.NameItem, cst.FunctionDef)
     )
+
+
+def builds_torch_loss(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
+    """`nn.CrossEntropyLoss()`: a call of one of torch's loss modules, which hold no
+    parameters and only read their inputs."""
+    if not isinstance(value, cst.Call):
+        return False
+    qualified = facts.qualified_name(value.func) or ""
+    return qualified.startswith("torch.nn.") and qualified.endswith("Loss")

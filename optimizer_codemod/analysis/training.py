@@ -41,6 +41,7 @@ from optimizer_codemod.analysis.imports import dotted_name, runs_on_the_host
 from optimizer_codemod.analysis.epochs import body_holding
 from optimizer_codemod.analysis.guards import always_exits
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
+from optimizer_codemod.analysis.walk import ancestors
 from optimizer_codemod.analysis.parameter_loops import (
     iterated_parameter_calls,
     parameter_update_loops,
@@ -1319,18 +1320,10 @@ def left_before(facts: "ScriptFacts", statement: cst.CSTNode, later: cst.CSTNode
     hold `later`: whatever it does never reaches `later` (torchvision's quantization script
     places the model again under `if args.test_only:`, which evaluates and returns before the
     training loop)."""
-    holding_later = set()
-    node = facts.parents.get(later)
-    while node is not None:
-        holding_later.add(id(node))
-        node = facts.parents.get(node)
+    holding_later = ancestors(facts.parents, later)
     node = facts.parents.get(statement)
     while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-        if (
-            isinstance(node, cst.IndentedBlock)
-            and id(node) not in holding_later
-            and always_exits(node)
-        ):
+        if isinstance(node, cst.IndentedBlock) and node not in holding_later and always_exits(node):
             return True
         node = facts.parents.get(node)
     return False
@@ -1857,19 +1850,16 @@ def model_run_through_forward(facts: "ScriptFacts", model: TrainedModel) -> Opti
     model.forward(fake_image)`): the method runs eager whatever `compile()` did to
     `__call__`. A function of the file that takes the model under another name and calls it
     counts as a call it cannot see, so the answer errs towards not compiling."""
-    name = model.name.split(".")[-1] if model.name.startswith("self.") else model.name
     forward = None
     for call in facts.records.calls:
         func = call.node.func
-        if dotted_name(func) in (name, model.name) or (
-            model.wrapped_as is not None and dotted_name(func) == model.wrapped_as
-        ):
+        if dotted_name(func) in model.spellings:
             return None
         if (
             forward is None
             and isinstance(func, cst.Attribute)
             and func.attr.value == "forward"
-            and dotted_name(func.value) in (name, model.name)
+            and dotted_name(func.value) == model.name
         ):
             forward = call.node
     return forward

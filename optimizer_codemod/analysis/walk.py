@@ -18,7 +18,7 @@ import ast
 import inspect
 import textwrap
 from operator import attrgetter
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -200,6 +200,16 @@ def parents(root: cst.CSTNode) -> Dict[cst.CSTNode, cst.CSTNode]:
             table[child] = current
             stack.append(child)
     return table
+
+
+def ancestors(table: Dict[cst.CSTNode, cst.CSTNode], node: cst.CSTNode) -> Set[cst.CSTNode]:
+    """The nodes above `node` in a `parents` table, up to the root."""
+    found: Set[cst.CSTNode] = set()
+    parent = table.get(node)
+    while parent is not None:
+        found.add(parent)
+        parent = table.get(parent)
+    return found
 
 
 def _defined(visitor_class: type, name: str) -> bool:
