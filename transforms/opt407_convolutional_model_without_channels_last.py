@@ -264,14 +264,16 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
     def _convert(self, model, original_node: cst.Module) -> None:
         """Convert `model` after the statement that places it, or say why not."""
         facts = self.facts
+        for assignment, lookup in models_chosen_by_name(facts):
+            if assignment.target in (model.name, model.wrapped_as):
+                # Whatever else builds it, the architecture itself is unknown.
+                self.decline(assignment.site.statement, _chosen_by_name(lookup))
+                return
         # Classes from other modules of the run count with the layers they are built from.
         imported = model_imported_classes(facts, model)
         qualnames = [call.qualname or "" for call in model_layer_calls(facts, model)]
         qualnames += [q for c in imported for q in c.layers]
         if not any(_planar_convolution(q) for q in qualnames):
-            for assignment, lookup in models_chosen_by_name(facts):
-                if assignment.target in (model.name, model.wrapped_as):
-                    self.decline(assignment.site.statement, _chosen_by_name(lookup))
             return
         anchor = model_built(facts, model)
         if any(_other_convolution(q) for q in qualnames):

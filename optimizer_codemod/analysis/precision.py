@@ -80,6 +80,11 @@ TORCHVISION_TRANSFORMERS = tuple(
     f"{TORCHVISION_MODELS}{name}"
     for name in ("vit_", "swin_", "vision_transformer.", "swin_transformer.")
 )
+# Functions of torchvision.models that build no model: they look weights or builders up.
+TORCHVISION_LOOKUPS = frozenset(
+    f"{TORCHVISION_MODELS}{name}"
+    for name in ("get_weight", "get_model_weights", "get_model_builder", "list_models")
+)
 # Box operations are detection code (DETR, Faster R-CNN): its images are resized keeping
 # their aspect ratio and batched padded to the largest, so shapes change every step.
 DETECTION_OPS = ("torchvision.ops.boxes.", "torchvision.ops.roi_align", "torchvision.ops.nms")
@@ -462,6 +467,8 @@ def is_convolution(qualname: str) -> bool:
     return qualname in CONVOLUTIONS or (
         qualname.startswith(TORCHVISION_MODELS)
         and not qualname.startswith(TORCHVISION_TRANSFORMERS)
+        and qualname not in TORCHVISION_LOOKUPS
+        and not qualname.endswith("Weights")  # `ResNet50_Weights`, `WeightsEnum`
     )
 
 
