@@ -181,7 +181,8 @@ def _runs_loops_elsewhere(project: Any) -> bool:
 def _imported_layers(project: Any) -> bytes:
     """The layers of the model classes this file imports from other modules of the run
     (project.ImportedClass), the shape-varying calls of the functions it imports
-    (project.ImportedFunction), and DataLoaders other modules pass or return it, as text a rule's
+    (project.ImportedFunction), the parameters the helpers it imports gather into groups
+    (project.ImportedGathering), and DataLoaders other modules pass or return it, as text a rule's
     triggers may match: `GeneratorResNet()` from
     models.py is a convolution the file's own text never spells, and `get_data()` from
     data.py pads with `pad_sequence`."""
@@ -191,6 +192,9 @@ def _imported_layers(project: Any) -> bytes:
     layers = [layer for c in classes for layer in c.possible_layers]
     for function in getattr(project, "imported_functions", ()):
         layers.extend((function.call, function.code))
+    # `utils.set_weight_decay(model, wd)` hands the optimizer `model.parameters()` in groups.
+    for function in getattr(project, "gathering_functions", ()):
+        layers.append(f"{function.name}: {function.parameter}.parameters()")
     # A DataLoader another module hands to a function of this file (UNet's evaluate.py
     # never spells the word, and loops over the pinned loader train.py passes it), or builds
     # and returns to it (`get_loader(...)` from data_loader.py).

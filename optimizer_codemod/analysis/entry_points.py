@@ -31,6 +31,7 @@ from optimizer_codemod.analysis.training import (
     PLACEMENT_METHODS,
     builds_module,
     is_expression_statement,
+    keeps_module_object,
     left_before,
     placement_calls,
     placement_device,
@@ -177,6 +178,7 @@ def rebound_after_placement(
             site.function is handed.built.site.function
             and handed.placed_at < site.order < handed.runner.site.order
             and wrapped_model(facts, assignment.value) != handed.name
+            and not keeps_module_object(assignment, handed.name)
         ):
             return site.statement
     return None

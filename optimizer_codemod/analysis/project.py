@@ -241,6 +241,18 @@ class ImportedFunction:
 
 
 @dataclass(frozen=True)
+class ImportedGathering:
+    """A function of another module of the run, imported by this one, that gathers the
+    parameters of the module it is handed into optimizer groups and returns them
+    (parameter_groups.py): `utils.set_weight_decay(model, ...)` in torchvision's reference."""
+
+    name: str  # as this module spells it: `set_weight_decay`, `utils.set_weight_decay`
+    module: str  # the file that defines it
+    parameter: str  # the parameter that takes the module
+    index: int  # its position
+
+
+@dataclass(frozen=True)
 class ImportedDataset:
     """A Dataset class another module of the run defines, or a function of it that returns an
     instance of one (`get_training_set` returning `DatasetFromFolder(...)`), which this module
@@ -289,6 +301,8 @@ class ProjectFacts:
     # Those that differentiate a gradient again (a gradient penalty's `torch.autograd.grad(...,
     # create_graph=True)`, a Hessian), `call` naming it: compiling the model they run fails.
     second_derivative_functions: Tuple[ImportedFunction, ...] = ()
+    # Those that gather the parameters of a module they are handed into optimizer groups.
+    gathering_functions: Tuple[ImportedGathering, ...] = ()
     # (spelling, summary) of the functions and methods of other modules it calls, for a
     # loader handed to them: which parameters they loop over (handoffs.py).
     looping_functions: Tuple[Tuple[str, LoopingFunction], ...] = ()
@@ -391,6 +405,9 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             ),
             second_derivative_functions=tuple(
                 ImportedFunction(**f) for f in record.get("second_derivative_functions", ())
+            ),
+            gathering_functions=tuple(
+                ImportedGathering(**f) for f in record.get("gathering_functions", ())
             ),
             looping_functions=tuple(
                 (spelling, looping_function(summary))
@@ -1115,6 +1132,7 @@ def _own_facts(
                 classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
     functions = _imported_functions(module, files, _shape_varying_functions)
     twice = _imported_functions(module, files, _second_derivative_functions)
+    gathering = _imported_functions(module, files, _gathering_functions, ImportedGathering)
     datasets = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
@@ -1154,6 +1172,7 @@ def _own_facts(
         importers=tuple(sorted(importers)),
         imported_functions=tuple(sorted(functions, key=lambda f: f.name)),
         second_derivative_functions=tuple(sorted(twice, key=lambda f: f.name)),
+        gathering_functions=tuple(sorted(gathering, key=lambda f: f.name)),
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
         imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
         imported_loaders=tuple(sorted(loaders, key=lambda l: (l.name, l.index))),
@@ -1278,21 +1297,31 @@ def _registry_layers(
 def _imported_functions(
     module: _Module,
     files: Dict[str, _Module],
-    summarise: Callable[[_Module], Dict[str, Tuple[str, str]]],
-) -> List[ImportedFunction]:
+    summarise: Callable[[_Module], Dict[str, tuple]],
+    kind: type = ImportedFunction,
+) -> list:
     """The functions of other modules of the run that `module` imports (by name, or through
-    the module: `utils.pad`) and that `summarise` finds in their files, as it spells them."""
+    the module: `utils.pad`) and that `summarise` finds in their files, as it spells them,
+    each a `kind` of (spelling, defining file, *its summary)."""
     found = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
         summary = summarise(defined[0]) if defined is not None else {}
         if defined is not None and defined[1] in summary:
-            found.append(ImportedFunction(name, defined[0].label, *summary[defined[1]]))
+            found.append(kind(name, defined[0].label, *summary[defined[1]]))
     for spelling, path in module.modules.items():
         owner = files.get(path)
         for name, call in (summarise(owner) if owner is not None else {}).items():
-            found.append(ImportedFunction(f"{spelling}.{name}", owner.label, *call))
+            found.append(kind(f"{spelling}.{name}", owner.label, *call))
     return found
+
+
+def _gathering_functions(module: _Module) -> Dict[str, Tuple[str, int]]:
+    """{top-level function of `module`: the parameter whose module's parameters it gathers
+    into optimizer groups} (parameter_groups.py, memoised on its facts)."""
+    from optimizer_codemod.analysis.parameter_groups import gathering_functions
+
+    return gathering_functions(module.facts) if module.facts is not None else {}
 
 
 def _shape_varying_functions(module: _Module) -> Dict[str, Tuple[str, str]]:

@@ -42,6 +42,7 @@ from optimizer_codemod.analysis.epochs import body_holding
 from optimizer_codemod.analysis.guards import always_exits
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
 from optimizer_codemod.analysis.walk import ancestors
+from optimizer_codemod.analysis.parameter_groups import GATHERING_METHODS, gathered_module
 from optimizer_codemod.analysis.parameter_loops import (
     iterated_parameter_calls,
     parameter_update_loops,
@@ -88,6 +89,10 @@ MODULE_RETURNING_METHODS = frozenset(
     {"to", "cuda", "cpu", "float", "train", "eval", "requires_grad_"}
 )
 PLACEMENT_METHODS = frozenset({"to", "cuda"})
+# Functions that change the module they are handed in place and return that same object:
+# `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps its BatchNorm children for
+# SyncBatchNorm ones (a new object only for a lone BatchNorm layer, which no script trains).
+MODULE_KEEPING_FUNCTIONS = frozenset({"convert_sync_batchnorm"})
 DATA_PARALLEL_WRAPPERS = frozenset(
     {
         "torch.nn.parallel.DistributedDataParallel",
@@ -594,11 +599,28 @@ def _rebinds_itself(assignment: "Assignment", name: str) -> bool:
             node = node.func.value
         elif node.args and callee_name(node) in ("compile", "script", "trace"):
             node = node.args[0].value
+        elif node.args and callee_name(node) in MODULE_KEEPING_FUNCTIONS:
+            node = node.args[0].value
         elif node.args and _is_wrapper_call(node):
             node = node.args[0].value
         else:
             return False
     return dotted_name(node) == name
+
+
+def keeps_module_object(assignment: "Assignment", name: str) -> bool:
+    """`model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`: `name` is bound again to the
+    object it held (MODULE_KEEPING_FUNCTIONS), so what was done to it before (compiling, a
+    memory format) stays done."""
+    value = assignment.value
+    return (
+        not assignment.unpacked
+        and isinstance(value, cst.Call)
+        and callee_name(value) in MODULE_KEEPING_FUNCTIONS
+        and len(value.args) >= 1
+        and value.args[0].keyword is None
+        and dotted_name(value.args[0].value) == name
+    )
 
 
 def _prepared_in_place(assignment: "Assignment", name: str) -> bool:
@@ -688,9 +710,11 @@ def unwrapped(facts: "ScriptFacts", name: str) -> Tuple[str, Optional[str]]:
 
 
 def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression) -> Set[str]:
-    """Names whose `.parameters()` (or `named_parameters()`) reach `node`, directly or through
-    names assigned up to MAX_DEPTH steps away (`params = list(model.parameters())`). Each name
-    is followed once: library code reassigns the same names many times."""
+    """Names whose `.parameters()` (or `named_parameters()`) reach `node`, directly, through a
+    helper that gathers them into groups (`utils.set_weight_decay(model, wd)`,
+    parameter_groups.py), or through names assigned up to MAX_DEPTH steps away (`params =
+    list(model.parameters())`). Each name is followed once: library code reassigns the same
+    names many times."""
     owners: Set[str] = set()
     seen: Set[str] = set()
     frontier = [node]
@@ -698,11 +722,13 @@ def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression) -> Set[str
         following: List[cst.BaseExpression] = []
         for expression in frontier:
             for call in find_all(expression, cst.Call):
-                if callee_name(call) in ("parameters", "named_parameters"):
+                if callee_name(call) in GATHERING_METHODS:
                     inner = receiver(call)
                     name = dotted_name(inner) if inner is not None else None
-                    if name is not None:
-                        owners.add(name.removesuffix(".module"))
+                else:
+                    name = gathered_module(facts, call)
+                if name is not None:
+                    owners.add(name.removesuffix(".module"))
             for name_node in find_all(expression, cst.Name):
                 if name_node.value in seen:
                     continue
@@ -1032,6 +1058,8 @@ def model_built(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Simpl
     wrappers = _wrapping_assignments(facts, model)
     for assignment in model_assignments(facts, model):
         site = assignment.site
+        if keeps_module_object(assignment, model.name):
+            continue
         if assignment in wrappers:
             if not places_while_wrapping(facts, site.statement, model.name):
                 continue

@@ -1,0 +1,116 @@
+"""Helpers that gather a module's parameters into optimizer groups.
+
+Real scripts rarely hand `model.parameters()` to the optimizer themselves: torchvision's
+classification reference builds `parameters = utils.set_weight_decay(model, ...)`, timm's
+`param_groups_weight_decay(model, ...)` and MAE's `lrd.param_groups_lrd(model, ...)` split
+the model's parameters by weight decay. The model they are handed is the model the optimizer
+trains. A helper counts when it is a top-level function that returns a value and calls
+`.parameters()` or `.named_parameters()` on one of its own parameters, or hands that parameter
+to a nested function that does (torchvision's `_add_params(model)` walks the children).
+Parameters of an attribute (`model.head.parameters()`) do not count: only part of the model
+would be trained, and the analysis says nothing of which part.
+
+Functions of this file are found here (memoised per file); those of the other modules of the
+run come from the project index (project.ImportedGathering), spelled as this file calls them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from optimizer_codemod.analysis.calls import callee_name
+from optimizer_codemod.analysis.imports import dotted_name
+from optimizer_codemod.analysis.nodes import find_all
+
+if TYPE_CHECKING:  # pragma: no cover
+    from optimizer_codemod.analysis.script import ScriptFacts
+
+GATHERING_METHODS = frozenset({"parameters", "named_parameters"})
+
+
+def gathering_functions(facts: "ScriptFacts") -> Dict[str, Tuple[str, int]]:
+    """{top-level function of this file: (name, position) of the parameter whose module's
+    parameters it gathers and returns}, memoised."""
+    memo = facts.memo("gathering_functions")
+    if "found" not in memo:
+        found: Dict[str, Tuple[str, int]] = {}
+        for statement in facts.module.body:
+            if isinstance(statement, cst.FunctionDef):
+                gathered = _gathered_parameter(statement)
+                if gathered is not None:
+                    found[statement.name.value] = gathered
+        memo["found"] = found
+    return memo["found"]
+
+
+def gathered_module(facts: "ScriptFacts", call: cst.Call) -> Optional[str]:
+    """The name handed to `call` when it calls a helper that gathers that module's parameters
+    (`utils.set_weight_decay(model, wd)` gives `model`); None for any other call."""
+    spelling = dotted_name(call.func)
+    if spelling is None:
+        return None
+    gathered = gathering_functions(facts).get(spelling) if "." not in spelling else None
+    if gathered is None:
+        project = getattr(facts, "project", None)
+        for imported in getattr(project, "gathering_functions", ()):
+            if imported.name == spelling:
+                gathered = (imported.parameter, imported.index)
+    if gathered is None:
+        return None
+    argument = _argument(call, *gathered)
+    return dotted_name(argument) if argument is not None else None
+
+
+def _argument(call: cst.Call, name: str, index: int) -> Optional[cst.BaseExpression]:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if any(arg.star for arg in call.args[: index + 1]):
+        return None  # `f(*args)`: which argument lands where is unknown
+    return positional[index].value if index < len(positional) else None
+
+
+def _gathered_parameter(function: cst.FunctionDef) -> Optional[Tuple[str, int]]:
+    """(name, position) of the first parameter of `function` whose parameters it gathers,
+    when it returns a value; else None."""
+    if not any(r.value is not None for r in find_all(function.body, cst.Return)):
+        return None
+    gathered = _receivers(function.body)
+    # Each nested function's own parameters whose parameters it gathers, read once.
+    nested: Dict[str, List[Tuple[int, str]]] = {}
+    for inner in find_all(function.body, cst.FunctionDef):
+        own = _receivers(inner.body)
+        nested[inner.name.value] = [
+            (position, parameter)
+            for position, parameter in enumerate(_positional_names(inner))
+            if parameter in own
+        ]
+    for call in find_all(function.body, cst.Call):
+        walks = nested.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        for position, parameter in walks or ():
+            handed = _argument(call, parameter, position)
+            if isinstance(handed, cst.Name):
+                gathered.add(handed.value)
+    for position, parameter in enumerate(_positional_names(function)):
+        if parameter in gathered:
+            return parameter, position
+    return None
+
+
+def _positional_names(function: cst.FunctionDef) -> List[str]:
+    params = function.params
+    return [p.name.value for p in (*params.posonly_params, *params.params)]
+
+
+def _receivers(body: cst.CSTNode) -> Set[str]:
+    """The plain names whose `.parameters()`/`.named_parameters()` `body` calls."""
+    found = set()
+    for call in find_all(body, cst.Call):
+        func = call.func
+        if callee_name(call) in GATHERING_METHODS and isinstance(func, cst.Attribute):
+            if isinstance(func.value, cst.Name):
+                found.add(func.value.value)
+    return found
