@@ -11,8 +11,10 @@ steps, each followed here the way the rest of the analysis follows values (value
 - `enumerate(x)`, `tqdm(x)`, `iter(x)`: the same batches as `x`;
 - a function or method of this file whose every `return` gives a loader
   (`def prepare_dataloader(ds): return DataLoader(ds, pin_memory=True)`);
-- a generator of this file that only yields the items of a loop over one of its parameters
-  (`def cycle(dl): while True: for data in dl: yield data`): the batches of the argument;
+- a generator that only yields the items of a loop over one of its parameters (`def
+  cycle(dl): while True: for data in dl: yield data`), of this file or, through the project
+  index, of another module of the run (`metric_logger.log_every(data_loader, 10, header)`,
+  handoffs.passed_through): the batches of the argument;
 - `x if cond else None`: iterating None fails, so only `x` can give batches.
 
 The answer lists every value that may end the chain; a step the analysis cannot follow (an
@@ -27,14 +29,9 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import (
-    has_double_star,
-    has_star_args,
-    is_prepare,
-    keyword,
-    positional,
-)
+from optimizer_codemod.analysis.calls import has_star_args, is_prepare, positional
 from optimizer_codemod.analysis.collect import CallSite, target_names
+from optimizer_codemod.analysis.handoffs import pass_through_argument
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name
 from optimizer_codemod.analysis.script import DATALOADER, ITERATION_WRAPPERS
@@ -298,62 +295,21 @@ def _call_ends(
         if not args or has_star_args(call):
             return None
         return _ends(facts, args[0].value, function, steps + 1)
+    handed = pass_through_argument(facts, call)
+    if handed is not None:
+        return _ends(facts, handed, function, steps + 1)
     defined = local_function(facts, site)
     if not isinstance(defined, cst.FunctionDef) or defined.decorators:
         return None
     if find_all(defined.body, cst.FunctionDef, cst.Lambda, cst.ClassDef):
         return None  # a `return`/`yield` found below may belong to a nested scope
-    yields = find_all(defined.body, cst.Yield)
-    if yields:
-        return _generator_ends(facts, defined, call, function, yields, steps)
+    if find_all(defined.body, cst.Yield):
+        return None  # a generator that does more than pass its argument's items on
     returns = find_all(defined.body, cst.Return)
     values = [(r.value, defined) for r in returns if r.value is not None]
     if len(values) != len(returns):
         return None
     return _all_ends(facts, values, steps)
-
-
-def _generator_ends(facts, defined, call, function, yields, steps) -> Optional[List[cst.Call]]:
-    """A generator that only yields the items of `for item in param` loops over one of its
-    parameters (never rebinding the item) gives the batches of what the call passes for
-    that parameter."""
-    parameters = set(parameter_names(defined))
-    items_of = {}
-    for loop in find_all(defined.body, cst.For):
-        if not (isinstance(loop.iter, cst.Name) and loop.iter.value in parameters):
-            continue
-        items = target_names(loop.target)
-        for y in find_all(loop.body, cst.Yield):
-            if isinstance(y.value, cst.Name) and y.value.value in items:
-                if not locally_assigned(facts, y.value.value, defined):
-                    items_of[id(y)] = loop.iter.value
-    iterated = set(items_of.values())
-    if len(items_of) != len(yields) or len(iterated) != 1:
-        return None
-    parameter = iterated.pop()
-    if locally_assigned(facts, parameter, defined):
-        return None
-    argument = _argument(call, defined, parameter)
-    if argument is None:
-        return None
-    return _ends(facts, argument, function, steps + 1)
-
-
-def _argument(
-    call: cst.Call, defined: cst.FunctionDef, parameter: str
-) -> Optional[cst.BaseExpression]:
-    """What `call` passes for `parameter` of `defined` (a module-level function)."""
-    if has_double_star(call) or has_star_args(call):
-        return None
-    arg = keyword(call, parameter)
-    if arg is not None:
-        return arg.value
-    params = [p.name.value for p in (*defined.params.posonly_params, *defined.params.params)]
-    if params and params[0] in ("self", "cls"):
-        return None
-    args = positional(call)
-    index = params.index(parameter) if parameter in params else len(args)
-    return args[index].value if index < len(args) else None
 
 
 def _bound_otherwise_somewhere(facts: "ScriptFacts") -> Set[str]:

@@ -22,7 +22,8 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import has_star_args, positional
 from optimizer_codemod.analysis.imports import dotted_name
-from optimizer_codemod.analysis.values import parameter_names
+from optimizer_codemod.analysis.nodes import find_all, is_name
+from optimizer_codemod.analysis.values import locally_assigned, parameter_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import CallSite
@@ -49,6 +50,10 @@ class LoopingFunction:
     # those it hands to a function that cannot be read (`metric_logger.log_every(p)` with
     # MetricLogger from a module outside the run): whether it loops over them is unknown
     handed_away: Tuple[str, ...] = ()
+    # A generator that only yields the items of a loop over this parameter, unchanged
+    # (`MetricLogger.log_every(self, iterable, ...)`: `for obj in iterable: ... yield obj`):
+    # a loop over the call gets the batches of what it is handed (passed_through).
+    yields_items_of: str = ""
 
     def bound(self, call: cst.Call, arg: cst.Arg) -> Optional[str]:
         """The parameter `arg` of `call` binds, None when it cannot be told."""
@@ -98,7 +103,8 @@ def looping_functions(
     for key, name in _datasets_changed(facts, key_of):
         changed[key].add(name)
     handed_away = _handed_away(facts, key_of, elsewhere)
-    summaries = _summaries(functions, iterated, repeated, changed, handed_away)
+    through = {key: passed_through(facts, function) or "" for key, function in functions.items()}
+    summaries = _summaries(functions, iterated, repeated, changed, handed_away, through)
     for _ in range(ROUNDS):
         grew = False
         for call in facts.records.calls:
@@ -128,7 +134,7 @@ def looping_functions(
                         grew = True
         if not grew:
             break
-        summaries = _summaries(functions, iterated, repeated, changed, handed_away)
+        summaries = _summaries(functions, iterated, repeated, changed, handed_away, through)
     return summaries
 
 
@@ -166,7 +172,9 @@ def _functions(facts: "ScriptFacts") -> Dict[str, cst.FunctionDef]:
     return found
 
 
-def _summaries(functions, iterated, repeated, changed, handed_away) -> Dict[str, LoopingFunction]:
+def _summaries(
+    functions, iterated, repeated, changed, handed_away, through
+) -> Dict[str, LoopingFunction]:
     summaries = {}
     for key, function in functions.items():
         params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
@@ -179,8 +187,98 @@ def _summaries(functions, iterated, repeated, changed, handed_away) -> Dict[str,
             dataset_changed=tuple(sorted(changed[key])),
             varargs=isinstance(function.params.star_arg, cst.Param),
             handed_away=tuple(sorted(handed_away[key])),
+            yields_items_of=through[key],
         )
     return summaries
+
+
+def passed_through(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
+    """The parameter of `function` whose items it yields unchanged, when it is a generator
+    whose every `yield` gives the item of a `for item in param` loop over that one parameter
+    (never rebound): `def cycle(dl): while True: for x in dl: yield x`, torchvision's
+    `log_every`. None for anything else, or when nested scopes make it unclear."""
+    if function.decorators or find_all(function.body, cst.FunctionDef, cst.Lambda, cst.ClassDef):
+        return None  # a `yield` found below may belong to a nested scope
+    yields = find_all(function.body, cst.Yield)
+    if not yields:
+        return None
+    parameters = set(parameter_names(function))
+    items_of = {}
+    for loop in find_all(function.body, cst.For):
+        looped = _item_of_parameter(loop)
+        if looped is None or looped[0] not in parameters:
+            continue
+        for found in find_all(loop.body, cst.Yield):
+            if isinstance(found.value, cst.Name) and found.value.value == looped[1]:
+                if not locally_assigned(facts, looped[1], function):
+                    items_of[id(found)] = looped[0]
+    iterated = set(items_of.values())
+    if len(items_of) != len(yields) or len(iterated) != 1:
+        return None
+    parameter = iterated.pop()
+    return None if locally_assigned(facts, parameter, function) else parameter
+
+
+def _item_of_parameter(loop: cst.For) -> Optional[Tuple[str, str]]:
+    """(iterated name, the name bound to each whole item) for `for item in name:` and
+    `for i, item in enumerate(name):`; None for any other loop."""
+    iterated, target = loop.iter, loop.target
+    if (
+        isinstance(iterated, cst.Call)
+        and is_name(iterated.func, "enumerate")
+        and len(iterated.args) == 1
+        and not iterated.args[0].star
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+    ):
+        iterated, target = iterated.args[0].value, target.elements[1].value
+    if isinstance(iterated, cst.Name) and isinstance(target, cst.Name):
+        return iterated.value, target.value
+    return None
+
+
+def pass_through_argument(facts: "ScriptFacts", call: cst.Call) -> Optional[cst.BaseExpression]:
+    """What `call` hands to a generator that yields its items unchanged (passed_through), of
+    this file (a function, `self.m(...)`, `logger.m(...)` on an instance of a class of it) or
+    of another module of the run (the project index's summaries): `data_loader` for
+    `metric_logger.log_every(data_loader, 10, header)`. None for any other call."""
+    site = facts.call_site_of.get(call)
+    if site is None:
+        return None
+    key = callee_key(facts, site)
+    memo = facts.memo("pass_through_functions")
+    if "table" not in memo:
+        memo["table"] = _pass_through_functions(facts)
+    summary = memo["table"].get(key or "")
+    if summary is None:
+        return None
+    for arg in call.args:
+        if summary.bound(call, arg) == summary.yields_items_of:
+            return arg.value
+    return None
+
+
+def _pass_through_functions(facts: "ScriptFacts") -> Dict[str, LoopingFunction]:
+    """{callee key: summary} of the pass-through generators this file may call: its own, and
+    those the project index gives (built without the other summaries: iterated_name, which
+    those summaries read, asks this table)."""
+    project = getattr(facts, "project", None)
+    table = {
+        key: summary
+        for key, summary in getattr(project, "looping_functions", ())
+        if summary.yields_items_of
+    }
+    counts = facts.records.definition_counts
+    for key, function in _functions(facts).items():
+        if "." not in key and (counts.get(key, 0) != 1 or facts.assignments_to(key)):
+            continue  # defined twice, or bound otherwise: which one runs is unknown
+        parameter = passed_through(facts, function)
+        if parameter is not None:
+            summary = _summaries(
+                {key: function}, {key: ()}, {key: ()}, {key: ()}, {key: ()}, {key: parameter}
+            )
+            table[key] = summary[key]
+    return table
 
 
 def _datasets_changed(facts: "ScriptFacts", key_of: Dict[int, str]):

@@ -1160,10 +1160,17 @@ def _own_facts(
     loops = _loops_elsewhere(module, files)
     imported, decided_in = _imported_settings(module, files)
     registries = _imported_registries(module, files)
-    # Only a file that builds a loader hands one on; the others' summaries stay in the index.
+    # Only a file that builds a loader hands one on; the others' summaries stay in the index,
+    # but for generators that pass their argument's items on: a loop over
+    # `metric_logger.log_every(data_loader, ...)` is a loop over the loader, wherever that is
+    # built (handoffs.passed_through).
     builds = bool(module.facts.dataloader_constructions())
-    called = {callee_key(module.facts, c) for c in module.facts.records.calls} if builds else ()
-    looping = _spelled_looping(module, files) if builds else {}
+    looping = {
+        key: summary
+        for key, summary in _spelled_looping(module, files).items()
+        if builds or summary.yields_items_of
+    }
+    called = {callee_key(module.facts, c) for c in module.facts.records.calls} if looping else ()
     return ProjectFacts(
         looping_functions=tuple(sorted((k, v) for k, v in looping.items() if k in called)),
         entry_points=tuple(sorted(scripts)),

@@ -452,12 +452,20 @@ class ScriptFacts:
 
     # Data loading ----------------------------------------------------------------------
     def _iterated_name(self, node: Optional[cst.BaseExpression]) -> Optional[str]:
-        """`loader` for `loader`, `enumerate(loader)`, `tqdm(loader, ...)`."""
+        """`loader` for `loader`, `enumerate(loader)`, `tqdm(loader, ...)`, and for a
+        generator that yields its argument's items unchanged (`metric_logger.log_every(loader,
+        10)`, handoffs.passed_through)."""
+        from optimizer_codemod.analysis.handoffs import pass_through_argument
+
         while isinstance(node, cst.Call) and node.args:
             func = self.qualified_name(node.func) or dotted_name(node.func)
-            if func not in ITERATION_WRAPPERS:
+            if func in ITERATION_WRAPPERS:
+                node = node.args[0].value
+                continue
+            handed = pass_through_argument(self, node)
+            if handed is None:
                 break
-            node = node.args[0].value
+            node = handed
         return dotted_name(node) if node is not None else None
 
     def loader_of(self, loop: Loop) -> Optional[CallSite]:
