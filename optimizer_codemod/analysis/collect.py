@@ -130,6 +130,8 @@ class Records:
     name_counts: Dict[str, int] = field(default_factory=dict)
     attribute_counts: Dict[str, int] = field(default_factory=dict)
     definition_counts: Dict[str, int] = field(default_factory=dict)
+    # The functions (by id) with a `yield` of their own: generators (handoffs.passed_through).
+    generators: Set[int] = field(default_factory=set)
 
 
 def target_names(node: cst.BaseExpression) -> Tuple[str, ...]:
@@ -279,6 +281,10 @@ class Collector(cst.CSTVisitor):
     def leave_FunctionDef_body(self, node: cst.FunctionDef) -> None:
         for name in _parameter_names(node.params):
             self._parameters[name] -= 1
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        if self._functions:
+            self.records.generators.add(id(self._functions[-1]))
 
     def visit_Param(self, node: cst.Param) -> None:
         self._not_variables.add(id(node.name))

@@ -196,24 +196,32 @@ def passed_through(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[
     """The parameter of `function` whose items it yields unchanged, when it is a generator
     whose every `yield` gives the item of a `for item in param` loop over that one parameter
     (never rebound): `def cycle(dl): while True: for x in dl: yield x`, torchvision's
-    `log_every`. None for anything else, or when nested scopes make it unclear."""
-    if function.decorators or find_all(function.body, cst.FunctionDef, cst.Lambda, cst.ClassDef):
-        return None  # a `yield` found below may belong to a nested scope
-    yields = find_all(function.body, cst.Yield)
-    if not yields:
+    `log_every`. None for anything else, or when nested scopes make it unclear. Memoised:
+    the project index asks again at each round over a file's calls."""
+    if id(function) not in facts.records.generators or function.decorators:
         return None
+    memo = facts.memo("passed_through")
+    if id(function) not in memo:
+        memo[id(function)] = _passed_through(facts, function)
+    return memo[id(function)]
+
+
+def _passed_through(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
+    found = find_all(function.body, cst.Yield, cst.FunctionDef, cst.Lambda, cst.ClassDef)
+    if any(not isinstance(node, cst.Yield) for node in found):
+        return None  # a `yield` found below may belong to a nested scope
     parameters = set(parameter_names(function))
     items_of = {}
     for loop in find_all(function.body, cst.For):
         looped = _item_of_parameter(loop)
         if looped is None or looped[0] not in parameters:
             continue
-        for found in find_all(loop.body, cst.Yield):
-            if isinstance(found.value, cst.Name) and found.value.value == looped[1]:
+        for each in find_all(loop.body, cst.Yield):
+            if isinstance(each.value, cst.Name) and each.value.value == looped[1]:
                 if not locally_assigned(facts, looped[1], function):
-                    items_of[id(found)] = looped[0]
+                    items_of[id(each)] = looped[0]
     iterated = set(items_of.values())
-    if len(items_of) != len(yields) or len(iterated) != 1:
+    if len(items_of) != len(found) or len(iterated) != 1:
         return None
     parameter = iterated.pop()
     return None if locally_assigned(facts, parameter, function) else parameter

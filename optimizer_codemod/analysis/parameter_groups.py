@@ -36,7 +36,8 @@ def gathering_functions(facts: "ScriptFacts") -> Dict[str, Tuple[str, int]]:
     memo = facts.memo("gathering_functions")
     if "found" not in memo:
         found: Dict[str, Tuple[str, int]] = {}
-        for statement in facts.module.body:
+        gathers = any(call.method in GATHERING_METHODS for call in facts.records.calls)
+        for statement in facts.module.body if gathers else ():
             if isinstance(statement, cst.FunctionDef):
                 gathered = _gathered_parameter(statement)
                 if gathered is not None:
