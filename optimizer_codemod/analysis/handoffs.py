@@ -23,7 +23,12 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import has_star_args, positional
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, is_name
-from optimizer_codemod.analysis.values import locally_assigned, parameter_names
+from optimizer_codemod.analysis.values import (
+    defined_once,
+    locally_assigned,
+    parameter_names,
+    positional_parameter_names,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import CallSite
@@ -175,21 +180,28 @@ def _functions(facts: "ScriptFacts") -> Dict[str, cst.FunctionDef]:
 def _summaries(
     functions, iterated, repeated, changed, handed_away, through
 ) -> Dict[str, LoopingFunction]:
-    summaries = {}
-    for key, function in functions.items():
-        params = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
-        if "." in key and params and params[0] in ("self", "cls"):
-            params = params[1:]
-        summaries[key] = LoopingFunction(
-            parameters=tuple(params),
+    return {
+        key: _summary(
+            key,
+            function,
             iterated=tuple(sorted(iterated[key])),
             repeated=tuple(sorted(repeated[key])),
             dataset_changed=tuple(sorted(changed[key])),
-            varargs=isinstance(function.params.star_arg, cst.Param),
             handed_away=tuple(sorted(handed_away[key])),
             yields_items_of=through[key],
         )
-    return summaries
+        for key, function in functions.items()
+    }
+
+
+def _summary(key: str, function: cst.FunctionDef, **found) -> LoopingFunction:
+    """`function`'s summary under `key`, with what `found` says it does with its parameters;
+    `self`/`cls` of a method is no parameter a call binds."""
+    params = positional_parameter_names(function)
+    if "." in key and params and params[0] in ("self", "cls"):
+        params = params[1:]
+    varargs = isinstance(function.params.star_arg, cst.Param)
+    return LoopingFunction(parameters=tuple(params), varargs=varargs, **found)
 
 
 def passed_through(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
@@ -276,16 +288,19 @@ def _pass_through_functions(facts: "ScriptFacts") -> Dict[str, LoopingFunction]:
         for key, summary in getattr(project, "looping_functions", ())
         if summary.yields_items_of
     }
-    counts = facts.records.definition_counts
     for key, function in _functions(facts).items():
-        if "." not in key and (counts.get(key, 0) != 1 or facts.assignments_to(key)):
+        if "." not in key and not defined_once(facts, key):
             continue  # defined twice, or bound otherwise: which one runs is unknown
         parameter = passed_through(facts, function)
         if parameter is not None:
-            summary = _summaries(
-                {key: function}, {key: ()}, {key: ()}, {key: ()}, {key: ()}, {key: parameter}
+            table[key] = _summary(
+                key,
+                function,
+                iterated=(),
+                repeated=(),
+                dataset_changed=(),
+                yields_items_of=parameter,
             )
-            table[key] = summary[key]
     return table
 
 

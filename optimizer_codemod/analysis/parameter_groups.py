@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name
+from optimizer_codemod.analysis.calls import argument, callee_name, receiver
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
+from optimizer_codemod.analysis.parameter_loops import PARAMETER_METHODS
+from optimizer_codemod.analysis.values import defined_once, positional_parameter_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
-
-GATHERING_METHODS = frozenset({"parameters", "named_parameters"})
 
 
 def gathering_functions(facts: "ScriptFacts") -> Dict[str, Tuple[str, int]]:
@@ -36,9 +36,9 @@ def gathering_functions(facts: "ScriptFacts") -> Dict[str, Tuple[str, int]]:
     memo = facts.memo("gathering_functions")
     if "found" not in memo:
         found: Dict[str, Tuple[str, int]] = {}
-        gathers = any(call.method in GATHERING_METHODS for call in facts.records.calls)
+        gathers = any(call.method in PARAMETER_METHODS for call in facts.records.calls)
         for statement in facts.module.body if gathers else ():
-            if isinstance(statement, cst.FunctionDef):
+            if isinstance(statement, cst.FunctionDef) and defined_once(facts, statement.name.value):
                 gathered = _gathered_parameter(statement)
                 if gathered is not None:
                     found[statement.name.value] = gathered
@@ -60,18 +60,8 @@ def gathered_module(facts: "ScriptFacts", call: cst.Call) -> Optional[str]:
                 gathered = (imported.parameter, imported.index)
     if gathered is None:
         return None
-    argument = _argument(call, *gathered)
-    return dotted_name(argument) if argument is not None else None
-
-
-def _argument(call: cst.Call, name: str, index: int) -> Optional[cst.BaseExpression]:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == name:
-            return arg.value
-    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    if any(arg.star for arg in call.args[: index + 1]):
-        return None  # `f(*args)`: which argument lands where is unknown
-    return positional[index].value if index < len(positional) else None
+    handed = argument(call, *gathered)
+    return dotted_name(handed.value) if handed is not None else None
 
 
 def _gathered_parameter(function: cst.FunctionDef) -> Optional[Tuple[str, int]]:
@@ -86,32 +76,26 @@ def _gathered_parameter(function: cst.FunctionDef) -> Optional[Tuple[str, int]]:
         own = _receivers(inner.body)
         nested[inner.name.value] = [
             (position, parameter)
-            for position, parameter in enumerate(_positional_names(inner))
+            for position, parameter in enumerate(positional_parameter_names(inner))
             if parameter in own
         ]
     for call in find_all(function.body, cst.Call):
         walks = nested.get(call.func.value) if isinstance(call.func, cst.Name) else None
         for position, parameter in walks or ():
-            handed = _argument(call, parameter, position)
-            if isinstance(handed, cst.Name):
-                gathered.add(handed.value)
-    for position, parameter in enumerate(_positional_names(function)):
+            handed = argument(call, parameter, position)
+            if handed is not None and isinstance(handed.value, cst.Name):
+                gathered.add(handed.value.value)
+    for position, parameter in enumerate(positional_parameter_names(function)):
         if parameter in gathered:
             return parameter, position
     return None
-
-
-def _positional_names(function: cst.FunctionDef) -> List[str]:
-    params = function.params
-    return [p.name.value for p in (*params.posonly_params, *params.params)]
 
 
 def _receivers(body: cst.CSTNode) -> Set[str]:
     """The plain names whose `.parameters()`/`.named_parameters()` `body` calls."""
     found = set()
     for call in find_all(body, cst.Call):
-        func = call.func
-        if callee_name(call) in GATHERING_METHODS and isinstance(func, cst.Attribute):
-            if isinstance(func.value, cst.Name):
-                found.add(func.value.value)
+        inner = receiver(call)
+        if callee_name(call) in PARAMETER_METHODS and isinstance(inner, cst.Name):
+            found.add(inner.value)
     return found

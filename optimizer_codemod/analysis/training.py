@@ -42,8 +42,9 @@ from optimizer_codemod.analysis.epochs import body_holding
 from optimizer_codemod.analysis.guards import always_exits
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
 from optimizer_codemod.analysis.walk import ancestors
-from optimizer_codemod.analysis.parameter_groups import GATHERING_METHODS, gathered_module
+from optimizer_codemod.analysis.parameter_groups import gathered_module
 from optimizer_codemod.analysis.parameter_loops import (
+    PARAMETER_METHODS,
     iterated_parameter_calls,
     parameter_update_loops,
     reads_gradient,
@@ -617,8 +618,8 @@ def keeps_module_object(assignment: "Assignment", name: str) -> bool:
         not assignment.unpacked
         and isinstance(value, cst.Call)
         and callee_name(value) in MODULE_KEEPING_FUNCTIONS
-        and len(value.args) >= 1
-        and value.args[0].keyword is None
+        and bool(value.args)
+        and value.args[0] in positional(value)
         and dotted_name(value.args[0].value) == name
     )
 
@@ -722,7 +723,7 @@ def _parameter_owners(facts: "ScriptFacts", node: cst.BaseExpression) -> Set[str
         following: List[cst.BaseExpression] = []
         for expression in frontier:
             for call in find_all(expression, cst.Call):
-                if callee_name(call) in GATHERING_METHODS:
+                if callee_name(call) in PARAMETER_METHODS:
                     inner = receiver(call)
                     name = dotted_name(inner) if inner is not None else None
                 else:

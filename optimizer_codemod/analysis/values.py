@@ -140,6 +140,12 @@ def _module_functions(facts: "ScriptFacts") -> set:
 
 
 # Parameters and their call sites -------------------------------------------------------------
+def positional_parameter_names(function: cst.FunctionDef) -> List[str]:
+    """Its parameters that a positional argument may bind, in order (`self` included)."""
+    params = function.params
+    return [p.name.value for p in (*params.posonly_params, *params.params)]
+
+
 def parameter_names(function: Optional[cst.CSTNode]) -> List[str]:
     if not isinstance(function, cst.FunctionDef):
         return []
@@ -251,7 +257,7 @@ def attribute_mentions(facts: "ScriptFacts") -> Dict[str, int]:
     return facts.records.attribute_counts
 
 
-def _defined_once(facts: "ScriptFacts", name: str) -> bool:
+def defined_once(facts: "ScriptFacts", name: str) -> bool:
     """One `def`/`class` of this name and no other binding of it."""
     counts = facts.records.definition_counts
     return counts.get(name, 0) == 1 and not facts.assignments_to(name)
@@ -271,7 +277,7 @@ def local_function(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.Funct
         name = func.attr.value
     else:
         return None
-    if not _defined_once(facts, name):
+    if not defined_once(facts, name):
         return None
     return facts.records.functions.get(name)
 
@@ -319,7 +325,7 @@ def every_call(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[List
     called = _called_name(facts, function)
     if called is None:
         return None
-    if not _defined_once(facts, called) or outside_calls(facts, called):
+    if not defined_once(facts, called) or outside_calls(facts, called):
         return None
     calls = calls_named(facts, called)
     # The definition's name and the calls: any other mention passes it around, but for calls
@@ -621,7 +627,7 @@ def _outside_argument(facts, function, name, called, calls):
         return None, None
     label = f"`{name}` is a parameter of `{called}`"
     callers = sorted({call.caller for call in calls})
-    if calls_named(facts, called) or not _defined_once(facts, called):
+    if calls_named(facts, called) or not defined_once(facts, called):
         return None, f"{label}, which is called in this file and from {', '.join(callers)}"
     if name_mentions(facts).get(called, 0) != 1:
         return None, f"{label}, which this file also uses otherwise than by its definition"
@@ -799,7 +805,7 @@ def instance_of(
     sources = value_sources(facts, name, function)
     if sources is None:
         sources = [Source(a.value, a.site.function, a) for a in facts.assignments_to(name)]
-    if not sources or not _defined_once(facts, class_name):
+    if not sources or not defined_once(facts, class_name):
         return False
     for source in sources:
         value = source.value
