@@ -654,6 +654,37 @@ def test_the_local_check_catches_a_wrong_step_the_losses_do_not_show(tmp_path: P
     )
 
 
+# GradScaler hands a fused optimizer its gradients still scaled (it unscales in its kernel) and
+# calls its step even when they hold an inf; the local check must see what an unfused one sees.
+OVERFLOWING_SCALER = (
+    GRAD_SCALER.replace("range(4)", "range(10)")
+    .replace("init_scale=1024.0", "init_scale=2.0**127, growth_interval=1")
+    .replace("loss = torch.nn", "loss = 4 * torch.nn")
+)
+
+
+@pytest.mark.parametrize(
+    "script_text",
+    [GRAD_SCALER.replace("range(4)", "range(8)"), OVERFLOWING_SCALER],
+    ids=["scaled-gradients", "every-other-step-skipped"],
+)
+def test_a_fused_optimizer_under_grad_scaler_is_checked_on_unscaled_gradients(
+    tmp_path: Path, script_text: str
+) -> None:
+    script = _write(tmp_path, "train.py", script_text)
+    fused = script_text.replace("lr=0.05)", "lr=0.05, fused=True)")
+    assert fused != script_text
+    report = verify_pair(script, fused, level=Safety.NUMERICS, steps=8, repeats=1)
+    assert report.error is None, report.error
+    assert report.local.judged and report.local.passed, report.render()
+    gradients = [step.gradient for step in report.local.steps if step.gradient is not None]
+    assert gradients and max(gradients) < 1e-6, report.render()
+    assert report.exit_code == 0, report.render()
+    wrong = fused.replace("lr=0.05,", "lr=0.1,")
+    wrong_report = verify_pair(script, wrong, level=Safety.NUMERICS, steps=8, repeats=1)
+    assert wrong_report.decided_by == "local" and wrong_report.exit_code == 1
+
+
 def test_verify_against_compares_two_versions_a_person_wrote(tmp_path: Path) -> None:
     original = _write(tmp_path, "train.py", PRINTS_ITS_LOSSES)
     same = _write(tmp_path, "train_fast.py", PRINTS_ITS_LOSSES.replace("print(", "(print)("))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from optimizer_codemod.verify import state as training_state
 
@@ -62,6 +62,7 @@ class LocalCheck:
         self.start_params: Optional[List[List[Any]]] = None
         self.results: List[Dict[str, Any]] = []
         self.checks_written: Dict[int, int] = {}
+        self._skipping: Any = None  # the optimizer whose step GradScaler is skipping
 
     def _path(self, name: str) -> str:
         return os.path.join(self.folder, name + self.suffix)
@@ -70,15 +71,22 @@ class LocalCheck:
 
     def optimizer_pre_step(self, optimizer: Any) -> None:
         self._know(optimizer)
+        scale, skipped = scaler_handoff(optimizer)
+        if skipped:
+            self._skipping = optimizer
+            return
         if self.recording is not None:
             grads = [
-                None if p.grad is None else p.grad.detach().double().cpu()
+                None if p.grad is None else p.grad.detach().double().cpu() / scale
                 for p in training_state.parameters_of(optimizer)
             ]
             self.recording["grads"].append(grads)
 
     def optimizer_post_step(self, optimizer: Any) -> None:
         self._know(optimizer)
+        if self._skipping is optimizer:
+            self._skipping = None
+            return  # GradScaler found an inf: unfused, the step would not have been called
         self.steps_in_iteration += 1
         if self.recording is not None:
             self.recording["stepped"] = True
@@ -256,6 +264,22 @@ class Perturbation:
             for param in self.parameters:
                 noise = self._noise_like(param)
                 param.add_((param.double() * noise * self.relative).to(param.dtype))
+
+
+def scaler_handoff(optimizer: Any) -> Tuple[float, bool]:
+    """The scale an optimizer's gradients still carry when its step begins, and whether the step
+    is a skipped one.
+
+    GradScaler unscales the gradients before an ordinary optimizer's step, and skips the step
+    when they hold an inf or NaN. An optimizer that unscales inside its own kernel (`fused=True`)
+    is instead handed `grad_scale` and `found_inf` and called either way: its gradients are
+    still scaled here, so they are compared divided by the scale, and a step GradScaler would
+    have skipped is not counted."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    if found_inf is not None and float(found_inf) != 0.0:
+        return 1.0, True
+    grad_scale = getattr(optimizer, "grad_scale", None)
+    return (1.0 if grad_scale is None else float(grad_scale)), False
 
 
 def load_perturbation(torch: Any, path: Optional[str], relative: float, seed: int):
