@@ -46,6 +46,7 @@ def test_bench_runs_a_workload_and_writes_json_and_markdown(tmp_path: Path) -> N
         workload["step_time_before"] / workload["step_time_after"]
     )
     assert workload["peak_memory_before"] > 0
+    assert workload["verdict"][-1].startswith("Equivalent"), workload["verdict"]
     assert data["summary"]["median_speedup"] == workload["speedup"]
     table = (out / "tiny.md").read_text()
     assert "| workload | fixes | step time before |" in table
@@ -129,7 +130,14 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
                     },
                 },
             ),
-            dict(row, name="broken", equivalent=False, max_relative_difference=0.5),
+            dict(
+                row,
+                name="broken",
+                equivalent=False,
+                max_relative_difference=0.5,
+                verdict=["local check: FAILED at iteration 2.", "Not equivalent: decided by it."],
+            ),
+            dict(row, name="judged_before_verdicts_were_kept", equivalent=False),
             dict(row, name="mmdit_ddp", processes=2),
         ],
     }
@@ -144,6 +152,13 @@ def test_markdown_shows_twin_ablation_and_failures() -> None:
     assert "`~`: within run-to-run noise" in text  # an ablation row is enough
     assert "| mmdit_ddp (torchrun, 2 processes) | OPT301, OPT501 |" in text
     assert "Workloads run under torchrun: rank 0's" in text
+    why = text[text.index("## Why losses disagree") :]
+    assert "`broken`: losses disagree.\n- local check: FAILED at iteration 2.\n" in why
+    assert "`judged_before_verdicts_were_kept`: losses disagree.\n- (no judgment" in why
+    assert "naive_gpt" not in why and "mmdit_ddp" not in why
+    assert "## Why losses disagree" not in render_markdown(
+        dict(data, workloads=[dict(row, name="fine")])
+    )
 
 
 def test_bench_rewrites_for_the_device_it_measures(tmp_path: Path, monkeypatch) -> None:

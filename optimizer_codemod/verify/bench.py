@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from optimizer_codemod.extras import MATPLOTLIB_INSTALL
-from optimizer_codemod.verify.equivalence import VerifyReport, verify_pair
+from optimizer_codemod.verify.equivalence import VerifyReport, verdict_lines, verify_pair
 from optimizer_codemod.verify.peaks import dense_bf16_peak
 from optimizer_codemod.verify.runner import ProbeOptions, ProbeRun, declared_processes, run_probe
 
@@ -144,6 +144,8 @@ class WorkloadResult:
             "flops_per_step": report.flops_per_step,
             "flop_rate_before": _rate(report.flops_per_step, report.step_time(report.before)),
             "flop_rate_after": _rate(report.flops_per_step, report.step_time(report.after)),
+            # What `verify` would print: a results file from a lent GPU says why it judged so.
+            "verdict": verdict_lines(report),
         }
         if self.twin:
             data["twin"] = {
@@ -168,6 +170,7 @@ class WorkloadResult:
                     "equivalent": r.equivalent,
                     "max_relative_difference": r.comparison.max_relative if r.comparison else None,
                     "error": r.error,
+                    "verdict": verdict_lines(r),
                 }
                 for code, r in self.ablation.items()
             }
@@ -364,6 +367,21 @@ def _mib(value: Optional[int]) -> str:
     return "n/a" if value is None else f"{value / 2**20:.0f} MiB"
 
 
+def _disagreements_section(data: Dict[str, Any]) -> List[str]:
+    """The judgment behind each "no": which check decided it, and its figures."""
+    lines: List[str] = []
+    for w in data["workloads"]:
+        runs = [(w["name"], w)] + [
+            (f"{w['name']}, {code} alone", a) for code, a in (w.get("ablation") or {}).items()
+        ]
+        for name, run in runs:
+            if run.get("error") or run.get("unchanged") or run.get("equivalent"):
+                continue
+            lines += ["", f"`{name}`: losses disagree."]
+            lines += [f"- {line}" for line in run.get("verdict") or ["(no judgment recorded)"]]
+    return (["", "## Why losses disagree"] + lines) if lines else []
+
+
 def render_markdown(data: Dict[str, Any]) -> str:
     s = data["settings"]
     lines = [
@@ -447,6 +465,7 @@ def render_markdown(data: Dict[str, Any]) -> str:
                     agree = "unchanged alone (it needs another rule's fix)"
                 speedup = _x(a["speedup"]) + (" ~" if a.get("speed_within_noise") else "")
                 lines.append(f"| {w['name']} | {code} | {speedup} | {agree} |")
+    lines += _disagreements_section(data)
     return "\n".join(lines) + "\n"
 
 

@@ -676,6 +676,13 @@ def _peak(runs: List[ProbeRun]) -> Optional[int]:
     return max(values) if values else None
 
 
+def verdict_lines(report: VerifyReport) -> List[str]:
+    """Why the report judged as it did: its local and trajectory figures (none when unjudged)."""
+    if report.error or report.unchanged or report.comparison is None:
+        return []
+    return _verdict(report)
+
+
 def _verdict(report: VerifyReport) -> List[str]:
     comparison, tolerance, trajectory = report.comparison, report.tolerance, report.trajectory
     assert comparison is not None and tolerance is not None and trajectory is not None
