@@ -109,6 +109,61 @@ def test_a_helper_that_gathers_nothing_leaves_the_model_unknown(tmp_path):
     assert found["OPT402"].startswith("declined: the model this step trains is not known"), found
 
 
+OPTIMIZERS = """\
+import torch
+
+
+def set_optimizer(opt, model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=opt.lr, momentum=0.9)
+    return optimizer
+
+
+def optimizer_and_schedule(opt, model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=opt.lr)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 10)
+
+
+def head_optimizer(opt, model):
+    return torch.optim.SGD(model.head.parameters(), lr=opt.lr)
+"""
+BUILT = (
+    "    parameters = {GROUPS}\n    optimizer = torch.optim.SGD(parameters, lr=0.1, momentum=0.9)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "built, known",
+    [
+        ("optimizer = optimizers.set_optimizer(args, model)", True),
+        # SupContrast: `optimizer = set_optimizer(opt, model)`, imported by name
+        ("optimizer = set_optimizer(args, model)", True),
+        # a pair: which of the two is stepped is not followed
+        ("optimizer, scheduler = optimizers.optimizer_and_schedule(args, model)", False),
+        ("optimizer = optimizers.head_optimizer(args, model)", False),  # a part of the model
+        ("optimizer = optimizers.set_optimizer(args, model)\n    optimizer = other", False),
+    ],
+)
+def test_an_optimizer_a_helper_module_builds_trains_the_model_handed_to_it(tmp_path, built, known):
+    assert BUILT in TRAIN
+    train = TRAIN.replace(BUILT, f"    {built}\n").replace(
+        "import utils\n", "import optimizers\nfrom optimizers import set_optimizer\n"
+    )
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "optimizers.py").write_text(OPTIMIZERS)
+    settings = Settings(root=str(tmp_path), select=("OPT302", "OPT402"), why_not=True)
+    found: Dict[str, str] = {}
+    for outcome in runner.run(
+        [str(tmp_path / "train.py")], settings, runner.Mode(write=False, diff=True), jobs=1
+    ):
+        assert outcome.error is None, outcome.error
+        found.update({d.code: f"{d.status.value}: {d.message}" for d in outcome.diagnostics})
+    if known:
+        assert found["OPT402"].startswith("fixed: `model` is trained in eager mode"), found
+        assert found["OPT302"].startswith("fixed: `model` is trained in float32"), found
+    else:
+        assert "is not known" in found["OPT402"] and "is not known" in found["OPT302"], found
+
+
 def test_the_index_names_the_helper_and_survives_the_cache(tmp_path):
     (tmp_path / "train.py").write_text(
         TRAIN.replace("{GROUPS}", "utils.set_weight_decay(model, 0)")
@@ -145,11 +200,18 @@ def _facts(source: str) -> ScriptFacts:
             None,
         ),
         ("def groups(model, other):\n    return list(other.buffers())\n", None),
+        (  # Swin's build_optimizer hands the model on to another helper of the file
+            "def decay(model):\n    return [p for _, p in model.named_parameters()]\n"
+            "def build(config, net):\n"
+            "    groups = decay(net)\n"
+            "    return torch.optim.AdamW(groups)\n",
+            ("net", 1),
+        ),
     ],
 )
 def test_which_functions_gather_the_parameters_of_their_argument(source, expected):
     found = gathering_functions(_facts(source))
-    assert (found.get("groups") or found.get("freeze")) == expected
+    assert (found.get("groups") or found.get("freeze") or found.get("build")) == expected
 
 
 @pytest.mark.parametrize(

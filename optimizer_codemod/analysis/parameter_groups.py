@@ -29,6 +29,9 @@ from optimizer_codemod.analysis.values import defined_once, positional_parameter
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
+# Rounds of helpers handing the module on to helpers found in the round before.
+HELPER_DEPTH = 3
+
 
 def gathering_functions(facts: "ScriptFacts") -> Dict[str, Tuple[str, int]]:
     """{top-level function of this file: (name, position) of the parameter whose module's
@@ -37,11 +40,22 @@ def gathering_functions(facts: "ScriptFacts") -> Dict[str, Tuple[str, int]]:
     if "found" not in memo:
         found: Dict[str, Tuple[str, int]] = {}
         gathers = any(call.method in PARAMETER_METHODS for call in facts.records.calls)
-        for statement in facts.module.body if gathers else ():
-            if isinstance(statement, cst.FunctionDef) and defined_once(facts, statement.name.value):
-                gathered = _gathered_parameter(statement)
-                if gathered is not None:
-                    found[statement.name.value] = gathered
+        functions = [
+            statement
+            for statement in (facts.module.body if gathers else ())
+            if isinstance(statement, cst.FunctionDef) and defined_once(facts, statement.name.value)
+        ]
+        # A helper may hand the module on to another of the file's helpers (Swin's
+        # build_optimizer calls set_weight_decay(model, ...)): a few rounds, each one pass.
+        for _ in range(HELPER_DEPTH):
+            before = len(found)
+            for function in functions:
+                if function.name.value not in found:
+                    gathered = _gathered_parameter(function, found)
+                    if gathered is not None:
+                        found[function.name.value] = gathered
+            if len(found) == before:
+                break
         memo["found"] = found
     return memo["found"]
 
@@ -64,24 +78,31 @@ def gathered_module(facts: "ScriptFacts", call: cst.Call) -> Optional[str]:
     return dotted_name(handed.value) if handed is not None else None
 
 
-def _gathered_parameter(function: cst.FunctionDef) -> Optional[Tuple[str, int]]:
+def _gathered_parameter(
+    function: cst.FunctionDef, helpers: Dict[str, Tuple[str, int]]
+) -> Optional[Tuple[str, int]]:
     """(name, position) of the first parameter of `function` whose parameters it gathers,
+    itself, through a nested function or through one of the file's `helpers` found so far,
     when it returns a value; else None."""
     if not any(r.value is not None for r in find_all(function.body, cst.Return)):
         return None
     gathered = _receivers(function.body)
     # Each nested function's own parameters whose parameters it gathers, read once.
-    nested: Dict[str, List[Tuple[int, str]]] = {}
+    nested: Dict[str, List[Tuple[str, int]]] = {}
     for inner in find_all(function.body, cst.FunctionDef):
         own = _receivers(inner.body)
         nested[inner.name.value] = [
-            (position, parameter)
+            (parameter, position)
             for position, parameter in enumerate(positional_parameter_names(inner))
             if parameter in own
         ]
     for call in find_all(function.body, cst.Call):
-        walks = nested.get(call.func.value) if isinstance(call.func, cst.Name) else None
-        for position, parameter in walks or ():
+        if not isinstance(call.func, cst.Name):
+            continue
+        walks = nested.get(call.func.value)
+        if walks is None and call.func.value in helpers:
+            walks = [helpers[call.func.value]]
+        for parameter, position in walks or ():
             handed = argument(call, parameter, position)
             if handed is not None and isinstance(handed.value, cst.Name):
                 gathered.add(handed.value.value)

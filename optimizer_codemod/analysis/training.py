@@ -761,6 +761,10 @@ def trained_models(facts: "ScriptFacts") -> List[TrainedModel]:
             model = _trained_model(facts, optimizer.receiver, optimizer)
             if model is not None:
                 found.append(model)
+        for optimizer, owner in optimizers_built_by_helpers(facts):
+            model = _trained_model(facts, owner, optimizer)
+            if model is not None:
+                found.append(model)
         found.extend(hand_updated_models(facts, {m.name for m in found}))
     memo["found"] = found
     return found
@@ -774,23 +778,50 @@ def optimizers_built_by_models(facts: "ScriptFacts") -> List["CallSite"]:
     (optimizer, scheduler) pair."""
     memo = facts.memo("optimizers_built_by_models")
     if "found" not in memo:
-        stepped = {call.receiver for call in facts.records.calls if call.method == "step"}
+        memo["found"] = [
+            call
+            for call in facts.records.calls
+            if call.receiver is not None
+            and "optimizer" in (call.method or "")
+            and _one_stepped_result(facts, call)
+        ]
+    return memo["found"]
+
+
+def optimizers_built_by_helpers(facts: "ScriptFacts") -> List[Tuple["CallSite", str]]:
+    """`optimizer = set_optimizer(opt, model)` (SupContrast): a helper that gathers the
+    parameters of a module it is handed (parameter_groups.py) and whose result is stepped
+    like an optimizer, with the name it is handed. The same evidence as for
+    optimizers_built_by_models: the result is the one value ever assigned to its name (a
+    `None` placeholder aside), and that name's `.step()` is called."""
+    memo = facts.memo("optimizers_built_by_helpers")
+    if "found" not in memo:
         found = []
         for call in facts.records.calls:
-            if call.receiver is None or "optimizer" not in (call.method or ""):
+            if not isinstance(call.node, cst.Call):
                 continue
-            assignment = facts.assignment_of(call.node)
-            if assignment is None or assignment.unpacked or assignment.target not in stepped:
-                continue
-            others = [
-                a
-                for a in facts.assignments_to(assignment.target)
-                if a is not assignment and _bind_one_variable(a, assignment)
-            ]
-            if all(is_name(a.value, "None") and not a.augmented for a in others):
-                found.append(call)
+            owner = gathered_module(facts, call.node)
+            if owner is not None and _one_stepped_result(facts, call):
+                found.append((call, owner.removesuffix(".module")))
         memo["found"] = found
     return memo["found"]
+
+
+def _one_stepped_result(facts: "ScriptFacts", call: "CallSite") -> bool:
+    """Whether `call`'s result is assigned to a name whose `.step()` is called, and nothing
+    but a `None` placeholder is ever assigned to that name besides."""
+    memo = facts.memo("stepped_receivers")
+    if "found" not in memo:
+        memo["found"] = {c.receiver for c in facts.records.calls if c.method == "step"}
+    assignment = facts.assignment_of(call.node)
+    if assignment is None or assignment.unpacked or assignment.target not in memo["found"]:
+        return False
+    others = [
+        a
+        for a in facts.assignments_to(assignment.target)
+        if a is not assignment and _bind_one_variable(a, assignment)
+    ]
+    return all(is_name(a.value, "None") and not a.augmented for a in others)
 
 
 def _bind_one_variable(one: "Assignment", other: "Assignment") -> bool:
