@@ -381,17 +381,33 @@ def _builtin(name: str) -> LoopingFunction:
 _BUILTIN_SUMMARIES: Dict[str, LoopingFunction] = {n: _builtin(n) for n in ITERATING_BUILTINS}
 
 
+SummariesByHead = Mapping[str, List[Tuple[str, LoopingFunction]]]
+
+
+def summaries_by_head(summaries: Mapping[str, LoopingFunction]) -> SummariesByHead:
+    """A module's summaries grouped by the name their key begins with (a function's own; a
+    class's methods, `Class.method`): an imported name then reads only its own group."""
+    grouped: Dict[str, List[Tuple[str, LoopingFunction]]] = {}
+    for key, summary in summaries.items():
+        grouped.setdefault(key.split(".", 1)[0], []).append((key, summary))
+    return grouped
+
+
 def spelled_summaries(
-    spellings: List[Tuple[str, Mapping[str, LoopingFunction], str]],
+    spellings: List[Tuple[str, SummariesByHead, str]],
 ) -> Dict[str, LoopingFunction]:
     """Summaries under this file's spelling: for each (spelling, the defining module's
-    summaries, the name there, "" for a whole module), its function or its class's methods."""
+    summaries by head, the name there, "" for a whole module), its function or its class's
+    methods."""
     found: Dict[str, LoopingFunction] = {}
-    for spelling, summaries, name in spellings:
-        for key, summary in summaries.items():
-            if not name:
-                found[f"{spelling}.{key}"] = summary
-            elif key == name:
+    for spelling, by_head, name in spellings:
+        if not name:
+            for group in by_head.values():
+                for key, summary in group:
+                    found[f"{spelling}.{key}"] = summary
+            continue
+        for key, summary in by_head.get(name.split(".", 1)[0], ()):
+            if key == name:
                 found[spelling] = summary
             elif key.startswith(name + "."):
                 found[spelling + key[len(name) :]] = summary
