@@ -796,14 +796,12 @@ def optimizers_built_by_helpers(facts: "ScriptFacts") -> List[Tuple["CallSite", 
     `None` placeholder aside), and that name's `.step()` is called."""
     memo = facts.memo("optimizers_built_by_helpers")
     if "found" not in memo:
-        found = []
-        for call in facts.records.calls:
-            if not isinstance(call.node, cst.Call):
-                continue
-            owner = gathered_module(facts, call.node)
-            if owner is not None and _one_stepped_result(facts, call):
-                found.append((call, owner.removesuffix(".module")))
-        memo["found"] = found
+        handed = ((call, gathered_module(facts, call.node)) for call in facts.records.calls)
+        memo["found"] = [
+            (call, owner.removesuffix(".module"))
+            for call, owner in handed
+            if owner is not None and _one_stepped_result(facts, call)
+        ]
     return memo["found"]
 
 
