@@ -6,6 +6,7 @@ and run them for real on CPU (a few seconds each, mostly torch's import).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -238,6 +240,58 @@ def test_probe_counts_one_warm_up_steps_flops(tmp_path: Path) -> None:
     # Counting would slow a timed step: with one warm-up step nothing is counted.
     timed = run_probe(str(script), [], ProbeOptions(steps=4, warmup=1, count_flops=True))
     assert timed.ok and timed.flops_per_step is None
+
+
+# Inductor's compile workers, as the script's compile left them: started, answering after 0.3 s.
+STARTED_COMPILE_WORKERS = """
+import functools, sys, time, types
+class AsyncCompile:
+    @staticmethod
+    @functools.lru_cache(1)
+    def process_pool():
+        return "pool"
+    @classmethod
+    def wait_pool_ready(cls, timeout):
+        print("waited at iteration", len(losses) + 1, "timeout", timeout)
+        time.sleep(0.3)
+module = types.ModuleType("torch._inductor.async_compile")
+module.AsyncCompile = AsyncCompile
+sys.modules[module.__name__] = module
+AsyncCompile.process_pool()
+losses = []
+"""
+
+
+def test_the_timed_window_starts_once_compile_workers_have_started(tmp_path: Path) -> None:
+    counting = LINEAR_LAYER + "    losses.append(loss)\n"
+    script = _write(tmp_path, "train.py", STARTED_COMPILE_WORKERS + counting)
+    run = run_probe(str(script), [], ProbeOptions(steps=6, warmup=2))
+    assert run.ok, run.stderr
+    assert "waited at iteration 3 timeout 60.0" in run.stdout  # once, as the window opens
+    assert run.stdout.count("waited") == 1
+    assert run.result["settle_seconds"] >= 0.3
+    assert len(run.result["step_times"]) == 4 and max(run.result["step_times"]) < 0.3
+    # Without started workers (nothing compiled with Triton) the probe does not wait.
+    plain = run_probe(str(_write(tmp_path, "plain.py", LINEAR_LAYER)), [], ProbeOptions(steps=4))
+    assert plain.ok and plain.result["settle_seconds"] is None
+
+
+def test_waiting_for_compile_workers_never_breaks_a_run(monkeypatch) -> None:
+    from optimizer_codemod.verify import probe
+
+    class AsyncCompile:
+        process_pool = staticmethod(functools.lru_cache(1)(lambda: "pool"))
+
+        @classmethod
+        def wait_pool_ready(cls, timeout):
+            raise TimeoutError(timeout)
+
+    module = types.ModuleType("torch._inductor.async_compile")
+    module.AsyncCompile = AsyncCompile
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert probe.settle_compile_workers() is None  # no pool started yet: no wait
+    AsyncCompile.process_pool()
+    assert probe.settle_compile_workers(timeout=0.1) is None  # the wait failed: measure as before
 
 
 def test_verify_counts_flops_in_the_originals_runs_only(tmp_path: Path) -> None:

@@ -18,6 +18,9 @@ set them) after these hooks are installed:
 - when iteration `--steps` + 1 begins, the hook raises `StopProbe` (a BaseException, so a
   script's `except Exception:` does not swallow it); the probe catches it, writes the result,
   and lets the script's DataLoader iterators be collected so their workers shut down.
+- the window's first edge waits until Inductor's compile workers, if a compile started them,
+  are up (`settle_seconds`): their start takes cores from the training process for a second
+  or more, which is compile time, not step time.
 - optimizer step pre- and post-hooks drive the local-error check and the perturbation of
   reference runs (checks.py), when asked for.
 
@@ -27,7 +30,7 @@ script left. Rank 0 (env RANK) writes `--out`, rank N writes `--out` + `.rankN`.
 
 The JSON result holds `losses`, `step_times` (seconds, measured steps only), `steps`, `warmup`,
 `measured_seconds` (synchronised window), `step_time` (the figure to compare, see `_step_time`),
-`device`, `torch`, `peak_memory` with `peak_memory_kind`, `flops_per_step` (with `--count-flops`:
+`settle_seconds` (waited for compile workers before the window, or null), `device`, `torch`, `peak_memory` with `peak_memory_kind`, `flops_per_step` (with `--count-flops`:
 the floating-point operations of the second iteration, counted by `torch.utils.flop_counter`; that step
 is a warm-up step, left out of the timing, so at least 2 warm-up steps are needed), `status`
 (`stopped` after the requested steps, `finished` when the script ended first, `error`, `exit`)
@@ -52,6 +55,8 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 UNSCALED_ATTRIBUTE = "_optcodemod_unscaled"
+# How long the timed window may wait for Inductor's compile workers to finish starting.
+COMPILE_WORKERS_TIMEOUT = 60.0
 # With --count-flops, the operations between the end of step 1 and the end of step 2 are counted:
 # step 1 has already built lazily created state (optimizer moments, caches).
 FLOP_COUNTED_STEP = 2
@@ -97,6 +102,7 @@ class Recorder:
         self.device: Optional[str] = None
         self.started = time.perf_counter()
         self.stamps: List[float] = []  # perf_counter at the start of each iteration
+        self.settle_seconds: Optional[float] = None  # waited for compile workers, if any
         self._anchor: Optional[Tuple[str, int]] = None
         self._first_seen: Dict[Tuple[str, int], float] = {}
         self._local = threading.local()
@@ -146,6 +152,7 @@ class Recorder:
             self._count_flops_around(started)
             raise StopProbe(self.max_steps)
         if started == self.warmup + 1:
+            self.settle_seconds = settle_compile_workers()
             self.synchronize()
             now = time.perf_counter()
         self.stamps.append(now)
@@ -248,6 +255,7 @@ class Recorder:
             "warmup": self.warmup,
             "measured_seconds": (window[-1] - window[0]) if len(window) > 1 else None,
             "step_time": _step_time(device, step_times),
+            "settle_seconds": self.settle_seconds,
             "backward_calls": self.backward_calls,
             "optimizer_steps": self.optimizer_steps,
             "device": device,
@@ -260,6 +268,29 @@ class Recorder:
             "check": self.check.result() if self.check is not None else None,
             "check_error": self.check_error,
         }
+
+
+def settle_compile_workers(timeout: float = COMPILE_WORKERS_TIMEOUT) -> Optional[float]:
+    """Wait until Inductor's compile workers have started; the seconds waited, or None.
+
+    With Triton, importing Inductor starts a sidecar process that imports torch, and the first
+    compile has it fork a worker per core. Until they are up they hold cores that the training
+    process's parallel CPU operations (a batched loader's indexing) wait for, one scheduler
+    slice each: on a 16-core H200 machine (torch 2.11.0+cu130, 2026-11-30) sgld_mnist's
+    compiled 1.9 ms step took 24 ms for its first 27 steps, so a 20-step bench called it 8x
+    slower than the original. Their start belongs to compile time: the window opens once the
+    pool answers (1.9 ms a step then, after waiting 0.3 s).
+    """
+    module = sys.modules.get("torch._inductor.async_compile")
+    compiler = getattr(module, "AsyncCompile", None)
+    try:
+        if compiler is None or not compiler.process_pool.cache_info().currsize:
+            return None  # nothing compiled with Triton: no workers started
+        started = time.perf_counter()
+        compiler.wait_pool_ready(timeout=timeout)
+        return time.perf_counter() - started
+    except Exception:  # a private API: never break the run for it, measure as before
+        return None
 
 
 def _caller_site() -> Tuple[str, int]:
