@@ -139,6 +139,8 @@ def _from_bench(
         if code not in fixed:
             continue
         name = workload.get("name", "?")
+        # A resumed bench measures its workloads at different times; each keeps its own date.
+        here = dict(where, date=str(workload.get("date") or where["date"]))
         ablation = (workload.get("ablation") or {}).get(code)
         if ablation is not None:
             alone.append(
@@ -146,7 +148,7 @@ def _from_bench(
                     what=f"workload `{name}`, this rule alone ({levels})",
                     speedup=None if ablation.get("unchanged") else ablation.get("speedup"),
                     detail=_notes(ablation, unchanged_alone=True),
-                    **where,
+                    **here,
                 )
             )
         if fixed == [code]:
@@ -154,9 +156,7 @@ def _from_bench(
         else:
             what = f"workload `{name}`, all fixes together: {', '.join(fixed)} ({levels})"
         together.append(
-            Measurement(
-                what=what, speedup=workload.get("speedup"), detail=_notes(workload), **where
-            )
+            Measurement(what=what, speedup=workload.get("speedup"), detail=_notes(workload), **here)
         )
     return alone, together
 

@@ -121,6 +121,19 @@ def test_a_synthetic_results_folder_gives_the_expected_rows(synthetic: Path) -> 
     assert measurements_for("OPT101", results)[0].what.startswith("workload `cnn`, this rule")
 
 
+def test_each_workload_keeps_the_date_it_was_measured(synthetic: Path) -> None:
+    # A resumed bench: the file's date is its last workload's, an earlier one keeps its own.
+    workloads = [dict(GPU_BENCH["workloads"][0], date="2026-11-21 09:00 UTC")]
+    workloads += GPU_BENCH["workloads"][1:]
+    (synthetic / "reference-gpu.json").write_text(json.dumps(dict(GPU_BENCH, workloads=workloads)))
+    dates = {
+        m.what.split("`")[1]: m.date
+        for m in measurements_for("OPT501", load_results(synthetic))
+        if m.source == "reference-gpu.json"
+    }
+    assert dates == {"gpt": "2026-11-21 09:00 UTC", "mlp": "2026-11-22 01:00 UTC"}
+
+
 def test_cpu_machines_are_named_by_cores_and_model(synthetic: Path) -> None:
     data = dict(GPU_BENCH, device="cpu", device_name="AMD EPYC", torch="2.13.0+cpu")
     data["machine"] = {"machine": "x86_64", "cpu_count": 2}
