@@ -117,7 +117,16 @@ class HandWrittenAttention(Rule):
         x1.30. So with `target-device = "cpu"` the attention is left as written when it will
         run under reduced precision: the file already uses autocast or 16-bit types, or
         OPT302 (which adds autocast) is selected. On CUDA (the default target) the fused
-        kernel under bfloat16 is the fastest combination.
+        kernel under bfloat16 is the fastest combination for the usual shapes.
+
+        Where it loses on CUDA: values with fewer heads than the queries (broadcast), which
+        both fused kernels refuse, so SDPA runs its math backend; and short sequences with a
+        large head dim. vision_bdh's attention (batch 256, 4 heads, T=64, head dim 768, one
+        head of values broadcast; NVIDIA H200, torch 2.11.0+cu130, 2026-11-30,
+        `benchmarks/results/sdpa-head-broadcast-cuda.md`): written out 1.53 ms forward and
+        backward in float32, 1.00 ms in bfloat16; SDPA 2.09 and 2.46 ms; SDPA with the
+        values expanded to 4 heads 1.74 and 1.26 ms. Head counts and lengths are not in the
+        source, so the rule cannot tell; `# noqa: OPT406` keeps such an attention.
     """
 
     code = "OPT406"
