@@ -88,7 +88,12 @@ from optimizer_codemod.analysis.handoffs import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.training import NO_GRAD_DECORATOR, eager_methods
+from optimizer_codemod.analysis.training import (
+    NO_GRAD_DECORATOR,
+    eager_methods,
+    factory_classes,
+    factory_definition,
+)
 
 # A line importing something: its module part (with any leading dots) and the rest.
 _IMPORT_LINE = re.compile(
@@ -197,7 +202,9 @@ class LoopsElsewhere:
 
 @dataclass(frozen=True)
 class ImportedClass:
-    """An nn.Module class another module of the run defines and this one imports."""
+    """An nn.Module class another module of the run defines and this one imports, or a
+    function of it whose every return builds a module (a factory: `build_transformer(...)`),
+    whose layers are then those of the calls it makes and of what they build."""
 
     name: str  # as this module spells it: `TinyLM`, `models.ResNet`
     module: str  # the file that defines it
@@ -454,6 +461,7 @@ class _Module:
     starred: bool = False  # its `*` imports are bound
     summaries: Dict[str, Tuple[Set[str], Set[str], str]] = field(default_factory=dict)
     conditional: Dict[int, Set[int]] = field(default_factory=dict)  # statement -> calls
+    factories: Optional[Tuple[str, ...]] = None  # functions returning a module, once asked
     varying: Optional[Dict[str, Tuple[str, str]]] = None  # functions varying shapes, once asked
     twice: Optional[Dict[str, Tuple[str, str]]] = None  # functions differentiating twice, too
     looping: Dict[str, LoopingFunction] = field(default_factory=dict)  # handoffs.py summaries
@@ -1127,13 +1135,18 @@ def _own_facts(
     classes = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
-        if defined is not None and is_module_class(defined[0].facts, defined[1]):
+        if defined is not None and (
+            is_module_class(defined[0].facts, defined[1])
+            or defined[1] in _module_factories(defined[0])
+        ):
             classes.append(_imported_class(name, *defined, files))
     for spelling, path in module.modules.items():
         owner = _parsed(files, path)
         for name in owner.facts.classes if owner is not None else ():
             if is_module_class(owner.facts, name):
                 classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
+        for name in _module_factories(owner) if owner is not None else ():
+            classes.append(_imported_class(f"{spelling}.{name}", owner, name, files))
     functions = _imported_functions(module, files, _shape_varying_functions)
     twice = _imported_functions(module, files, _second_derivative_functions)
     gathering = _imported_functions(module, files, _gathering_functions, ImportedGathering)
@@ -1506,17 +1519,35 @@ def _functions_reaching(facts, wanted: Dict[int, Tuple[str, str]]) -> Dict[str, 
     return found
 
 
+def _module_factories(owner: _Module) -> Tuple[str, ...]:
+    """The functions of `owner`'s top level whose every return builds an nn.Module
+    (training.factory_definition: `def build_transformer(...): ...; return transformer`),
+    memoised per module. Read before the project tells `owner` anything, so a factory
+    returning a class `owner` imports in turn is not one."""
+    if owner.factories is None:
+        facts = owner.facts
+        owner.factories = tuple(
+            name
+            for name, node in facts.top_level_definitions.items()
+            if isinstance(node, cst.FunctionDef)
+            and factory_definition(facts, cst.Name(name)) is not None
+        )
+    return owner.factories
+
+
 def _imported_class(
     spelling: str, owner: _Module, name: str, files: Dict[str, _Module]
 ) -> ImportedClass:
     layers, optional, view = _class_layers(owner, name, files, 0)
+    # A factory's model is one of the classes it builds: their methods, all of them.
+    classes = (name,) if name in owner.facts.classes else factory_classes(owner.facts, name)
     return ImportedClass(
         spelling,
         owner.label,
         tuple(sorted(layers)),
         view,
         tuple(sorted(optional - layers)),
-        tuple(sorted(eager_methods(owner.facts, (name,)))),
+        tuple(sorted(eager_methods(owner.facts, classes))),
     )
 
 

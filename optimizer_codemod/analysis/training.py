@@ -268,6 +268,8 @@ def builds_module(
         return True
     if isinstance(node.func, cst.Name) and is_module_class(facts, node.func.value):
         return True
+    if factory_definition(facts, node.func) is not None:
+        return True
     if imported_module_class(facts, node.func):
         return True
     if built_by_name(facts, node.func):
@@ -398,6 +400,37 @@ def builder_definitions(
     if isinstance(definition, cst.ClassDef):
         return [definition] if is_module_class(facts, name) else None
     return [definition] if returns_module(facts, definition) else None
+
+
+def factory_definition(facts: "ScriptFacts", func: cst.BaseExpression) -> Optional[cst.FunctionDef]:
+    """The function of this file's top level that `func` names, never rebound, when every
+    return of it builds an nn.Module (returns_module): `model = build_model(args)` after
+    `def build_model(args): return Net(args.width)`. None otherwise."""
+    if not isinstance(func, cst.Name) or facts.assignments_to(func.value):
+        return None
+    definition = facts.top_level_definitions.get(func.value)
+    if not isinstance(definition, cst.FunctionDef):
+        return None
+    return definition if returns_module(facts, definition) else None
+
+
+def factory_classes(facts: "ScriptFacts", name: str) -> Set[str]:
+    """The nn.Module classes of this file that the function `name` builds, directly or
+    through the functions of this file it calls by name: what a factory's model may be."""
+    classes: Set[str] = set()
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for call in facts.calls_made_in(current):
+            called = call.node.func.value if isinstance(call.node.func, cst.Name) else None
+            if called in facts.classes and is_module_class(facts, called):
+                classes.add(called)
+            elif called in facts.records.functions:
+                pending.append(called)
+    return classes
 
 
 def returns_module(facts: "ScriptFacts", function: cst.FunctionDef) -> bool:
@@ -1071,10 +1104,11 @@ def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, st
         "optimizer, or updated by a loop over its `.parameters()` that reads each `p.grad`: "
         "names, `self.` attributes (in their class) and function parameters (through the "
         "function's one call in this file, or the calls from the other files of the run) are "
-        "followed to a module built there, and this model is not (a model from a module outside "
-        "the run, a function called several times, or an update the analysis does not read, "
-        "such as `torch._foreach_*` calls): the "
-        "analysis cannot tell which model it is"
+        "followed to a module built there, by a module class or by a function of the run whose "
+        "every return builds one, and this model is not (a model from a module outside the run, "
+        "a function called several times, a function that may return something else, or an "
+        "update the analysis does not read, such as `torch._foreach_*` calls): the analysis "
+        "cannot tell which model it is"
     )
 
 
@@ -1745,14 +1779,21 @@ def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.Ba
                     continue
                 if facts.assignments_to(other) or value_sources(facts, other, source.function):
                     pending.append((other, source.function))
-    # A model built by name from a dict of this file is built by any of its builders.
+    # A model built by name from a dict of this file is built by any of its builders; one
+    # built by a function of this file (`build_model(args)`), by that function's code.
     builders: Dict[int, cst.CSTNode] = {}
-    for expression in found:
-        for call in find_all(expression, cst.Call):
+    pending_expressions: List[cst.CSTNode] = list(found)
+    while pending_expressions:
+        for call in find_all(pending_expressions.pop(), cst.Call):
             lookup = by_name_lookup(facts, call.func)
+            held: Sequence[cst.CSTNode] = ()
             if lookup is not None and not lookup[1]:
-                held = registry_builders(facts, dotted_name(lookup[0]) or "")
-                builders.update((id(b), b) for b in held or ())
+                held = registry_builders(facts, dotted_name(lookup[0]) or "") or ()
+            factory = factory_definition(facts, call.func)
+            if factory is not None and id(factory) not in builders:
+                held = [factory]
+                pending_expressions.append(factory)  # a factory may call another
+            builders.update((id(b), b) for b in held)
     return found + list(builders.values())
 
 
