@@ -96,7 +96,9 @@ class ModelTrainedWithoutCompile(Rule):
         whose class defines no `forward` (cleanrl's PPO `Agent`, used through
         `get_action_and_value`), nor for one the file never calls itself but only through
         methods of its classes that call `self.forward(...)` or submodules (PyTorch-GAN's
-        `D.compute_loss(x, valid)`), or only as `model.forward(x)` (PyTorch's
+        `D.compute_loss(x, valid)`; also through helpers of the file it is handed to that
+        do no more with it: hkproj's `greedy_decode(model, ...)` calling `model.encode`,
+        `model.decode` and `model.project`), or only as `model.forward(x)` (PyTorch's
         optimizer-step-in-backward tutorial): `compile()` compiles the module's own call
         only, so nothing would run compiled. Compiling happens
         before a DistributedDataParallel wrapper is built, and before Hugging Face

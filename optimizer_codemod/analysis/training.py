@@ -1916,21 +1916,43 @@ def model_run_only_through_methods(facts: "ScriptFacts", model: TrainedModel) ->
     name = model.name
     if "." in name or model.wrapped_as or model.handed_in is not None:
         return None
+    # Where the model is a variable of the function that trains it, its mentions are counted
+    # there; else file-wide, where calls in a function that takes a parameter of the same
+    # name are that parameter's (the file's name count leaves its mentions there out). A
+    # helper the model is handed to counts through what it does with its parameter.
+    scope = model.scope
+    local = scope is not None and not declares_global(scope, name)
+    assigned = [a for a in facts.in_function("assignments", scope) if a.target == name]
+    if local and assigned:
+        calls = facts.in_function("calls", scope)
+        uses = _variable_uses(scope.body, name)
+    else:
+        calls = [c for c in facts.records.calls if name not in parameter_names(c.site.function)]
+        assigned = [
+            a for a in facts.assignments_to(name) if name not in parameter_names(a.site.function)
+        ]
+        uses = facts.records.name_counts.get(name, 0)
     methods = [
         call.node.func.attr.value
-        for call in facts.records.calls
+        for call in calls
         if isinstance(call.node.func, cst.Attribute) and is_name(call.node.func.value, name)
     ]
-    mentions = len(methods) + len(facts.assignments_to(name))
-    if not methods or facts.records.name_counts.get(name, 0) != mentions:
+    handed = [h for h in (_helper_parameter(facts, call, name) for call in calls) if h != ()]
+    if not methods or uses != len(methods) + len(handed) + len(assigned) or None in handed:
         return None
-    local = model_classes(facts, model)
+    seen = {(id(f), p) for f, p in handed}
+    for function, parameter in handed:
+        more = _used_through_methods(facts, function, parameter, seen)
+        if more is None:
+            return None
+        methods.extend(more)
+    classes = model_classes(facts, model)
     imported = model_imported_classes(facts, model)
-    if bool(local) == bool(imported):
+    if bool(classes) == bool(imported):
         return None  # built from neither, or from both: not known
     eager = (
-        eager_methods(facts, local)
-        if local
+        eager_methods(facts, classes)
+        if classes
         else set.intersection(*(set(c.eager_methods) for c in imported))
     )
     runs = None
@@ -1941,6 +1963,97 @@ def model_run_only_through_methods(facts: "ScriptFacts", model: TrainedModel) ->
             return None
         runs = runs or method
     return runs
+
+
+# How many helpers deep a model handed on (`run_validation(model)` calling `decode(model)`)
+# is followed, and how many helpers in all.
+_HANDED_DEPTH, _HANDED_HELPERS = 3, 8
+
+
+def _helper_parameter(facts: "ScriptFacts", call: "CallSite", name: str):
+    """For a call with the plain name `name` among its arguments: (the function of this
+    file's top level it calls, the parameter that receives it), or None when the callee or
+    the parameter is not known (a builtin, a method, `*args`, the name passed twice); ()
+    when `name` is no argument of the call."""
+    passed = [arg for arg in call.node.args if is_name(arg.value, name)]
+    if not passed:
+        return ()
+    function = None
+    if isinstance(call.node.func, cst.Name) and not facts.assignments_to(call.node.func.value):
+        definition = facts.top_level_definitions.get(call.node.func.value)
+        function = definition if isinstance(definition, cst.FunctionDef) else None
+    if function is None or len(passed) != 1 or has_star_args(call.node):
+        return None
+    arg = passed[0]
+    params = function.params
+    if arg.keyword is not None:
+        names = [p.name.value for p in (*params.params, *params.kwonly_params)]
+        return (function, arg.keyword.value) if arg.keyword.value in names else None
+    index = list(positional(call.node)).index(arg)
+    ordered = [*params.posonly_params, *params.params]
+    return (function, ordered[index].name.value) if index < len(ordered) else None
+
+
+def _used_through_methods(
+    facts: "ScriptFacts",
+    function: cst.FunctionDef,
+    parameter: str,
+    seen: Set[Tuple[int, str]],
+    depth: int = 1,
+) -> Optional[List[str]]:
+    """The methods `function` calls on its `parameter`, and those the helpers of this file it
+    hands the parameter on to call, when it does nothing else with it (no call of it, no
+    attribute read, no rebinding, no nested function that could capture it); else None."""
+    if depth > _HANDED_DEPTH or len(seen) > _HANDED_HELPERS:
+        return None
+    if find_all(function.body, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+        return None
+    if any(a.target == parameter for a in facts.in_function("assignments", function)):
+        return None
+    calls = facts.in_function("calls", function)
+    methods = [
+        call.node.func.attr.value
+        for call in calls
+        if isinstance(call.node.func, cst.Attribute) and is_name(call.node.func.value, parameter)
+    ]
+    handed = [h for h in (_helper_parameter(facts, c, parameter) for c in calls) if h != ()]
+    if None in handed or _variable_uses(function.body, parameter) != len(methods) + len(handed):
+        return None
+    for helper, inner in handed:
+        if (id(helper), inner) in seen:
+            continue
+        seen.add((id(helper), inner))
+        more = _used_through_methods(facts, helper, inner, seen, depth + 1)
+        if more is None:
+            return None
+        methods.extend(more)
+    return methods
+
+
+def _variable_uses(node: cst.CSTNode, name: str) -> int:
+    """How many times `name` is written as a variable in `node` (not as an attribute, a
+    keyword argument or a parameter)."""
+
+    class Uses(cst.CSTVisitor):
+        count = 0
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            attribute.value.visit(self)
+            return False
+
+        def visit_Arg(self, arg: cst.Arg) -> bool:
+            arg.value.visit(self)
+            return False
+
+        def visit_Param(self, param: cst.Param) -> bool:
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            self.count += node.value == name
+
+    uses = Uses()
+    node.visit(uses)
+    return uses.count
 
 
 def model_run_through_forward(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Call]:
