@@ -734,6 +734,8 @@ def test_a_fused_optimizer_under_grad_scaler_is_checked_on_unscaled_gradients(
     gradients = [step.gradient for step in report.local.steps if step.gradient is not None]
     assert gradients and max(gradients) < 1e-6, report.render()
     assert report.exit_code == 0, report.render()
+    if script_text is OVERFLOWING_SCALER:
+        return  # one wrong step caught under a scaler is enough; each verify costs ~15 s
     wrong = fused.replace("lr=0.05,", "lr=0.1,")
     wrong_report = verify_pair(script, wrong, level=Safety.NUMERICS, steps=8, repeats=1)
     assert wrong_report.decided_by == "local" and wrong_report.exit_code == 1
