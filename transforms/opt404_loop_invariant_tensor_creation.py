@@ -12,7 +12,8 @@ from optimizer_codemod.analysis.inplace import unsafe_use
 from optimizer_codemod.analysis.invariance import is_invariant, names_bound_in
 from optimizer_codemod.analysis.nodes import COMPREHENSIONS, find_all
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.syncs import every_iteration, name_uses
+from optimizer_codemod.analysis.scopes import name_uses
+from optimizer_codemod.analysis.syncs import every_iteration
 from optimizer_codemod.rule import Example, Fix, InsertStatements, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 

@@ -20,7 +20,7 @@ from optimizer_codemod.analysis.dropped_results import why_element_read
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all, single_assignment
 from optimizer_codemod.analysis.scalars import is_python_number
-from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.scopes import name_uses
 from optimizer_codemod.analysis.walk import children
 
 if TYPE_CHECKING:  # pragma: no cover

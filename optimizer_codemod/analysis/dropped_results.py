@@ -20,7 +20,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, literal
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.scopes import name_uses
 from optimizer_codemod.analysis.values import (
     calls_named,
     attribute_assignments,

@@ -41,7 +41,7 @@ from optimizer_codemod.analysis.model_calls import (
     training_callees,
 )
 from optimizer_codemod.analysis.nodes import COMPREHENSIONS, STRING_NODES, find_all
-from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.scopes import name_uses
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
     attribute_mentions,

@@ -39,7 +39,8 @@ from optimizer_codemod.analysis.epochs import containing_body
 from optimizer_codemod.analysis.escapes import block_escape
 from optimizer_codemod.analysis.factories import FACTORIES
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.syncs import helper_syncs, name_uses, tests_a_remainder
+from optimizer_codemod.analysis.scopes import name_uses
+from optimizer_codemod.analysis.syncs import helper_syncs, tests_a_remainder
 from optimizer_codemod.analysis.values import local_function
 
 if TYPE_CHECKING:  # pragma: no cover

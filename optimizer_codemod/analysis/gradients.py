@@ -13,7 +13,7 @@ from optimizer_codemod.analysis.collect import CallSite, Site
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
-from optimizer_codemod.analysis.syncs import name_uses
+from optimizer_codemod.analysis.scopes import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts

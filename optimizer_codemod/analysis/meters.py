@@ -29,7 +29,8 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import excerpt
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.nodes import find_all
-from optimizer_codemod.analysis.syncs import loss_items, name_uses
+from optimizer_codemod.analysis.scopes import name_uses
+from optimizer_codemod.analysis.syncs import loss_items
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts

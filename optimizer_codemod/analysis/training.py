@@ -49,6 +49,7 @@ from optimizer_codemod.analysis.parameter_loops import (
     parameter_update_loops,
     reads_gradient,
 )
+from optimizer_codemod.analysis.scopes import name_uses
 from optimizer_codemod.analysis.values import (
     ACCELERATOR,
     alias_in,
@@ -61,9 +62,11 @@ from optimizer_codemod.analysis.values import (
     imported_registry,
     locally_assigned,
     method_class,
+    module_function,
     name_mentions,
     outside_value,
     parameter_names,
+    parameter_receiving,
     standalone_class,
     Source,
     the_callers,
@@ -395,11 +398,10 @@ def builder_definitions(
         return []
     name = value.value if isinstance(value, cst.Name) else None
     definition = facts.top_level_definitions.get(name) if name else None
-    if facts.assignments_to(name or "") or definition is None:
-        return None
-    if isinstance(definition, cst.ClassDef):
+    if isinstance(definition, cst.ClassDef) and not facts.assignments_to(name):
         return [definition] if is_module_class(facts, name) else None
-    return [definition] if returns_module(facts, definition) else None
+    factory = factory_definition(facts, value)
+    return [factory] if factory is not None else None
 
 
 def factory_definition(facts: "ScriptFacts", func: cst.BaseExpression) -> Optional[cst.FunctionDef]:
@@ -1782,18 +1784,17 @@ def _model_expressions(facts: "ScriptFacts", model: TrainedModel) -> List[cst.Ba
     # A model built by name from a dict of this file is built by any of its builders; one
     # built by a function of this file (`build_model(args)`), by that function's code.
     builders: Dict[int, cst.CSTNode] = {}
-    pending_expressions: List[cst.CSTNode] = list(found)
-    while pending_expressions:
-        for call in find_all(pending_expressions.pop(), cst.Call):
+    unread: List[cst.CSTNode] = list(found)
+    while unread:
+        for call in find_all(unread.pop(), cst.Call):
             lookup = by_name_lookup(facts, call.func)
-            held: Sequence[cst.CSTNode] = ()
             if lookup is not None and not lookup[1]:
                 held = registry_builders(facts, dotted_name(lookup[0]) or "") or ()
+                builders.update((id(b), b) for b in held)
             factory = factory_definition(facts, call.func)
             if factory is not None and id(factory) not in builders:
-                held = [factory]
-                pending_expressions.append(factory)  # a factory may call another
-            builders.update((id(b), b) for b in held)
+                builders[id(factory)] = factory
+                unread.append(factory)  # a factory may call another
     return found + list(builders.values())
 
 
@@ -1925,19 +1926,14 @@ def model_run_only_through_methods(facts: "ScriptFacts", model: TrainedModel) ->
     assigned = [a for a in facts.in_function("assignments", scope) if a.target == name]
     if local and assigned:
         calls = facts.in_function("calls", scope)
-        uses = _variable_uses(scope.body, name)
+        uses = len(name_uses(scope, name, facts))
     else:
         calls = [c for c in facts.records.calls if name not in parameter_names(c.site.function)]
         assigned = [
             a for a in facts.assignments_to(name) if name not in parameter_names(a.site.function)
         ]
         uses = facts.records.name_counts.get(name, 0)
-    methods = [
-        call.node.func.attr.value
-        for call in calls
-        if isinstance(call.node.func, cst.Attribute) and is_name(call.node.func.value, name)
-    ]
-    handed = [h for h in (_helper_parameter(facts, call, name) for call in calls) if h != ()]
+    methods, handed = _methods_and_helpers(facts, calls, name)
     if not methods or uses != len(methods) + len(handed) + len(assigned) or None in handed:
         return None
     seen = {(id(f), p) for f, p in handed}
@@ -1970,28 +1966,26 @@ def model_run_only_through_methods(facts: "ScriptFacts", model: TrainedModel) ->
 _HANDED_DEPTH, _HANDED_HELPERS = 3, 8
 
 
-def _helper_parameter(facts: "ScriptFacts", call: "CallSite", name: str):
-    """For a call with the plain name `name` among its arguments: (the function of this
-    file's top level it calls, the parameter that receives it), or None when the callee or
-    the parameter is not known (a builtin, a method, `*args`, the name passed twice); ()
-    when `name` is no argument of the call."""
-    passed = [arg for arg in call.node.args if is_name(arg.value, name)]
-    if not passed:
-        return ()
-    function = None
-    if isinstance(call.node.func, cst.Name) and not facts.assignments_to(call.node.func.value):
-        definition = facts.top_level_definitions.get(call.node.func.value)
-        function = definition if isinstance(definition, cst.FunctionDef) else None
-    if function is None or len(passed) != 1 or has_star_args(call.node):
-        return None
-    arg = passed[0]
-    params = function.params
-    if arg.keyword is not None:
-        names = [p.name.value for p in (*params.params, *params.kwonly_params)]
-        return (function, arg.keyword.value) if arg.keyword.value in names else None
-    index = list(positional(call.node)).index(arg)
-    ordered = [*params.posonly_params, *params.params]
-    return (function, ordered[index].name.value) if index < len(ordered) else None
+def _methods_and_helpers(facts: "ScriptFacts", calls: Sequence["CallSite"], name: str):
+    """The methods `calls` call on the variable `name`, and for each of them that hands it to
+    a function of this file, (that function, its parameter), or None where the callee or the
+    parameter is not known (a builtin, a method, `*args`, the name passed twice)."""
+    methods = [
+        call.node.func.attr.value
+        for call in calls
+        if isinstance(call.node.func, cst.Attribute) and is_name(call.node.func.value, name)
+    ]
+    handed = []
+    for call in calls:
+        passed = [arg for arg in call.node.args if is_name(arg.value, name)]
+        if not passed:
+            continue
+        function = module_function(facts, call)
+        receiving = None
+        if function is not None and len(passed) == 1:
+            receiving = parameter_receiving(function, call.node, passed[0].value)
+        handed.append((function, receiving) if receiving is not None else None)
+    return methods, handed
 
 
 def _used_through_methods(
@@ -2003,21 +1997,14 @@ def _used_through_methods(
 ) -> Optional[List[str]]:
     """The methods `function` calls on its `parameter`, and those the helpers of this file it
     hands the parameter on to call, when it does nothing else with it (no call of it, no
-    attribute read, no rebinding, no nested function that could capture it); else None."""
+    attribute read, no rebinding, no use in a nested scope that could keep it); else None."""
     if depth > _HANDED_DEPTH or len(seen) > _HANDED_HELPERS:
         return None
-    if find_all(function.body, cst.FunctionDef, cst.ClassDef, cst.Lambda):
-        return None
-    if any(a.target == parameter for a in facts.in_function("assignments", function)):
-        return None
-    calls = facts.in_function("calls", function)
-    methods = [
-        call.node.func.attr.value
-        for call in calls
-        if isinstance(call.node.func, cst.Attribute) and is_name(call.node.func.value, parameter)
-    ]
-    handed = [h for h in (_helper_parameter(facts, c, parameter) for c in calls) if h != ()]
-    if None in handed or _variable_uses(function.body, parameter) != len(methods) + len(handed):
+    uses = name_uses(function, parameter, facts)
+    if sum(use.store for use in uses) != 1 or any(use.nested for use in uses):
+        return None  # bound again, or kept by a nested function or lambda
+    methods, handed = _methods_and_helpers(facts, facts.in_function("calls", function), parameter)
+    if None in handed or len(uses) - 1 != len(methods) + len(handed):
         return None
     for helper, inner in handed:
         if (id(helper), inner) in seen:
@@ -2028,32 +2015,6 @@ def _used_through_methods(
             return None
         methods.extend(more)
     return methods
-
-
-def _variable_uses(node: cst.CSTNode, name: str) -> int:
-    """How many times `name` is written as a variable in `node` (not as an attribute, a
-    keyword argument or a parameter)."""
-
-    class Uses(cst.CSTVisitor):
-        count = 0
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)
-            return False
-
-        def visit_Arg(self, arg: cst.Arg) -> bool:
-            arg.value.visit(self)
-            return False
-
-        def visit_Param(self, param: cst.Param) -> bool:
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            self.count += node.value == name
-
-    uses = Uses()
-    node.visit(uses)
-    return uses.count
 
 
 def model_run_through_forward(facts: "ScriptFacts", model: TrainedModel) -> Optional[cst.Call]:
