@@ -7,7 +7,8 @@ from typing import Optional, Set
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.calls import excerpt, with_keyword
+from optimizer_codemod.analysis.distributions import DISTRIBUTIONS, validated_distributions
 from optimizer_codemod.analysis.gated_evaluations import gated_evaluations, gated_replacements
 from optimizer_codemod.analysis.periodic import LOG_EVERY, METRIC_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -89,6 +90,15 @@ class DeviceValueSynchronizesEveryStep(Rule):
         and its `if reduction == "mean": return ....item()`). A name unpacked beside the
         loss from a helper of the file (`loss, parts = compute_loss(...)`) is not taken for
         a device tensor where every `return` of the helper puts a host value (`.cpu()`).
+        A `torch.distributions` object (`Categorical`, `Normal`, ...) built in a loop, or in
+        a function of the file that a loop calls (cleanrl's `probs = Categorical(logits=...)`
+        in `Agent.get_action_and_value`, called on every rollout and update step), checks its
+        arguments when built and the value of each `log_prob`, each check a host test of a
+        device tensor: it is built with `validate_args=False` (analysis/distributions.py;
+        not where the call already chooses, by keyword or by position, passes `*args` or
+        `**kwargs`, where every argument is a host value (`probs.cpu()`), or where the script
+        turns validation off: with `Distribution.set_default_validate_args(False)`, or by
+        compiling anything, which does the same for the whole process).
 
     Why is it slow:
         Reading a device value on the host makes the host wait until the device has
@@ -150,6 +160,14 @@ class DeviceValueSynchronizesEveryStep(Rule):
         called only in loops, and after each loop the first use of the model sets its mode
         (`model.eval()`, or a call of such an `f`); and no other sync stays on the step.
 
+        `validate_args=False` on a distribution is `behavior`: on valid arguments every
+        sample, `log_prob`, entropy and gradient is the same (tests/test_distribution_validation.py
+        compares them bit for bit, and trains a PPO agent both ways to equal parameters), but
+        invalid ones (NaN logits, a scale of 0, an action outside the support) no longer raise
+        a `ValueError` that names them: they give NaN or a wrong number silently. Validation is
+        on by default to help beginners; PyTorch names turning it off as the way to speed
+        (pytorch/pytorch#48743).
+
     Expected gain:
         The host-device round trip of every step, when nothing else waits on that step: a
         fast device and a host with work to queue (data loading, the next step's kernels).
@@ -160,7 +178,9 @@ class DeviceValueSynchronizesEveryStep(Rule):
         step, batch 64, one thread, counting correct predictions with `.item()` against on
         the device; 2-core x86_64, torch 2.13.0+cpu, 2026-11-24) measured x0.98 to x1.05 in
         three runs (0.71 to 0.90 ms per step), no difference beyond noise. The gain needs a
-        CUDA device and was not measured here.
+        CUDA device and was not measured here. Skipping a distribution's checks also saves
+        their own kernels and Python: `benchmarks/rule_gains/opt204_distributions.py` times a
+        PPO minibatch update (cleanrl's CartPole sizes) on the CPU, in the Measured table.
     """
 
     code = "OPT204"
@@ -174,6 +194,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
     triggers = (
         r"\.\s*(?:item|tolist|cpu|to)\s*\(|\b(?:print|float|int|bool|str|repr|format|round)"
         r"\s*\(|\bmath\.|\b(?:if|while|assert)\b|%",
+        r"\b(?:" + "|".join(sorted(DISTRIBUTIONS)) + r")\s*\(",
     )
     requires = (BACKWARD_CALL,)
     removes_syncs = {METRIC_ACCUMULATION: Safety.NUMERICS, METRIC_LOG: Safety.BEHAVIOR}
@@ -194,6 +215,13 @@ class DeviceValueSynchronizesEveryStep(Rule):
             _LOOP.replace("for x, y in loader", "for i, (x, y) in enumerate(loader)")
             + "        if i % 10 == 0:\n"
             '            print(f"accuracy {(out.argmax(1) == y).float().mean().item():.3f}")\n',
+        ),
+        Example(
+            _LOOP + "        probs = torch.distributions.Categorical(logits=out)\n"
+            "        probs.log_prob(y).mean().neg().backward()\n",
+            _LOOP
+            + "        probs = torch.distributions.Categorical(logits=out, validate_args=False)\n"
+            "        probs.log_prob(y).mean().neg().backward()\n",
         ),
         Example(
             _LOOP + "        if torch.isnan(loss):\n"
@@ -269,6 +297,26 @@ class DeviceValueSynchronizesEveryStep(Rule):
                 safety=Safety.BEHAVIOR,
                 fix_title=f"Run the evaluation under {gate}",
             )
+        if syncs.accelerated:
+            for built in validated_distributions(self.facts):
+                self._skip_validation(built)
+
+    def _skip_validation(self, built) -> None:
+        call = built.call.node
+        where = (
+            f"in `{built.runs_in.name.value}()`, which a loop calls, "
+            if built.runs_in is not None
+            else "in a loop, "
+        )
+        self.report(
+            call,
+            Fix((Replace(call, with_keyword(call, "validate_args", cst.Name("False"))),)),
+            message=f"`{excerpt(call)}` {where}checks its arguments each time it is built (and "
+            "`log_prob` its value): each check reads a device value on the host, so the host "
+            "waits for the device",
+            safety=Safety.BEHAVIOR,
+            fix_title="Build it with `validate_args=False`",
+        )
 
     def _gate_log_lines(self, loop, enabled) -> Set[cst.CSTNode]:
         """Fix each per-step print or log line of `loop` that reads device values other than

@@ -6,6 +6,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt
 from optimizer_codemod.analysis.devices import deepspeed_engine
+from optimizer_codemod.analysis.distributions import default_validated
 from optimizer_codemod.analysis.entry_points import (
     models_trained_elsewhere,
     placed_device,
@@ -88,7 +89,15 @@ class ModelTrainedWithoutCompile(Rule):
         element (`torch.randn_like` for a VAE's noise; the same detection as OPT407):
         compiled kernels draw their own random numbers (Inductor, unless
         `torch._inductor.config.fallback_random`), so a seeded run drops other elements from
-        the first step (tests/test_compile_claims.py runs it).
+        the first step (tests/test_compile_claims.py runs it). `behavior` too for a file that
+        builds `torch.distributions` objects relying on their default argument checks
+        (`Categorical(logits=x)` without `validate_args`), unless it compiles or turns the
+        checks off already: the first compile turns them off for the whole process (Dynamo's
+        `TorchPatcher.patch()` calls `Distribution.set_default_validate_args(False)`,
+        torch/_dynamo/eval_frame.py in torch 2.13.0; tests/test_distribution_validation.py
+        checks it), so NaN logits or an action outside the support no longer raise. Every
+        number on valid arguments stays the same. Distributions built only in other modules
+        are not seen.
         `model.compile()` compiles the module in place, so `state_dict()` keys keep their
         names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
@@ -276,11 +285,12 @@ class ModelTrainedWithoutCompile(Rule):
                 f" (it {what}, {randomness[1]}: compiled kernels draw their own random "
                 "numbers, so a seeded run draws others)"
             )
+        unchecked = _unchecked_distributions(facts)
         self.report(
             anchor,
             Fix((InsertStatements(anchor, **{side: (inserted,)}),)),
-            message=message,
-            safety=Safety.BEHAVIOR if randomness is not None else None,
+            message=message + unchecked,
+            safety=Safety.BEHAVIOR if randomness is not None or unchecked else None,
             fix_title=(
                 f"Add `{model.name}.compile()` (on CUDA) before the statement that places it "
                 "and wraps it in DistributedDataParallel"
@@ -312,7 +322,8 @@ class ModelTrainedWithoutCompile(Rule):
             handed.placed,
             Fix((InsertStatements(handed.placed, after=(inserted,)),)),
             message=f"`{handed.name}` is trained in eager mode (by {handed.loop}): every "
-            "operator is a separate kernel",
+            "operator is a separate kernel" + _unchecked_distributions(facts),
+            safety=Safety.BEHAVIOR if _unchecked_distributions(facts) else None,
         )
 
     def _why_compile_would_not_pay(self, model) -> "str | None":
@@ -495,3 +506,15 @@ def _why_not_compiled_elsewhere(facts, handed) -> "str | None":
             "model the loop trains may not be the one compiled"
         )
     return None
+
+
+def _unchecked_distributions(facts) -> str:
+    """Why compiling changes what the script does beyond its numbers: its `torch.distributions`
+    objects stop checking their arguments (analysis/distributions.py); "" when none would."""
+    built = default_validated(facts)
+    if not built:
+        return ""
+    return (
+        f" (compiling also turns off the argument checks of `{excerpt(built[0][0].node, 40)}`"
+        " and every other distribution of the run: invalid arguments no longer raise)"
+    )

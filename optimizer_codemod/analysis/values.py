@@ -263,16 +263,19 @@ def defined_once(facts: "ScriptFacts", name: str) -> bool:
     return counts.get(name, 0) == 1 and not facts.assignments_to(name)
 
 
-def local_function(facts: "ScriptFacts", call: "CallSite") -> Optional[cst.FunctionDef]:
-    """The function of this file that `call` runs: `f(...)` or `self.f(...)`, when the file
-    defines `f` once and binds it no other way (matched by name)."""
+def local_function(
+    facts: "ScriptFacts", call: "CallSite", any_receiver: bool = False
+) -> Optional[cst.FunctionDef]:
+    """The function of this file that `call` runs: `f(...)` or `self.f(...)` (with
+    `any_receiver`, also `agent.f(...)`), when the file defines `f` once and binds it no
+    other way (matched by name)."""
     func = call.node.func
     if isinstance(func, cst.Name):
         name = func.value
     elif (
         isinstance(func, cst.Attribute)
         and isinstance(func.value, cst.Name)
-        and func.value.value == "self"
+        and (any_receiver or func.value.value == "self")
     ):
         name = func.attr.value
     else:
