@@ -318,12 +318,13 @@ class ModelTrainedWithoutCompile(Rule):
             self.decline(handed.placed, reason)
             return
         inserted = _compile_on_cuda(facts, handed.name, device)
+        unchecked = _unchecked_distributions(facts)
         self.report(
             handed.placed,
             Fix((InsertStatements(handed.placed, after=(inserted,)),)),
             message=f"`{handed.name}` is trained in eager mode (by {handed.loop}): every "
-            "operator is a separate kernel" + _unchecked_distributions(facts),
-            safety=Safety.BEHAVIOR if _unchecked_distributions(facts) else None,
+            "operator is a separate kernel" + unchecked,
+            safety=Safety.BEHAVIOR if unchecked else None,
         )
 
     def _why_compile_would_not_pay(self, model) -> "str | None":
