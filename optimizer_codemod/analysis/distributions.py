@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, has_double_star, has_star_args, method_name
-from optimizer_codemod.analysis.devices import OFF_DEVICE_METHODS
+from optimizer_codemod.analysis.calls import argument, has_double_star, has_star_args
+from optimizer_codemod.analysis.syncs import called_in_a_loop, off_device
 from optimizer_codemod.analysis.values import local_function
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,8 +78,6 @@ DISTRIBUTIONS = {
     "Weibull": 2,
 }
 _TURNED_OFF = "torch.distributions.Distribution.set_default_validate_args"
-# How many functions deep a loop's calls are followed (the loop calls f, f calls g).
-_DEPTH = 2
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ def _on_host(
     if isinstance(value, (cst.Integer, cst.Float)):
         return True
     if isinstance(value, cst.Call):
-        return method_name(value) in OFF_DEVICE_METHODS
+        return off_device(facts, value)
     if not isinstance(value, cst.Name):
         return False
     bound = [a for a in facts.assignments_to(value.value) if a.site.function is function]
@@ -167,22 +165,15 @@ def _on_host(
 
 
 def _functions_called_in_loops(facts: "ScriptFacts") -> Set[int]:
-    """ids of the functions of the file a loop calls, or a function so called calls."""
+    """ids of the functions of the file a loop calls, or a function so called calls (syncs'
+    `called_in_a_loop`, with calls matched by name whatever their receiver)."""
     callers: Dict[int, List["CallSite"]] = {}
     for call in facts.records.calls:
         function = local_function(facts, call, any_receiver=True)
         if function is not None:
             callers.setdefault(id(function), []).append(call)
-    looping: Set[int] = {
-        key for key, calls in callers.items() if any(call.site.loops for call in calls)
+    return {
+        id(function)
+        for function in facts.records.functions.values()
+        if called_in_a_loop(function, callers) is not None
     }
-    for _ in range(_DEPTH - 1):
-        looping |= {
-            key
-            for key, calls in callers.items()
-            if any(
-                call.site.function is not None and id(call.site.function) in looping
-                for call in calls
-            )
-        }
-    return looping

@@ -237,7 +237,7 @@ class HostSyncs:
             elif qualname is None and method in HOST_SYNC_METHODS and not positional(node):
                 receiver = node.func.value
                 certain = self.on_device(loop, receiver) or (
-                    method == "item" and accelerated and not _off_device(facts, receiver)
+                    method == "item" and accelerated and not off_device(facts, receiver)
                 )
                 add(node, method, receiver, statement, certain)
             elif method == "to" and self._copies_to_host(loop, node):
@@ -504,15 +504,15 @@ def _host_positions(facts: "ScriptFacts", value: cst.BaseExpression) -> Set[int]
 
 
 def _host_result(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
-    """A host value for sure (`_off_device`), or a call of a function of this file whose
+    """A host value for sure (`off_device`), or a call of a function of this file whose
     every `return` gives one (`to_cpu(x)`)."""
-    if _off_device(facts, node):
+    if off_device(facts, node):
         return True
     site = facts.call_site_of.get(node) if isinstance(node, cst.Call) else None
     function = local_function(facts, site) if site is not None else None
     returns = find_all(function.body, cst.Return) if function is not None else []
     return bool(returns) and all(
-        r.value is not None and _off_device(facts, r.value) for r in returns
+        r.value is not None and off_device(facts, r.value) for r in returns
     )
 
 
@@ -526,7 +526,7 @@ def _commented(line: cst.CSTNode) -> bool:
     return bool(above) and above[-1].comment is not None
 
 
-def _off_device(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
+def off_device(facts: "ScriptFacts", node: cst.BaseExpression) -> bool:
     """A value computed on the host for sure: `.cpu()`, `.numpy()`, `.tolist()` of something,
     or the result of a library function other than torch's (`np.float32(x)`)."""
     if not isinstance(node, cst.Call):
@@ -812,7 +812,7 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
         function = call.site.function
         if function is None or any(loop.function is function for loop in call.site.loops):
             continue
-        caller = _called_in_a_loop(function, calls_of)
+        caller = called_in_a_loop(function, calls_of)
         if caller is not None:
             queue.append((function, caller, 0, True, caller if caller.site.loops else None))
     for loop in facts.training_loops:
@@ -851,7 +851,7 @@ def _helper_syncs(facts: "ScriptFacts") -> List[HelperSync]:
                 call.qualname is None
                 and call.method in ("item", "tolist")
                 and not positional(call.node)
-                and not _off_device(facts, call.node.func.value)
+                and not off_device(facts, call.node.func.value)
             ):
                 earlier = found.get(call.node)
                 if earlier is None:
@@ -872,7 +872,7 @@ def _optimizer_steps(facts: "ScriptFacts") -> List[CallSite]:
     return [call for call in facts.method_calls("step") if call.receiver in names]
 
 
-def _called_in_a_loop(
+def called_in_a_loop(
     function: cst.FunctionDef, calls_of: Dict[int, List[CallSite]]
 ) -> Optional[CallSite]:
     """A call of `function` in a loop, or in a function called in a loop (`run_step()`
