@@ -279,8 +279,17 @@ def _rewrite_notebook(src: bytes, path: str, options: RewriteOptions) -> SourceR
         return SourceRewrite(src, False, diagnostics)
     changes = notebook.changed_cells(result.code.decode("utf-8"))
     new = notebook.with_cells(changes)
-    parts = [(f"{path}:cell {index + 1}", old, new_text) for index, old, new_text in changes]
+    parts = [
+        (f"{path}:cell {index + 1}", _as_lines(old), _as_lines(new_text))
+        for index, old, new_text in changes
+    ]
     return SourceRewrite(new, new != src, diagnostics, parts)
+
+
+def _as_lines(cell_text: str) -> str:
+    """A cell's text ends without a newline, which is no missing newline at the end of a
+    file: diffed as whole lines, it gets no `\\ No newline at end of file` mark."""
+    return cell_text if cell_text.endswith("\n") else cell_text + "\n"
 
 
 def _file_lines(notebook: Notebook, positions: NotebookPositions, ranges):

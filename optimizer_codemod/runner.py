@@ -81,8 +81,16 @@ def unified_diff(parts) -> str:
                 tofile=label if os.path.isabs(label) else f"b/{label}",
             )
         )
-    text = "".join(line if line.endswith("\n") else line + "\n" for line in chunks)
-    return text
+    return "".join(_terminated(line) for line in chunks)
+
+
+def _terminated(line: str) -> str:
+    """A diff line ending in a newline. A file's last line without one is marked as diff and
+    git mark it: a patch tool would otherwise look for a newline the file lacks and refuse
+    the hunk."""
+    if line.endswith("\n"):
+        return line
+    return line + "\n\\ No newline at end of file\n"
 
 
 class Interrupted(KeyboardInterrupt):

@@ -60,6 +60,24 @@ def test_diff_prints_a_patch_on_stdout_and_report_on_stderr(script: Path, tmp_pa
     assert patched.returncode == 0, patched.stderr
 
 
+def test_a_diff_of_a_file_without_its_last_newline_applies(script: Path, tmp_path: Path) -> None:
+    """The rewritten line is the file's last and has no newline: the diff marks it as git
+    does (`\\ No newline at end of file`), or `git apply` and `patch` refuse the hunk."""
+    lines = TRAINING_SCRIPT.splitlines()
+    fused_at = next(i for i, line in enumerate(lines) if b"torch.optim" in line)
+    script.write_bytes(b"\n".join(lines[: fused_at + 1]))
+    result = run_cli(["apply", "--diff", "train.py", *ONLY_FUSED], cwd=tmp_path)
+    assert result.exit_code == 1
+    assert result.stdout.count("\n\\ No newline at end of file\n") == 2  # old and new line
+    patched = subprocess.run(
+        ["git", "apply", "-"], input=result.stdout.encode(), cwd=tmp_path, capture_output=True
+    )
+    assert patched.returncode == 0, patched.stderr
+    assert script.read_bytes().endswith(FUSED_LINE.rstrip(b"\n"))
+    again = run_cli(["apply", "--diff", "train.py", *ONLY_FUSED], cwd=tmp_path)
+    assert again.exit_code == 0 and again.stdout == ""
+
+
 def test_report_counts_fixes_that_need_unsafe_fixes(script: Path) -> None:
     script.write_bytes(TRAINING_SCRIPT.replace(b"zero_grad()", b"zero_grad(set_to_none=False)"))
     only_zero_grad = ["--select", "OPT502"]

@@ -94,6 +94,11 @@ def test_cli_reports_notebook_cells_and_diffs_per_cell(tmp_path: Path) -> None:
     result = run_cli(["apply", "--diff", "train.ipynb", "--select", "OPT501"], cwd=tmp_path)
     assert result.exit_code == 1
     assert result.stdout.startswith("--- a/train.ipynb:cell 3\n+++ b/train.ipynb:cell 3\n")
+    # The edit is the cell's last line, which has no newline: a cell is no file missing one.
+    assert "No newline at end of file" not in result.stdout
+    assert (
+        "+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n" in result.stdout
+    )
     assert "train.ipynb:cell 3:2:13: OPT501" in result.stderr
     run_cli(["apply", str(path), "--select", "OPT501"])
     assert "fused=True" in path.read_text(encoding="utf-8")
