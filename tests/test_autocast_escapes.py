@@ -82,6 +82,7 @@ def test_escaping_uses(use: str, expected) -> None:
 
 
 BOUND_IN_THE_FORWARD = """
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -114,6 +115,29 @@ metric({read})
         # A list of Python numbers is no tensor to cast back (`.float()` of a list raises).
         ("t = [out.mean().item()]", "t", False),
         ("t = (out.argmax(1), 0)", "t", False),
+        # Read from what existed before the block: no value autocast computes (PyG's
+        # `batch_size = batch["paper"].batch_size` is an int; `int.float()` raises).
+        ('n = loader.dataset["paper"].batch_size', "n", False),
+        ("n = x.shape[0]", "n", False),
+        ("n = x.size(0)", "n", False),
+        ("n = len(x)", "n", False),
+        ("n = 8", "n", False),
+        ("t, n = out, x.size(0)", "n", False),
+        ("t, n = out, x.size(0)", "t", True),
+        ("s = x.sum() * 2 + y.float()", "s", False),
+        ("s = encoder.cache", "s", False),  # no call of the block runs `encoder`
+        ("m = np.mean(history)", "m", False),  # a number (`.float()` of it raises)
+        # Computed under autocast: matrix products whatever their inputs, casts to 16 bits,
+        # what a forward returns or keeps on its module, and what is computed from those.
+        ("h = x @ weight", "h", True),
+        ("h = torch.mm(x, weight)", "h", True),
+        ("h = x.matmul(weight)", "h", True),
+        ("h = x.half()", "h", True),
+        ("h = out.logits", "h", True),
+        ("h = out[:8]", "h", True),
+        ("h = max(out, x)", "h", True),
+        ("h = model.last_hidden", "h", True),
+        ("h = out if x.size(0) else None", "h", True),
     ],
 )
 def test_values_bound_in_the_forward(bound: str, read: str, escapes: bool) -> None:
@@ -143,6 +167,114 @@ def test_a_name_bound_again_is_no_escape() -> None:
     assert [facts.module.code_for_node(r) for r in reads] == ["loss"]
 
 
+HOOKED = """
+import torch
+activations = {}
+
+{defined}
+
+{registered}
+for x, y in loader:
+    out = model(x)
+    features = activations["fc"]
+    batch_size = loader.batch_size
+    loss = criterion(out, y)
+    loss.backward()
+metric(features, batch_size)
+"""
+
+
+@pytest.mark.parametrize(
+    "defined, registered, escaping",
+    [
+        # A forward hook keeps the block's activations in a dict of the script: read from
+        # it, they are 16-bit values of the block, though the dict existed before it.
+        (
+            "def keep(module, inputs, output):\n    activations['fc'] = output",
+            "model.fc.register_forward_hook(keep)",
+            ["features"],
+        ),
+        (
+            "def get_activation(name):\n"
+            "    def hook(module, inputs, output):\n"
+            "        activations[name] = output.detach()\n"
+            "    return hook",
+            "model.fc.register_forward_hook(get_activation('fc'))",
+            ["features"],
+        ),
+        (
+            "",
+            "model.fc.register_forward_hook(lambda m, i, o: activations.update(fc=o))",
+            ["features"],
+        ),
+        # A function that stores into the dict but runs before the loop, not in it.
+        (
+            "def fill(table):\n    activations['fc'] = table",
+            "fill(torch.zeros(3))",
+            [],
+        ),
+    ],
+)
+def test_what_a_hook_stores_during_the_forward_is_cast_back(
+    defined: str, registered: str, escaping
+) -> None:
+    source = HOOKED.replace("{defined}", defined).replace("{registered}", registered)
+    facts = ScriptFacts.of(cst.parse_module(source))
+    loop = facts.training_loops[0].node
+    reads = facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:4]))
+    assert [facts.module.code_for_node(read) for read in reads] == escaping
+
+
+def test_a_value_computed_from_another_wrapped_block_is_cast_back() -> None:
+    """A GAN's discriminator step reads the generator step's 16-bit `fake`: what it
+    computes from it is 16-bit too, though `fake` is bound in the other block."""
+    source = textwrap.dedent("""
+        import torch
+        for z, real in loader:
+            fake = G(z)
+            g_loss = D(fake).mean()
+            g_loss.backward()
+            detached = fake.detach()
+            d_loss = D(detached).mean() - D(real).mean()
+            d_loss.backward()
+        metric(detached)
+        """)
+    facts = ScriptFacts.of(cst.parse_module(source))
+    body = facts.training_loops[0].node.body.body
+    generator, discriminator = tuple(body[:2]), tuple(body[3:5])
+    escapes = facts.autocast_escapes
+    assert escapes.escaping_reads(discriminator) == []
+    reads = escapes.escaping_reads(discriminator, [generator, discriminator])
+    assert [facts.module.code_for_node(read) for read in reads] == ["detached"]
+
+
+def test_a_name_bound_again_in_a_with_body_is_no_escape() -> None:
+    """PyG's relbench_gretriever.py binds `homo_x` again under `torch.no_grad()` before its
+    inference: that read sees float32 features, not the training step's."""
+    source = textwrap.dedent("""
+        import torch
+        for q, a in pairs:
+            homo_x = projector(data)
+            loss = model(x=homo_x, label=a)
+            loss.backward()
+        with torch.no_grad():
+            homo_x = projector(data)
+        for q in questions:
+            with torch.no_grad():
+                model.inference(x=homo_x)
+        model.inference(x=homo_x)
+        """)
+    facts = ScriptFacts.of(cst.parse_module(source))
+    loop = facts.training_loops[0].node
+    assert facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:2])) == []
+    conditional = source.replace("with torch.no_grad():\n    homo_x", "if q:\n    homo_x")
+    assert conditional != source
+    facts = ScriptFacts.of(cst.parse_module(conditional))
+    loop = facts.training_loops[0].node
+    reads = facts.autocast_escapes.escaping_reads(tuple(loop.body.body[:2]))
+    assert [facts.module.code_for_node(read) for read in reads] == ["homo_x", "homo_x"]
+
+
 def test_each_scope_is_indexed_once() -> None:
     body = "".join(f"    out{i} = model(x)\n    loss{i} = out{i}.sum()\n" for i in range(200))
     uses = "".join(f"    print(out{i}.numpy())\n" for i in range(200))
@@ -170,6 +302,33 @@ def test_rewritten_script_runs_where_the_original_output_would_crash(tmp_path) -
         [sys.executable, str(uncast)], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert "BFloat16" in crashed.stderr
+
+
+def test_int_read_in_the_step_keeps_its_text_and_the_script_runs(tmp_path) -> None:
+    """PyG's hierarchical_sage.py: `batch_size` (an int of the batch) bound in the wrapped
+    step gets no `.float()`, which would raise on the first step; the logits kept for a
+    metric are still cast back, without which `.numpy()` raises on bfloat16."""
+    script = ROOT / "fixtures/OPT302/fix_batch_size_read_in_the_step_is_not_cast_back.expected.py"
+    text = script.read_text(encoding="utf-8")
+    assert "total_examples += batch_size\n" in text and "out.float()[:batch_size]" in text
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for old, new, error in (
+        ("total_examples += batch_size", "total_examples += batch_size.float()", "'int'"),
+        ("out.float()[:batch_size]", "out[:batch_size]", "BFloat16"),
+    ):
+        variant = tmp_path / "variant.py"
+        variant.write_text(text.replace(old, new), encoding="utf-8")
+        crashed = subprocess.run(
+            [sys.executable, str(variant)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert crashed.returncode != 0 and error in crashed.stderr, crashed.stderr[-2000:]
 
 
 EVALUATION = """

@@ -14,7 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from optimizer_codemod import rewrite  # noqa: E402
+from optimizer_codemod import rewrite, runner  # noqa: E402
+from optimizer_codemod.config import Settings  # noqa: E402
+from optimizer_codemod.diagnostics import Diagnostic, Status  # noqa: E402
 from optimizer_codemod.rule import Safety  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "OPT204"
@@ -160,3 +162,176 @@ def test_compiling_makes_the_compile_fix_behavior_and_the_checks_fix_moot() -> N
     )
     result = rewrite(chosen, select=["OPT402"])
     assert "policy.compile()" in result.source  # explicit checks survive compiling
+
+
+DERIVED_WITH_ITS_OWN_CONSTRUCTOR = COMPILED_AGENT.replace(
+    "\n\nclass Policy",
+    "\n\nclass ScaledCategorical(Categorical):\n"
+    "    def __init__(self, logits, scale):\n"
+    "        super().__init__(logits=logits * scale)\n\n\nclass Policy",
+).replace("Categorical(logits=policy(observations))", "ScaledCategorical(policy(observations), 2)")
+
+
+def test_a_derived_distribution_makes_the_compile_fix_behavior_though_not_its_own() -> None:
+    """Whatever its constructor, a class derived from a torch distribution checks by default
+    (its own `__init__` may pass `validate_args` on or not): compiling may turn that off."""
+    result = rewrite(DERIVED_WITH_ITS_OWN_CONSTRUCTOR, select=["OPT204", "OPT402"])
+    (compile_fix,) = [d for d in result.diagnostics if d.code == "OPT402"]
+    assert compile_fix.safety is Safety.BEHAVIOR
+    assert "`ScaledCategorical(policy(observations..." in compile_fix.message
+    assert not [d for d in result.diagnostics if d.code == "OPT204"]
+    chosen = DERIVED_WITH_ITS_OWN_CONSTRUCTOR.replace(", 2)", ", 2, validate_args=True)")
+    result = rewrite(chosen, select=["OPT402"])
+    assert "policy.compile()" in result.source
+
+
+POLICY_MODULE = """
+import torch
+from torch.distributions import Normal
+
+
+class Policy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mean = torch.nn.Linear(4, 2)
+        self.log_std = torch.nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        return Normal(self.mean(x), self.log_std.exp())
+"""
+
+POLICY_SCRIPT = """
+import torch
+
+from policy import Policy
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+policy = Policy().to(device)
+optimizer = torch.optim.Adam(policy.parameters())
+observations = torch.randn(64, 4, device=device)
+for step in range(100):
+    loss = -policy(observations).entropy().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+TRAINER_MODULE = """
+import torch
+from torch.distributions import Categorical
+
+
+def train(policy, device, steps=100):
+    optimizer = torch.optim.Adam(policy.parameters())
+    observations = torch.randn(64, 4, device=device)
+    for step in range(steps):
+        loss = -Categorical(logits=policy(observations)).entropy().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+TRAINER_SCRIPT = """
+import torch
+
+from trainer import train
+
+
+class Policy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+if __name__ == "__main__":
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = Policy().to(device)
+    train(policy, device)
+"""
+
+
+def _compile_fix_of_a_project(folder: Path, files: dict) -> Diagnostic:
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    paths = sorted(str(folder / name) for name in files)
+    outcomes = runner.run(paths, Settings(root=str(folder)), runner.Mode(write=False, diff=True))
+    (script,) = [o for o in outcomes if o.path.endswith("train.py")]
+    (compile_fix,) = [
+        d for d in script.diagnostics if d.code == "OPT402" and d.status is not Status.DECLINED
+    ]
+    return compile_fix
+
+
+@pytest.mark.parametrize(
+    "files, builder",
+    [
+        ({"policy.py": POLICY_MODULE, "train.py": POLICY_SCRIPT}, "policy.py"),
+        ({"trainer.py": TRAINER_MODULE, "train.py": TRAINER_SCRIPT}, "trainer.py"),
+    ],
+    ids=["model-of-another-module", "loop-of-another-module"],
+)
+def test_distributions_of_imported_modules_make_the_compile_fix_behavior(
+    tmp_path: Path, files: dict, builder: str
+) -> None:
+    """The policy's class (or the loop that trains it) lives in a module the script imports:
+    compiling in the script still turns that module's checks off."""
+    compile_fix = _compile_fix_of_a_project(tmp_path, files)
+    assert compile_fix.safety is Safety.BEHAVIOR
+    assert f"the distributions {builder} builds" in compile_fix.message
+    assert "`policy.compile()`" in compile_fix.fix_title
+    chosen = {
+        name: text.replace("exp())", "exp(), validate_args=False)").replace(
+            "(observations))", "(observations), validate_args=False)"
+        )
+        for name, text in files.items()
+    }
+    assert chosen != files
+    (tmp_path / "chosen").mkdir()
+    compile_fix = _compile_fix_of_a_project(tmp_path / "chosen", chosen)
+    assert compile_fix.safety is not Safety.BEHAVIOR
+
+
+LIKELIHOODS_MODULE = """
+import torch
+
+
+def gaussian_log_likelihood(x, mean):
+    return torch.distributions.Normal(mean, torch.ones_like(mean)).log_prob(x)
+
+
+def squared_error(x, mean):
+    return (x - mean).pow(2)
+"""
+
+# The compiled agent's policy trained as a regressor through a helper of another module.
+REGRESSION_SCRIPT = COMPILED_AGENT.replace(
+    "from torch.distributions import Categorical\n", "import likelihoods\n"
+).replace(
+    "probs = Categorical(logits=policy(observations))\n    loss = -probs.entropy().mean()",
+    "loss = likelihoods.squared_error(observations[:, :2], policy(observations)).mean()",
+)
+
+
+@pytest.mark.parametrize("called", [False, True])
+def test_a_distribution_in_code_nothing_names_is_never_built(tmp_path: Path, called: bool) -> None:
+    """DiT's diffusion_utils.py defines `continuous_gaussian_log_likelihood` (a Normal's
+    `log_prob`) and nothing in the repository names it: compiling turns off no check there, so
+    the compile fix keeps its level; once the loop calls it, it is `behavior`."""
+    script = REGRESSION_SCRIPT
+    assert "likelihoods.squared_error(" in script
+    if called:
+        script = script.replace("squared_error", "gaussian_log_likelihood")
+    files = {"likelihoods.py": LIKELIHOODS_MODULE, "train.py": script}
+    compile_fix = _compile_fix_of_a_project(tmp_path, files)
+    assert (compile_fix.safety is Safety.BEHAVIOR) is called
+    # The same within one file: a helper of the script that nothing calls.
+    in_file = LIKELIHOODS_MODULE + script.replace("import likelihoods\n", "").replace(
+        "likelihoods.", ""
+    )
+    (compile_fix,) = [
+        d for d in rewrite(in_file, select=["OPT402"]).diagnostics if d.code == "OPT402"
+    ]
+    assert (compile_fix.safety is Safety.BEHAVIOR) is called

@@ -276,3 +276,204 @@ def test_a_method_called_on_self_before_training_keeps_no_grad(tmp_path: Path) -
     assert b"inference_mode" not in result.new
     why = declined_reason(result)
     assert "run before a training step" in why and "`self.cache`" in why
+
+
+LAZY = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.LazyLinear(8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(F.relu(self.lin(x)))
+
+
+torch.manual_seed(0)
+x = torch.randn(16, 5)
+y = torch.randint(0, 3, (16,))
+model = Net()
+with torch.no_grad():  # Initialize lazy modules.
+    out = model(x)
+initial = model.lin.weight.detach().clone()
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+for epoch in range(3):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        correct = (model(x).argmax(1) == y).sum().item()
+    print("epoch", epoch, correct)
+print("lazy weights trained:", not torch.equal(initial, model.lin.weight.detach()))
+"""
+
+
+def test_lazy_layers_initialised_before_training_keep_no_grad(tmp_path: Path) -> None:
+    """pytorch_geometric's hetero examples: a first forward under `no_grad` materializes the
+    lazy layers' parameters; under `inference_mode` they would be inference tensors, which
+    never get a `.grad`, and the optimizer would leave them as they were. The evaluation
+    after each epoch's step runs once they exist, and is rewritten."""
+    done = run_script(tmp_path, with_inference_mode(LAZY))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lazy weights trained: False" in done.stdout  # the hazard: silently not trained
+    result = rewrite(LAZY)
+    new = result.new.decode()
+    assert "with torch.no_grad():  # Initialize lazy modules." in new
+    assert "    with torch.inference_mode():\n        correct" in new
+    why = declined_reason(result)
+    assert "run before a training step" in why and "`nn.LazyLinear(8)` is a lazy module" in why
+    assert "never get a `.grad`" in why
+    done = run_script(tmp_path, result.new)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lazy weights trained: True" in done.stdout
+
+
+LAZY_NET = LAZY[: LAZY.index("torch.manual_seed")]
+LAZY_TRAIN = """\
+model = Net()
+x = torch.randn(16, 5)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with torch.no_grad():
+    print(float(model(x).sum()))
+for step in range(3):
+    loss = model(x).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+MIXIN = """\
+import torch
+import torch.nn as nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import UninitializedParameter
+
+
+class Scale(LazyModuleMixin, nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = UninitializedParameter()
+
+    def initialize_parameters(self, x):
+        self.weight.materialize(x.shape[1:])
+        nn.init.ones_(self.weight)
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = Scale()
+
+    def forward(self, x):
+        return self.scale(x)
+
+
+"""
+PYG_NET = """\
+import torch
+from torch_geometric.nn import Linear, SAGEConv
+
+
+class Net(torch.nn.Module):
+    def __init__(self, in_channels=16):
+        super().__init__()
+        self.conv = SAGEConv({size}, 8)
+        self.lin = Linear(8, 3)
+
+    def forward(self, x):
+        return self.lin(self.conv(x, x))
+
+
+"""
+
+
+@pytest.mark.parametrize(
+    "source, shown",
+    [
+        (LAZY_NET + LAZY_TRAIN, "`nn.LazyLinear(8)` is a lazy module"),
+        (
+            LAZY_NET
+            + LAZY_TRAIN.replace(
+                "model = Net()", "model = nn.Sequential(nn.LazyConv1d(4, 3), nn.Flatten())"
+            ),
+            "`nn.LazyConv1d(4, 3)` is a lazy module",
+        ),
+        (MIXIN + LAZY_TRAIN, "`Scale` derives from `torch.nn.modules.lazy.LazyModuleMixin`"),
+        (PYG_NET.format(size="(-1, -1)") + LAZY_TRAIN, "`SAGEConv((-1, -1), 8)` leaves a size"),
+        (PYG_NET.format(size="-1") + LAZY_TRAIN, "`SAGEConv(-1, 8)` leaves a size as `-1`"),
+        (
+            PYG_NET.format(size="in_channels")
+            + LAZY_TRAIN.replace("model = Net()", "model = Net(in_channels=-1)"),
+            "`Net(in_channels=-1)` leaves a size as `-1`",
+        ),
+    ],
+)
+def test_what_shows_parameters_made_on_the_first_forward(source: str, shown: str) -> None:
+    result = rewrite(source)
+    assert b"inference_mode" not in result.new
+    why = declined_reason(result)
+    assert "may create parameters on its first forward" in why and shown in why
+
+
+def test_minus_one_as_an_axis_or_a_shape_is_no_lazy_size() -> None:
+    source = (
+        PYG_NET.format(size="16").replace(
+            "return self.lin(self.conv(x, x))",
+            "h = torch.nn.Softmax(dim=-1)(self.conv(x, x).view(-1, 8))\n"
+            "        return self.lin(Norm(8, dim=-1)(h))",
+        )
+        + "from graphlib import Norm\n"
+        + LAZY_TRAIN
+    )
+    assert "Softmax(dim=-1)" in source and "view(-1, 8)" in source
+    result = rewrite(source)
+    assert b"with torch.inference_mode():" in result.new
+
+
+LAZY_STEP = """\
+    loss = model(x).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+LAZY_EVALUATION = "    with torch.no_grad():\n        print(float(model(x).sum()))\n"
+
+
+@pytest.mark.parametrize("after_the_step", [False, True])
+def test_a_lazy_model_evaluated_inside_the_training_loop(after_the_step: bool) -> None:
+    """Before the step's backward, the block may run the model's first forward; after it,
+    the training forward has made the parameters."""
+    body = LAZY_STEP + LAZY_EVALUATION if after_the_step else LAZY_EVALUATION + LAZY_STEP
+    source = (
+        LAZY_NET
+        + "model = Net()\nx = torch.randn(16, 5)\n"
+        + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        + "for step in range(3):\n"
+        + body
+    )
+    result = rewrite(source)
+    assert (b"with torch.inference_mode():" in result.new) is after_the_step
+    if not after_the_step:
+        why = declined_reason(result)
+        assert "inside the training loop" in why and "`nn.LazyLinear(8)`" in why
+
+
+def test_a_lazy_layer_of_a_class_in_another_module_of_the_run(tmp_path: Path) -> None:
+    (tmp_path / "models.py").write_text(LAZY_NET)
+    (tmp_path / "main.py").write_text("import torch\nfrom models import Net\n" + LAZY_TRAIN)
+    outcomes = runner.run(
+        [str(tmp_path / "main.py"), str(tmp_path / "models.py")],
+        Settings(root=str(tmp_path), why_not=True, select=("OPT403",)),
+        runner.Mode(write=False),
+    )
+    main = {Path(o.path).name: o for o in outcomes}["main.py"]
+    [why] = messages_by_code(main, Status.DECLINED)["OPT403"]
+    assert "`torch.nn.LazyLinear` in models.py is a lazy module" in why

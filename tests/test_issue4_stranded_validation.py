@@ -8,7 +8,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from optimizer_codemod import rewrite
+from optimizer_codemod.diagnostics import Status
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "OPT701"
 
 SCRIPT = textwrap.dedent("""\
     import torch
@@ -75,3 +80,39 @@ def test_without_unsafe_fixes_the_block_is_only_reported() -> None:
     result = rewrite(SCRIPT, path="train.py", select=["OPT701"])
     assert result.source == SCRIPT
     assert [d.code for d in result.diagnostics] == ["OPT701"]
+
+
+@pytest.mark.parametrize(
+    "fixture, outer, evidence",
+    [
+        (
+            "keep_block_after_the_step_loop_reading_the_outer_epoch",
+            "`for epoch in range(1, 21)`",
+            "the block reads `epoch`, the outer loop's variable",
+        ),
+        (
+            "keep_evaluation_of_each_fold_after_the_epoch_loop",
+            "`for fold in range(len(batches))`",
+            "the block reads `val_batches`, which the outer loop computes from its variable",
+        ),
+        (
+            "keep_block_after_the_step_loop_of_an_epoch_loop",
+            "`for epoch_index in range(3)`",
+            "the outer loop's `epoch_index` names it the epoch loop",
+        ),
+        (
+            "keep_block_after_a_loop_over_batches_in_another_loop",
+            "`while steps < 100`",
+            "the inner loop, over batches (`loader`), is the outer loop's step loop",
+        ),
+    ],
+)
+def test_a_block_already_in_an_outer_loop_is_declined_naming_that_loop(
+    fixture: str, outer: str, evidence: str
+) -> None:
+    source = (FIXTURES / f"{fixture}.py").read_text(encoding="utf-8")
+    result = rewrite(source, select=["OPT701"], unsafe_fixes=True, why_not=True)
+    assert result.source == source
+    [finding] = [d for d in result.diagnostics if d.code == "OPT701"]
+    assert finding.status is Status.DECLINED
+    assert f"nested in {outer}" in finding.message and evidence in finding.message

@@ -1495,3 +1495,63 @@ def test_no_workers_for_an_imported_dataset_whose_items_are_held_in_memory(
     assert "OPT102" not in fixed(train)
     [reason] = messages_by_code(train, Status.DECLINED)["OPT102"]
     assert "`RegressionDataset.__getitem__` only reads what the dataset holds" in reason
+
+
+TRAIN_EPOCH = """
+def train_epoch(model, criterion, optimizer, loader):
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+EPOCH_DRIVER = """
+import torch
+from torch.nn import CrossEntropyLoss
+
+from model import Net, load_pretrained
+from training import train_epoch
+
+if __name__ == "__main__":
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Net().to(device)
+    model = load_pretrained(model)
+    criterion = CrossEntropyLoss().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = [(torch.randn(4, 8, device=device), torch.randint(0, 2, (4,), device=device))]
+    for epoch in range(3):
+        train_epoch(model, criterion, optimizer, loader)
+"""
+
+EPOCH_MODEL = """
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def load_pretrained(model):
+    return model
+"""
+
+
+def test_a_placed_loss_module_handed_to_another_modules_loop_is_no_model(tmp_path: Path) -> None:
+    """3D-ResNets' main.py: the model is bound again after it is placed (declined), and
+    `criterion = CrossEntropyLoss().to(opt.device)`, handed to training.py's `train_epoch`
+    beside it, was compiled as if it were the trained model."""
+    (tmp_path / "training.py").write_text(TRAIN_EPOCH)
+    (tmp_path / "model.py").write_text(EPOCH_MODEL)
+    (tmp_path / "main.py").write_text(EPOCH_DRIVER)
+    outcomes = apply(tmp_path, write=False, why_not=True)
+    main = outcomes["main.py"]
+    assert "OPT402" not in fixed(main)
+    reasons = messages_by_code(main, Status.DECLINED)["OPT402"]
+    assert any("`model` is bound again after it is placed" in r for r in reasons), reasons
+    assert not any("criterion" in r for r in reasons), reasons

@@ -8,7 +8,7 @@ from typing import Optional, Set
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import excerpt, with_keyword
-from optimizer_codemod.analysis.distributions import DISTRIBUTIONS, validated_distributions
+from optimizer_codemod.analysis.distributions import validated_distributions
 from optimizer_codemod.analysis.gated_evaluations import gated_evaluations, gated_replacements
 from optimizer_codemod.analysis.periodic import LOG_EVERY, METRIC_LOG
 from optimizer_codemod.analysis.script import BACKWARD_CALL
@@ -94,11 +94,14 @@ class DeviceValueSynchronizesEveryStep(Rule):
         a function of the file that a loop calls (cleanrl's `probs = Categorical(logits=...)`
         in `Agent.get_action_and_value`, called on every rollout and update step), checks its
         arguments when built and the value of each `log_prob`, each check a host test of a
-        device tensor: it is built with `validate_args=False` (analysis/distributions.py;
-        not where the call already chooses, by keyword or by position, passes `*args` or
-        `**kwargs`, where every argument is a host value (`probs.cpu()`), or where the script
-        turns validation off: with `Distribution.set_default_validate_args(False)`, or by
-        compiling anything, which does the same for the whole process).
+        device tensor: it is built with `validate_args=False` (analysis/distributions.py).
+        So is a class of the file derived from one of torch's that keeps torch's constructor
+        (pytorch-a2c-ppo-acktr-gail's `FixedCategorical(torch.distributions.Categorical)`:
+        one base, no `__init__` of its own). Not where the call already chooses, by keyword
+        or by position, passes `*args` or `**kwargs`, where every argument is a host value
+        (`probs.cpu()`), or where the script turns validation off: with
+        `Distribution.set_default_validate_args(False)`, or by compiling anything, which does
+        the same for the whole process.
 
     Why is it slow:
         Reading a device value on the host makes the host wait until the device has
@@ -194,7 +197,7 @@ class DeviceValueSynchronizesEveryStep(Rule):
     triggers = (
         r"\.\s*(?:item|tolist|cpu|to)\s*\(|\b(?:print|float|int|bool|str|repr|format|round)"
         r"\s*\(|\bmath\.|\b(?:if|while|assert)\b|%",
-        r"\b(?:" + "|".join(sorted(DISTRIBUTIONS)) + r")\s*\(",
+        r"\bdistributions\b",
     )
     requires = (BACKWARD_CALL,)
     removes_syncs = {METRIC_ACCUMULATION: Safety.NUMERICS, METRIC_LOG: Safety.BEHAVIOR}

@@ -6,7 +6,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import excerpt
+from optimizer_codemod.analysis.calls import callee_name, code_of, excerpt
+from optimizer_codemod.analysis.collect import CallSite
 from optimizer_codemod.analysis.devices import placed_on_the_cpu
 from optimizer_codemod.analysis.gradients import double_backward_calls
 from optimizer_codemod.analysis.nodes import find_all, under_with
@@ -18,6 +19,7 @@ from optimizer_codemod.analysis.precision import (
 )
 from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
 from optimizer_codemod.analysis.script import BACKWARD_CALL
+from optimizer_codemod.analysis.solvers import functions_reaching_solvers, solver_calls
 from optimizer_codemod.analysis.training import (
     TrainedModel,
     TrainingStep,
@@ -35,6 +37,7 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_constructed,
     model_device,
+    model_layer_calls,
     model_placement,
     model_recurrent_layers,
     placement_devices,
@@ -61,6 +64,15 @@ BINARY_CROSS_ENTROPY = ("torch.nn.BCELoss", "torch.nn.functional.binary_cross_en
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # `torch.amp.GradScaler(device_type)` (float16 on any device) is 2.3's.
 GRAD_SCALER_SINCE = TorchVersion(2, 3)
+# What names torch_sparse in a file: the package, its `SparseTensor` (also re-exported by
+# `torch_geometric.typing`) and PyG's transform that builds one.
+TORCH_SPARSE_NAMES = frozenset({"torch_sparse", "SparseTensor", "ToSparseTensor"})
+SOLVER_SLOWDOWN = (
+    "an adaptive solver (torchdiffeq's default dopri5) shrinks its steps until its error "
+    "estimate fits its tolerance, and bfloat16 rounding in every evaluation makes it take "
+    "many more (15 to 35 times the function evaluations in torchdiffeq's ode_demo.py, about "
+    "200 times in latent_ode.py, for the same losses), so it would run slower, not faster"
+)
 
 SCRIPT = """\
 import torch
@@ -96,11 +108,12 @@ class Float32TrainingWithoutAutocast(Rule):
         bfloat16, the device type taken from the device the model is placed on. With the
         setting `precision = "fp16"` it uses float16 and adds a `torch.amp.GradScaler`: the
         loss is scaled before backward, gradients are unscaled before clipping, and the
-        optimizer steps through the scaler, which then updates its scale. A value computed
-        in the block that is used after it by code other than backward, where 16 bits break
-        or change the script (`.numpy()`, `.tolist()`, an accumulator such as `total +=
-        out.sum()`, `torch.save`, a list or metric function, a `return`), is cast back with
-        `.float()` at that use.
+        optimizer steps through the scaler, which then updates its scale. A value the block
+        computes that autocast may have made 16-bit (what a forward or helper returns, a
+        matrix product, and what is computed from those), used after the block by code other
+        than backward where 16 bits break or change the script (`.numpy()`, `.tolist()`, an
+        accumulator such as `total += out.sum()`, `torch.save`, a list or metric function, a
+        `return`), is cast back with `.float()` at that use.
 
     Why is it slow:
         In float32, matrix multiplications and convolutions run at a fraction of the
@@ -157,6 +170,22 @@ class Float32TrainingWithoutAutocast(Rule):
         `aten/src/ATen/cudnn/AutocastRNN.cpp`, `_cudnn_rnn_cast_reflatten` casts to `kHalf`),
         so the layer would train in float16 with no GradScaler; with `precision = "fp16"` the
         rule wraps it and adds the scaler, as for any model.
+        A training step that runs a differential-equation solver (torchdiffeq's `odeint`,
+        torchsde's `sdeint`, analysis/solvers.py; in the step, in a function or method of the
+        file it calls, or in a method of the model's classes or of any class of the file) is
+        left in float32, and so is an evaluation forward that does: an adaptive solver
+        (dopri5, torchdiffeq's default, at `rtol=1e-7`) shrinks its steps until its error
+        estimate fits the tolerance, so bfloat16 rounding in every evaluation makes it take
+        many more. On torchdiffeq's ode_demo.py that was 15 to 35 times the function
+        evaluations and about 10 times the time, on latent_ode.py about 200 times, for the
+        same losses (measured on CPU in reading round 7).
+        A file that uses torch_sparse (imports it, names `SparseTensor`, or builds one with
+        PyG's `T.ToSparseTensor()`) is left alone under bfloat16 for a CUDA target: PyG's
+        layers then aggregate through `torch_sparse.matmul`, whose CUDA kernel `spmm_sum`
+        dispatches `AT_DISPATCH_ALL_TYPES_AND(at::ScalarType::Half, ...)`, without BFloat16
+        (rusty1s/pytorch_sparse `csrc/cuda/spmm_cuda.cu`, read at 91feaa5e; its CPU kernel
+        has BFloat16), so the first forward would raise "not implemented for 'BFloat16'".
+        With `precision = "fp16"`, or `target-device = "cpu"`, such a file is wrapped.
         A training step in the fallback branch of a feature check (`if not hasattr(torch,
         "autocast")`, an old-torch version branch; analysis/guards.py) is left in float32,
         and so is an evaluation forward there while the rest is wrapped. Values that escape
@@ -167,7 +196,12 @@ class Float32TrainingWithoutAutocast(Rule):
         their text: backward, integer and boolean results (`correct += (out.argmax(1) ==
         y).sum()`), `.item()` of the value itself, printing, shapes, an explicit `.float()`,
         and values autocast computes in float32 (`F.cross_entropy`, `nn.CrossEntropyLoss`,
-        softmax). A read that sees a later binding of the name is no use of the block's value.
+        softmax). A name the block binds to what existed before it needs no cast either (an
+        int such as PyG's `batch_size = batch["paper"].batch_size`, `x.shape[0]`, `len(x)`,
+        a constant): its `.float()` would raise AttributeError; unless a call of the block
+        may have stored a tensor there (`model.cache` after `model(x)`, a forward hook's
+        dict). A read that sees a later binding of the name (a plain statement before it,
+        or one in a `with` body there) is no use of the block's value.
         A value that leaves in the wrapped statement itself (`outputs.append(model(x))`,
         `model(x).cpu().numpy()`, StarGAN's sampling) has no later read to cast back: that
         evaluation statement stays in float32, and such a training step leaves the file's
@@ -286,6 +320,12 @@ class Float32TrainingWithoutAutocast(Rule):
                 "nothing from autocast",
             )
             return
+        solving = self._solver_reached(
+            [statement for step in steps for statement in step.forward], models, "training step"
+        )
+        if solving is not None:
+            self.decline(anchor, f"{solving}: {SOLVER_SLOWDOWN}")
+            return
         if self._reports_hazard(anchor) or any(
             self._reports_hazard_elsewhere(model, anchor) for model in models
         ):
@@ -315,11 +355,15 @@ class Float32TrainingWithoutAutocast(Rule):
             )
             return
         dtype = DTYPES[self.context.precision]
-        if dtype == "bfloat16" and any(self._declines_recurrent(model, anchor) for model in models):
+        if dtype == "bfloat16" and (
+            any(self._declines_recurrent(model, anchor) for model in models)
+            or self._declines_torch_sparse(anchor)
+        ):
             return
         escapes = facts.autocast_escapes
+        forwards = [step.forward for step in steps]
         for step in steps:
-            leaving = escapes.escape_within(step.forward)
+            leaving = escapes.escape_within(step.forward, forwards)
             if leaving is not None:
                 self.decline(anchor, _leaves_the_block(leaving, "training step"))
                 return
@@ -328,7 +372,7 @@ class Float32TrainingWithoutAutocast(Rule):
         torch_name = torch_name or "torch"
         autocast = "{torch}.autocast({device}, dtype={torch}.{dtype})"
         guards = facts.feature_guards
-        regions = [step.forward for step in steps]
+        regions = list(forwards)
         contexts = [autocast.format(torch=torch_name, device=code, dtype=dtype) for code in codes]
         for model in models:
             device = model_device(facts, model)
@@ -336,9 +380,13 @@ class Float32TrainingWithoutAutocast(Rule):
                 if any(statement is s for region in regions for s in region):
                     continue
                 if visible_at(facts, device, statement) and not guards.in_fallback(statement):
-                    leaving = escapes.escape_within((statement,))
+                    leaving = escapes.escape_within((statement,), regions)
                     if leaving is not None:
                         self.decline(statement, _leaves_the_block(leaving, "evaluation forward"))
+                        continue
+                    solving = self._solver_reached((statement,), (), "evaluation forward")
+                    if solving is not None:
+                        self.decline(statement, f"{solving}: {SOLVER_SLOWDOWN}")
                         continue
                     regions.append((statement,))
                     code = device_type_code(facts, device)
@@ -435,6 +483,72 @@ class Float32TrainingWithoutAutocast(Rule):
                     by_backward[id(step.backward.node)] = (step, model)
         ordered = sorted(by_backward.values(), key=lambda pair: pair[0].backward.site.order)
         return [step for step, _ in ordered], [model for _, model in ordered]
+
+    def _solver_reached(
+        self,
+        statements: Sequence[cst.BaseStatement],
+        models: Sequence[TrainedModel],
+        what: str,
+    ) -> Optional[str]:
+        """Where `statements` run a differential-equation solver (analysis/solvers.py), said
+        for a decline: called in them, or in a function or method of the file they call; for
+        a training step of `models`, also in the code of their classes (model_layer_calls, as
+        for recurrent layers) or, as for custom autograd Functions, in a method of any class
+        of the file (odenet_mnist's `ODEBlock.forward`, in a model built as `nn.Sequential(
+        *feature_layers)`, which the model's own analysis does not follow); None where none."""
+        facts = self.facts
+        solvers = solver_calls(facts)
+        if not solvers:
+            return None
+        solving = {id(call.node) for call in solvers}
+        reaching = functions_reaching_solvers(facts)
+        for statement in statements:
+            for call in find_all(statement, cst.Call):
+                if id(call) in solving:
+                    return f"this {what} calls the solver `{excerpt(call)}`"
+                via = reaching.get(callee_name(call) or "")
+                if via is not None:
+                    return (
+                        f"this {what} calls `{excerpt(call.func)}`, which runs the solver "
+                        f"`{excerpt(via.node)}`"
+                    )
+        if not models:
+            return None
+        for model in models:
+            for call in model_layer_calls(facts, model):
+                if id(call.node) in solving:
+                    return (
+                        f"`{model.name}` runs the solver `{excerpt(call.node)}` in "
+                        f"`{_defined_in(call)}`"
+                    )
+        for call in facts.records.calls:
+            if call.site.class_name is None:
+                continue
+            via = call if id(call.node) in solving else reaching.get(callee_name(call.node) or "")
+            if via is not None:
+                return (
+                    f"`{_defined_in(call)}` of this file runs the solver `{excerpt(via.node)}`, "
+                    "and the model this step trains may be built from its class"
+                )
+        return None
+
+    def _declines_torch_sparse(self, anchor: cst.CSTNode) -> bool:
+        """A CUDA target and a file that uses torch_sparse: its CUDA matrix product has no
+        bfloat16 kernel (see the docstring)."""
+        if self.context.target_device != "cuda":
+            return False
+        use = _torch_sparse_use(self.facts)
+        if use is None:
+            return False
+        self.decline(
+            anchor,
+            f"the file uses torch_sparse (`{excerpt(use)}`): PyG's layers multiply a "
+            "`SparseTensor` through `torch_sparse.matmul`, whose CUDA kernel has no bfloat16 "
+            "version (`spmm_sum` dispatches float types and Half only), so the first forward "
+            "under bfloat16 autocast would raise \"not implemented for 'BFloat16'\" on CUDA "
+            "(set precision to fp16, which that kernel supports)",
+        )
+        return True
 
     def _declines_recurrent(self, model: TrainedModel, anchor: cst.CSTNode) -> bool:
         facts = self.facts
@@ -716,6 +830,26 @@ def _scaled_backward(step: TrainingStep, scaler: str) -> Edit:
     )
 
 
+def _defined_in(call: CallSite) -> str:
+    """`ODEBlock.forward` for a call in that method, `solve` for one in a function."""
+    function = call.site.function
+    parts = (call.site.class_name, function.name.value if function is not None else None)
+    return ".".join(part for part in parts if part is not None)
+
+
+def _torch_sparse_use(facts) -> Optional[cst.CSTNode]:
+    """The first import or call of the file that names torch_sparse (`import torch_sparse`,
+    `from torch_geometric.typing import SparseTensor`, `T.ToSparseTensor()`), or None."""
+    for binding in facts.imports.bindings:
+        if TORCH_SPARSE_NAMES & set(binding.target.split(".")):
+            return binding.statement
+    for call in facts.records.calls:
+        name = code_of(call.node.func).strip()
+        if TORCH_SPARSE_NAMES & set(name.split(".")):
+            return call.node
+    return None
+
+
 def _leaves_the_block(leaving: cst.BaseExpression, where: str) -> str:
     return (
         f"this {where} stays in float32: the value of `{excerpt(leaving)}` would leave the "
@@ -731,7 +865,7 @@ def cast_back(facts, regions: Sequence[Tuple[cst.BaseStatement, ...]]) -> List[E
     wrapped = {node for region in regions for s in region for node in find_all(s, cst.Name)}
     reads = {}
     for region in regions:
-        for read in facts.autocast_escapes.escaping_reads(region):
+        for read in facts.autocast_escapes.escaping_reads(region, regions):
             if read not in wrapped:
                 reads[read] = None  # one edit per read, in order
     return [

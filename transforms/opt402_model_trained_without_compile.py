@@ -6,7 +6,8 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import code_of, excerpt
 from optimizer_codemod.analysis.devices import deepspeed_engine
-from optimizer_codemod.analysis.distributions import default_validated
+from optimizer_codemod.analysis.distributions import unchecked_by_compiling
+from optimizer_codemod.analysis.solvers import is_solver, solver_calls
 from optimizer_codemod.analysis.entry_points import (
     models_trained_elsewhere,
     placed_device,
@@ -25,7 +26,9 @@ from optimizer_codemod.analysis.training import (
     compiles,
     each_trained_model,
     imported_layer,
+    model_classes,
     model_code_call,
+    model_layer_calls,
     device_type_code,
     model_built,
     model_device,
@@ -91,13 +94,18 @@ class ModelTrainedWithoutCompile(Rule):
         `torch._inductor.config.fallback_random`), so a seeded run drops other elements from
         the first step (tests/test_compile_claims.py runs it). `behavior` too for a file that
         builds `torch.distributions` objects relying on their default argument checks
-        (`Categorical(logits=x)` without `validate_args`), unless it compiles or turns the
-        checks off already: the first compile turns them off for the whole process (Dynamo's
+        (`Categorical(logits=x)` without `validate_args`, or a class of the file derived
+        from one of torch's), or imports a module of the run that does (a policy class in
+        `model.py`, a loop in `trainer.py`), unless it compiles or turns the checks off
+        already: the first compile turns them off for the whole process (Dynamo's
         `TorchPatcher.patch()` calls `Distribution.set_default_validate_args(False)`,
         torch/_dynamo/eval_frame.py in torch 2.13.0; tests/test_distribution_validation.py
         checks it), so NaN logits or an action outside the support no longer raise. Every
-        number on valid arguments stays the same. Distributions built only in other modules
-        are not seen.
+        number on valid arguments stays the same. A distribution built only in a function
+        or class that nothing but its own definition names (DiT's unused
+        `continuous_gaussian_log_likelihood` in diffusion_utils.py) is never built and does
+        not count. Distributions built by libraries the script calls, or by modules outside
+        the run, are not seen.
         `model.compile()` compiles the module in place, so `state_dict()` keys keep their
         names (no `_orig_mod.` prefix as with `model = torch.compile(model)`) and saved
         checkpoints load as before; the default mode is used, not `reduce-overhead` (CUDA
@@ -146,7 +154,21 @@ class ModelTrainedWithoutCompile(Rule):
         model's code, here or in its classes of other modules, draws numpy random numbers
         (PyTorch-GAN's UNIT encoder, `Tensor(np.random.normal(0, 1, mu.shape))`: Dynamo traces
         the draw into a float64 tensor and the float32 constructor raises TorchRuntimeError
-        on the first step; tests/test_compile_claims.py runs it). Nor when the script
+        on the first step; tests/test_compile_claims.py runs it). Nor for a model that runs
+        a differential-equation solver (torchdiffeq's `odeint`, torchsde's `sdeint`) in its
+        code, or when a class of the file does (torchdiffeq's odenet_mnist.py assembles its
+        network from layer lists the analysis does not all follow): Dynamo traces into the
+        solver's loop over time, Inductor cannot lower its `unique(return_counts=True)` and
+        AOTAutograd rejects its custom autograd Function, so the first step raises (reading
+        round 7, torch 2.13.0). Nor for a model whose `forward` counts its calls in an
+        integer attribute (`self.nfe += 1`): Dynamo specialises on it and compiles again on
+        every call until its recompile limit (8), after which the forward runs eager. Nor
+        when the script imports `higher` or `learn2learn`: their functional copies of a
+        module (`higher.innerloop_ctx`, `clone_module`) copy its `__dict__`, the compiled
+        call included, so the copy runs the original's parameters (measured with higher:
+        the meta-loss of the untrained model, a wrong meta-gradient, no error). A loss module
+        of torch's (`CrossEntropyLoss().to(device)`) handed to another module's loop beside
+        the model is no model. Nor when the script
         trains under DeepSpeed (it imports `deepspeed` or gives Accelerate a
         `DeepSpeedPlugin`, or a module of the run it imports calls `deepspeed.initialize` or
         builds that plugin, as a launcher helper does; a library that merely supports
@@ -325,11 +347,21 @@ class ModelTrainedWithoutCompile(Rule):
             message=f"`{handed.name}` is trained in eager mode (by {handed.loop}): every "
             "operator is a separate kernel" + unchecked,
             safety=Safety.BEHAVIOR if unchecked else None,
+            fix_title=f"Add `{handed.name}.compile()` (on CUDA) after the model is placed on its "
+            "device",
         )
 
     def _why_compile_would_not_pay(self, model) -> "str | None":
         """Dynamo graph-breaks around what it cannot trace, leaving most of the step eager;
         and compiling costs seconds that a single step never earns back."""
+        counter = _call_counter(self.facts, model)
+        if counter is not None:
+            return (
+                f"`{model.name}` counts its calls in an integer attribute (`{excerpt(counter)}`): "
+                "Dynamo specialises on a module's integer attributes, so each call compiles "
+                "again until the recompile limit (8), after which the forward runs eager "
+                "(torch 2.13.0, measured): compiling would cost and gain nothing"
+            )
         unused = class_without_forward(self.facts, model)
         if unused is not None:
             return (
@@ -423,6 +455,16 @@ def _why_compile_would_fail(facts, twice) -> "str | None":
             f"differentiates a gradient again (`{function.code}`, a gradient penalty or a "
             f"Hessian), {_DOUBLE_BACKWARD_RAISES}"
         )
+    copier = next(
+        (b for b in facts.imports.bindings if b.target.split(".")[0] in _FUNCTIONAL_COPIERS), None
+    )
+    if copier is not None:
+        return (
+            f"the script imports `{copier.target}`, whose functional copies of a module "
+            "(`higher.innerloop_ctx`, learn2learn's `clone`) take over its `__dict__`, the "
+            "compiled call included: the copy would run the original's parameters, not its "
+            "own (measured with higher: a wrong meta-gradient, no error)"
+        )
     return None
 
 
@@ -440,6 +482,15 @@ def _why_model_code_would_fail(facts, model) -> "str | None":
             f"`{model.name}` is built from `{imported.name}` of {imported.module}, whose methods "
             f"call `{call}`: it may differentiate a gradient again, {_DOUBLE_BACKWARD_RAISES}"
         )
+    solver = _solver_in_model_code(facts, model)
+    if solver is not None:
+        return (
+            f"`{model.name}` runs a differential-equation solver in its code ({solver}): "
+            "Dynamo traces into the solver's loop over time, which Inductor cannot compile "
+            "(torchdiffeq's `unique(return_counts=True)`: DynamicOutputShapeException on the "
+            "first forward, torch 2.13.0) and whose custom autograd Functions AOTAutograd "
+            "rejects"
+        )
     drawn = model_code_call(facts, model, _numpy_random)
     if drawn is None:
         return None
@@ -448,6 +499,46 @@ def _why_model_code_would_fail(facts, model) -> "str | None":
         "into float64 tensors, and a legacy typed constructor around them (PyTorch-GAN's "
         "`Tensor(np.random.normal(...))`) raises TorchRuntimeError on the first step"
     )
+
+
+def _solver_in_model_code(facts, model) -> "str | None":
+    """The solver call (analysis/solvers.py) among the model's layer calls in this file, or in
+    a method of any class of the file (the layer lists a model is assembled from are not all
+    followed: torchdiffeq's odenet_mnist.py builds `nn.Sequential(*feature_layers)` from
+    `[ODEBlock(...)] if is_odenet else [...]`), or in its classes of other modules; as
+    `` `odeint(...)` ``, None when none."""
+    solving = solver_calls(facts)
+    ids = {id(call) for call in solving}
+    own = next((c for c in model_layer_calls(facts, model) if id(c) in ids), None)
+    if own is None:
+        own = next((c for c in solving if c.site.class_name is not None), None)
+    if own is not None:
+        return f"`{excerpt(own.node, 40)}`"
+    return model_code_call(facts, model, is_solver)
+
+
+def _call_counter(facts, model) -> "cst.CSTNode | None":
+    """`self.nfe += 1` in the `forward` of a class of this file the model is built from
+    (torchdiffeq's ODE functions count their evaluations so). Other methods are not traced
+    unless the forward calls them, and a forward that does not read the count is not
+    guarded on it."""
+    classes = model_classes(facts, model)
+    for assignment in facts.records.assignments:
+        function = assignment.site.function
+        if (
+            assignment.augmented
+            and assignment.target.startswith("self.")
+            and assignment.site.class_name in classes
+            and isinstance(assignment.value, cst.Integer)
+            and isinstance(function, cst.FunctionDef)
+            and function.name.value == "forward"
+        ):
+            return assignment.statement_node
+    return None
+
+
+# Libraries whose functional copies of a module copy its `__dict__`.
+_FUNCTIONAL_COPIERS = frozenset({"higher", "learn2learn"})
 
 
 def _numpy_random(qualname: str) -> bool:
@@ -511,11 +602,12 @@ def _why_not_compiled_elsewhere(facts, handed) -> "str | None":
 
 def _unchecked_distributions(facts) -> str:
     """Why compiling changes what the script does beyond its numbers: its `torch.distributions`
-    objects stop checking their arguments (analysis/distributions.py); "" when none would."""
-    built = default_validated(facts)
-    if not built:
+    objects, or those of the modules it imports, stop checking their arguments
+    (analysis/distributions.py); "" when none would."""
+    unchecked = unchecked_by_compiling(facts)
+    if unchecked is None:
         return ""
     return (
-        f" (compiling also turns off the argument checks of `{excerpt(built[0][0].node, 40)}`"
+        f" (compiling also turns off the argument checks of {unchecked}"
         " and every other distribution of the run: invalid arguments no longer raise)"
     )

@@ -20,8 +20,9 @@ from optimizer_codemod.analysis.model_calls import (
     TRAINING_FIRST,
     forward_may_keep_for_training,
     model_differentiates_in_forward,
-    kept_for_training_after_calls,
+    parameters_made_on_first_forward,
     training_may_follow,
+    training_may_follow_calls,
 )
 from optimizer_codemod.analysis.nodes import find_all, under_with
 from optimizer_codemod.analysis.precision import loops_elsewhere
@@ -45,6 +46,12 @@ _TRAIN = (
 _KEPT_TENSOR = (
     "a tensor the model's forward makes under `inference_mode` and keeps would be saved for "
     "backward at a later training step, which raises"
+)
+# Why the model's first forward must not run under inference_mode when it makes parameters.
+_LAZY_PARAMETERS = (
+    "parameters made under `inference_mode` are inference tensors that never get a `.grad`, "
+    "so the optimizer would never update them: training would leave those layers as "
+    "initialised, without an error"
 )
 
 
@@ -145,11 +152,24 @@ class EvaluationUnderNoGrad(Rule):
         tests/test_inference_mode_before_training.py runs it); a block before the first
         step is kept too where the model may be sharded (FSDP, `fully_shard`, DeepSpeed:
         they build their state on the first forward, and the first training step then
-        raises, pytorch/pytorch#113203), and under DeepSpeed any block a training step
-        follows, between epochs too (ZeRO-3 keeps the parameters a forward gathers for the
-        next: snowflakedb/ArcticTraining#265), and training counts as following a block in a
-        function that returns its results after the loop (a baseline evaluation, then
-        training, then `return before, after`). A block after an epoch's
+        raises, pytorch/pytorch#113203), or where it may create parameters on its first
+        forward (a block in the training loop counts only before the step's backward):
+        torch's lazy modules (`nn.LazyLinear`, any `torch.nn.Lazy...` class, a class
+        deriving from `LazyModuleMixin`, `UninitializedParameter`, `.materialize(...)`)
+        among the calls that build the model and its classes of this file or of other
+        modules of the run, or, in this file, a class of another library or of the file
+        given `-1` as a size (`Linear(-1, 64)`, `SAGEConv((-1, -1), 64)`,
+        `HAN(in_channels=-1)`: PyG's lazy input size, which the first input sets; not
+        `dim=-1` nor an index keyword). Parameters made under `inference_mode` are inference
+        tensors that never get a `.grad`: the optimizer would leave those layers untrained,
+        without an error (pytorch_geometric's hetero examples run their model once under
+        `no_grad` to "Initialize lazy modules."; tests/test_inference_mode_before_training.py
+        runs it). An evaluation once training has started finds them made. Under DeepSpeed
+        any block a training step follows is kept, between epochs too (ZeRO-3 keeps the
+        parameters a forward gathers for the next: snowflakedb/ArcticTraining#265).
+        Training counts as following a block in a function that returns its results after
+        the loop (a baseline evaluation, then training, then `return before, after`). A
+        block after an epoch's
         steps, in the loop that trains again (the usual validation), meets the caches
         training built, but a model that grows one again (a longer sequence, as a rotary
         table sized on demand) would hand the next epoch's first step an inference tensor:
@@ -276,15 +296,11 @@ class EvaluationUnderNoGrad(Rule):
             reason = block_escape(self.facts, site.statement, scope)
             inside = any(id(loop) in training for loop in site.loops)
             if reason is None:
-                follows = (
-                    TRAINING_FIRST
-                    if inside
-                    else training_may_follow(self.facts, site.statement, site.function, site.order)
-                )
-                kept = forward_may_keep_for_training(self.facts, follows)
-                if kept is not None:
+                follows = training_may_follow(self.facts, site.statement, site.function, site.order)
+                hazard = _before_training_hazard(self.facts, follows, inside)
+                if hazard is not None:
                     where = "inside the training loop" if inside else "run before a training step"
-                    self.decline(call, f"the block is {where}, and {kept}: {_KEPT_TENSOR}")
+                    self.decline(call, f"the block is {where}, and {hazard}")
                     continue
             if reason is not None:
                 self.decline(
@@ -365,9 +381,10 @@ class EvaluationUnderNoGrad(Rule):
                     continue
                 reason = _function_escape(self.facts, function)
                 if reason is None:
-                    kept = kept_for_training_after_calls(self.facts, function)
-                    if kept is not None:
-                        reason = f"it is called before a training step, and {kept}: {_KEPT_TENSOR}"
+                    follows = training_may_follow_calls(self.facts, function)
+                    hazard = _before_training_hazard(self.facts, follows)
+                    if hazard is not None:
+                        reason = f"it is called before a training step, and {hazard}"
                 if reason is not None:
                     self.decline(
                         expr,
@@ -398,8 +415,8 @@ class EvaluationUnderNoGrad(Rule):
                 reason = f"the trained model differentiates inside its forward ({differentiates})"
             if reason is None:
                 follows = training_may_follow(facts, loop.node, loop.function, loop.start)
-                kept = forward_may_keep_for_training(facts, follows)
-                reason = f"it runs before a training step, and {kept}" if kept else None
+                hazard = _before_training_hazard(facts, follows)
+                reason = f"it runs before a training step, and {hazard}" if hazard else None
             if reason is not None:
                 self.decline(
                     loop.node,
@@ -421,6 +438,24 @@ class EvaluationUnderNoGrad(Rule):
                 safety=Safety.BEHAVIOR,
                 fix_title="Run the loop under `torch.inference_mode()`",
             )
+
+
+def _before_training_hazard(facts, follows: int, inside: bool = False) -> Optional[str]:
+    """Why a forward under `inference_mode` that training of kind `follows` may follow
+    (model_calls.training_may_follow) would spoil that training; None when it would not.
+    Before the first step, a model that makes parameters on its first forward (lazy
+    layers) would make them there. `inside` a training loop, a tensor the forward keeps
+    meets the next step wherever the block is, but parameters are made only before the
+    first step: after a step's backward they exist."""
+    if follows == TRAINING_FIRST:
+        lazy = parameters_made_on_first_forward(facts)
+        if lazy is not None:
+            return (
+                f"the model may create parameters on its first forward ({lazy}); "
+                f"{_LAZY_PARAMETERS}"
+            )
+    kept = forward_may_keep_for_training(facts, TRAINING_FIRST if inside else follows)
+    return None if kept is None else f"{kept}: {_KEPT_TENSOR}"
 
 
 def _comment_naming_inference_mode(statement: cst.With) -> Optional[str]:

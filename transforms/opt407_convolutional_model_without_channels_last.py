@@ -14,7 +14,7 @@ from optimizer_codemod.analysis.layouts import (
 from optimizer_codemod.analysis.devices import per_sample_gradients
 from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
-from optimizer_codemod.analysis.calls import keyword, literal
+from optimizer_codemod.analysis.calls import is_minus_one, keyword, literal
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import (
@@ -515,18 +515,9 @@ def _flattens(view: cst.BaseExpression) -> bool:
     if not isinstance(view, cst.Call) or len(view.args) < 2:
         return False
     first, last = view.args[0].value, view.args[-1].value
-    if _is_minus_one(last):
+    if is_minus_one(last):
         return True
-    return len(view.args) == 2 and _is_minus_one(first) and literal(last, None) != 1
-
-
-def _is_minus_one(node: cst.BaseExpression) -> bool:
-    return (
-        isinstance(node, cst.UnaryOperation)
-        and isinstance(node.operator, cst.Minus)
-        and isinstance(node.expression, cst.Integer)
-        and node.expression.value == "1"
-    )
+    return len(view.args) == 2 and is_minus_one(first) and literal(last, None) != 1
 
 
 def _chooses_memory_format(module: cst.Module) -> bool:

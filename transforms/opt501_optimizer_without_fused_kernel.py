@@ -39,6 +39,9 @@ FUSED_ON_CPU_AND_CUDA = {
 }
 # Options that cannot be combined with fused=True unless explicitly False.
 EXCLUSIVE_OPTIONS = ("foreach", "differentiable")
+# `foreach=False` is allowed beside `fused=True`, but it is the author choosing the for-loop
+# implementation (DomainBed's Adam, reading round 7): a choice the rule keeps.
+CHOSEN_IMPLEMENTATION = "foreach"
 
 
 class OptimizerWithoutFusedKernel(Rule):
@@ -73,7 +76,9 @@ class OptimizerWithoutFusedKernel(Rule):
         fixed script may keep training where the original diverged. Never applied to
         optimizers without a fused kernel (Adadelta, RMSprop, LBFGS, custom classes), when
         options arrive through `*args`/`**kwargs` (they may already carry `fused`), when
-        `foreach` or `differentiable` is set, or when the script uses sparse gradients. Needs
+        `foreach` is given (`foreach=False` too: torch accepts it beside `fused=True`, but it
+        is the author choosing the for-loop implementation, as DomainBed's Adam does) or
+        `differentiable` is set, or when the script uses sparse gradients. Needs
         `target-torch` 2.4 (2.13 for Adagrad), the first release with CPU and CUDA kernels.
         An optimizer built in the fallback branch of a feature check (nanoGPT's `else` of
         `if "fused" in inspect.signature(...).parameters`, a `use_fused` flag, an old-torch
@@ -175,6 +180,13 @@ class OptimizerWithoutFusedKernel(Rule):
             ]
             if exclusive:
                 self.decline(call, f"`{exclusive[0]}` is set, and torch refuses it with `fused`")
+                continue
+            if keyword(call, CHOSEN_IMPLEMENTATION) is not None:
+                self.decline(
+                    call,
+                    "`foreach=False` chooses the for-loop implementation: the author picked "
+                    "one, and `fused=True` would override it",
+                )
                 continue
             if has_double_star(call) or has_star_args(call):
                 self.report(

@@ -18,7 +18,8 @@ class ValidationStrandedAfterEpochLoop(Rule):
         logs or saves (a call named like `validate`, `evaluate`, `eval`, `test`, `save`,
         `log`, `print`, `add_scalar`, or `torch.save`) and reads the loop variable (`epoch`,
         or a name the loop body computes from it). It moves the block to the end of the
-        loop body, re-indented, comments kept.
+        loop body, re-indented, comments kept. A block that follows a step loop inside the
+        epoch loop's body already runs every epoch, and is left alone.
 
     Why is it slow:
         It is a bug, not a slowdown: the block was meant to run every epoch, but it runs once,
@@ -82,8 +83,18 @@ class ValidationStrandedAfterEpochLoop(Rule):
         file that trains: `train(...)`, or `trainer.fit(...)` where a method `fit` of a
         class of the file does (never a call on an imported module, yolov5's
         `validate.run(...)` beside its own `def run`, whose batch loop was taken for an
-        epoch loop and had the end-of-epoch block moved into it). A
-        summary that reads the loop variable on purpose (`print(f"trained {epoch + 1}
+        epoch loop and had the end-of-epoch block moved into it). When that loop sits in
+        another loop of the same function, the block after it already runs once per outer
+        iteration, and is left alone where that is what it was written for: it reads the
+        outer loop's variable or a name computed from it, the outer loop's variable names
+        epochs (and the inner one's does not), or the inner loop iterates batches (a
+        DataLoader, `train_loader`, `for batch in ...`). pytorch_geometric's
+        distributed_sampling_xpu.py calls a `train_step` of the file in `for batch in
+        train_loader:` inside `for epoch in range(1, 21):`; its `dist.barrier()` and
+        `print(f"Epoch: {epoch:02d}, Loss: {loss:.4f}")` after the batch loop read the
+        step's `loss` and were moved into it, to run on every step. An epoch loop inside
+        a loop over folds or runs is still fixed when the block reads only its own names.
+        A summary that reads the loop variable on purpose (`print(f"trained {epoch + 1}
         epochs")`) is found too: review the diff, or mark it `# noqa: OPT701`. Binding a
         name is not reading it: a later loop that binds the variable again (`for _ in
         range(3):` starting a second phase, `for epoch in ...` of its own) is no evidence,
@@ -127,6 +138,15 @@ class ValidationStrandedAfterEpochLoop(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         for block in stranded_blocks(self.facts):
             first = block.statements[0]
+            if block.enclosing_header is not None:
+                self.decline(
+                    first,
+                    f"the loop before the block is nested in `{block.enclosing_header}`, and "
+                    f"{block.enclosing_evidence}: the block already runs once per iteration of "
+                    "that outer loop, and moved into the inner loop it would run on every inner "
+                    "iteration",
+                )
+                continue
             if block.repeated:
                 self.decline(
                     first,

@@ -9,9 +9,13 @@ tensors, a step function returns them to callers that expect float32.
 `escaping_reads(facts, statements)` answers, for statements about to be wrapped, which reads
 after them (in the same function, or module) take such a value to such a use, following
 the value through tensor-preserving operations (`torch.sigmoid(out).detach().cpu()`) and
-through local names (`preds = out.sigmoid()` then `preds.numpy()`); what torch's factories
-make (`torch.randint(...)`) and a DataLoader's batch copied to the device are never 16-bit.
-Reads that end in
+through local names (`preds = out.sigmoid()` then `preds.numpy()`). Only what autocast can
+make 16-bit counts: what a call run under it returns (a forward, a helper, torch's matrix
+products and convolutions) and what is computed from that; what torch's factories make
+(`torch.randint(...)`), a DataLoader's batch copied to the device, and what is read from
+what existed before the block (`batch["paper"].batch_size`, an int; `x.shape[0]`, `len(x)`)
+are never 16-bit, unless a call of the block may have stored a tensor there (`model.cache`,
+a forward hook's dict). Reads that end in
 backward, `.item()`, an integer or boolean result (`out.argmax(1) == y`), an explicit cast
 (`.float()`), a shape or dtype, printing, or a name bound again before the read are not
 escapes. Anything else handed to a function that is not torch's (a metric function, numpy,
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import keyword, method_name
+from optimizer_codemod.analysis.calls import callee_name, keyword, method_name
 from optimizer_codemod.analysis.devices import device_types
 from optimizer_codemod.analysis.escapes import HOST_METHODS
 from optimizer_codemod.analysis.factories import FACTORIES
@@ -124,6 +128,46 @@ FLOAT32_MODULES = frozenset(
 )
 FLOAT32_METHODS = frozenset({"softmax", "log_softmax"})
 
+# Ops that autocast runs in 16 bits (CUDA's and CPU's lists): their results are 16-bit
+# whatever their inputs, as function (`torch.mm`, `F.linear`) or method (`x.matmul(w)`).
+LOWERED_OPS = frozenset(
+    "matmul mm bmm mv addmm addbmm baddbmm addmv addr dot vdot inner outer einsum tensordot "
+    "chain_matmul multi_dot linalg_vecdot linear bilinear conv1d conv2d conv3d conv_tbc "
+    "conv_transpose1d conv_transpose2d conv_transpose3d prelu scaled_dot_product_attention "
+    "multi_head_attention_forward __matmul__".split()
+)
+# Tensor methods whose result is as 16-bit as their receiver or arguments, no more: views,
+# element-wise maths, reductions, containers' reads.
+FOLLOWING_METHODS = VIEW_METHODS | frozenset(
+    "sum mean std var max min amax amin exp log log1p sqrt abs neg pow add sub mul div "
+    "clamp clip sigmoid tanh relu cumsum sort topk masked_fill gather index_select repeat "
+    "expand_as view_as round floor ceil sign norm square prod tril triu new_zeros new_ones "
+    "new_full new_empty get items keys values copy".split()
+)
+# Builtins whose result is made of their arguments (`max(a, b)`, `sum(losses)`).
+PASSING_BUILTINS = frozenset(
+    "sum max min abs round sorted list tuple dict set zip enumerate reversed iter next "
+    "getattr range map filter".split()
+)
+# Libraries whose functions return numbers or arrays, never a 16-bit torch tensor.
+HOST_LIBRARIES = frozenset(
+    "numpy math cmath random statistics time scipy sklearn pandas json os".split()
+)
+# Methods by which a function keeps a value in an object it did not create.
+STORING_METHODS = KEEPING_METHODS | frozenset({"update", "setdefault", "__setitem__", "add"})
+# Expressions that hold no tensor: literals, and functions written out.
+_NO_TENSOR = (
+    cst.Integer,
+    cst.Float,
+    cst.Imaginary,
+    cst.SimpleString,
+    cst.ConcatenatedString,
+    cst.FormattedString,
+    cst.Ellipsis,
+    cst.Lambda,
+    cst.Comparison,
+)
+
 # Tensor methods whose result `escape_within` follows from their receiver, never a start.
 _FOLLOWED_METHODS = (
     VIEW_METHODS | SETTLING_METHODS | ESCAPING_METHODS | KEEPING_METHODS | frozenset({"item"})
@@ -184,31 +228,40 @@ class AutocastEscapes:
         self._indexes: Dict[cst.CSTNode, _ScopeIndex] = {}
         self._name_escapes: Dict[Tuple[cst.CSTNode, str, bool], bool] = {}
 
-    def escaping_reads(self, statements: Sequence[cst.BaseStatement]) -> List[cst.Name]:
+    def escaping_reads(
+        self,
+        statements: Sequence[cst.BaseStatement],
+        regions: Sequence[Sequence[cst.BaseStatement]] = (),
+    ) -> List[cst.Name]:
         """Reads after `statements` (about to run under autocast) that take a possibly
-        16-bit value they compute to a use that needs 32 bits, in source order."""
+        16-bit value they compute to a use that needs 32 bits, in source order. `regions`:
+        the other blocks wrapped too, whose 16-bit values `statements` may compute from
+        (a GAN's discriminator step reading the generator's `fake`)."""
         scope = self._scope_of(statements)
         index = self._index(scope)
         inside = {n for s in statements for n in find_all(s, cst.Name)}
         end = max(index.order.get(n, 0) for n in inside) if inside else 0
         found: List[cst.Name] = []
-        for name in self._narrow_names(statements):
+        for name in self._narrow_names(statements, regions):
             for read in self._reads_after(index, name, end, inside):
                 if self._use_escapes(index, scope, read, 0):
                     found.append(read)
         return sorted(found, key=lambda n: index.order[n])
 
     def escape_within(
-        self, statements: Sequence[cst.BaseStatement]
+        self,
+        statements: Sequence[cst.BaseStatement],
+        regions: Sequence[Sequence[cst.BaseStatement]] = (),
     ) -> Optional[cst.BaseExpression]:
         """The first value `statements` compute, possibly a 16-bit tensor, that leaves them
         in the statement that computes it, where no read after the block could cast it
         back: `.numpy()`, `.tolist()`, a list's `.append()` (`outputs.append(model(x))`),
         `torch.save`, an attribute or subscript it is stored in. A value handed to another
-        forward or helper is followed from that call's result."""
+        forward or helper is followed from that call's result; `regions` as for
+        escaping_reads."""
         scope = self._scope_of(statements)
         index = self._index(scope)
-        narrow = set(self._narrow_names(statements))
+        narrow = self._narrow_names(statements, regions)
         for statement in statements:
             for grown in find_all(statement, cst.AugAssign):
                 # `outs += [model(x)]`: kept in a container, which no cast after the block fits
@@ -251,21 +304,185 @@ class AutocastEscapes:
         return self.facts.module
 
     # Values ----------------------------------------------------------------------------
-    def _narrow_names(self, statements: Sequence[cst.BaseStatement]) -> List[str]:
-        """Names the statements bind to values that may be 16-bit tensors."""
-        values: Dict[str, List[Optional[cst.BaseExpression]]] = {}
+    def _narrow_names(
+        self,
+        statements: Sequence[cst.BaseStatement],
+        regions: Sequence[Sequence[cst.BaseStatement]] = (),
+    ) -> Set[str]:
+        """Names the statements bind to values that may be 16-bit tensors: what a call that
+        runs under autocast returns (a forward, a helper, one of torch's matrix products),
+        and what is computed from such values, through the names of the block (and of the
+        other wrapped `regions`, whose values it may read) until nothing changes. A value
+        read from what existed before the block (`batch["paper"].batch_size`, `x.shape[0]`,
+        `len(x)`, a constant, the loader's batch) is no such tensor, unless a call in the
+        block may have stored one there (`model.cache` after `model(x)`, a hook's dict)."""
+        everywhere = {id(s): s for s in (*statements, *(s for r in regions for s in r))}
+        memo = self.facts.memo("autocast_narrow_names")
+        key = frozenset(everywhere)
+        narrow = memo.get(key)
+        if narrow is None:  # one answer for all the blocks of a rewrite, whichever is asked
+            pairs = [pair for s in everywhere.values() for pair in _bound_values(s)]
+            written = self._written_paths(list(everywhere.values()))
+            narrow = memo[key] = set()
+            changed = True
+            while changed:
+                changed = False
+                for name, value in pairs:
+                    if name not in narrow and (
+                        value is None or self._may_be_narrow(value, narrow, written)
+                    ):
+                        narrow.add(name)
+                        changed = True
+        return narrow & {name for s in statements for name, _ in _bound_values(s)}
+
+    def _may_be_narrow(self, value: cst.BaseExpression, narrow: Set[str], written) -> bool:
+        """`value`, computed in an autocast block whose names in `narrow` may hold 16-bit
+        tensors, may be one: autocast turns into 16 bits only what its listed ops compute
+        (matrix products, convolutions) and what other ops compute from 16-bit inputs."""
+        if self._is_wide(value):
+            return False
+
+        def follows(node) -> bool:
+            return self._may_be_narrow(node, narrow, written)
+
+        if isinstance(value, cst.Name):
+            return value.value in narrow
+        if isinstance(value, cst.Attribute):
+            if value.attr.value in SETTLING_ATTRIBUTES:
+                return False
+            return follows(value.value) or _stored_by(value, written)
+        if isinstance(value, cst.Subscript):
+            return follows(value.value) or _stored_by(value, written)
+        if isinstance(value, cst.BinaryOperation):
+            return isinstance(value.operator, cst.MatrixMultiply) or (
+                follows(value.left) or follows(value.right)
+            )
+        if isinstance(value, cst.UnaryOperation):
+            return follows(value.expression)
+        if isinstance(value, cst.BooleanOperation):
+            return follows(value.left) or follows(value.right)
+        if isinstance(value, cst.IfExp):
+            return follows(value.body) or follows(value.orelse)
+        if isinstance(value, cst.NamedExpr):
+            return follows(value.value)
+        if isinstance(value, _DISPLAYS):
+            return any(follows(element.value) for element in value.elements)
+        if isinstance(value, cst.Dict):
+            return any(follows(element.value) for element in value.elements)
+        if isinstance(value, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            produced = value.value if isinstance(value, cst.DictComp) else value.elt
+            loops = find_all(value.for_in, cst.CompFor)
+            return follows(produced) or any(follows(loop.iter) for loop in loops)
+        if isinstance(value, cst.Call):
+            return self._call_may_be_narrow(value, follows)
+        return not isinstance(value, _NO_TENSOR)
+
+    def _call_may_be_narrow(self, call: cst.Call, follows) -> bool:
+        """A forward or helper may return anything autocast computed; torch's own ops and
+        tensor methods are 16-bit when autocast lowers them (`torch.mm`, `x @ w`) or when an
+        input is; builtins that pass values on (`max`, `sum`) when an argument is."""
+
+        def from_inputs() -> bool:
+            return any(follows(arg.value) for arg in call.args)
+
+        qualified = self.facts.qualified_name(call.func) or ""
+        if qualified.startswith("torch."):
+            if qualified in FACTORIES and not qualified.endswith("_like"):
+                return not self._made_wide(call)
+            return qualified.rpartition(".")[2] in LOWERED_OPS or from_inputs()
+        if qualified.partition(".")[0] in HOST_LIBRARIES:
+            return False  # `np.mean(...)`, `math.sqrt(...)`: a number or an array
+        method = method_name(call)
+        if method is not None and not qualified:
+            if method in MOVING_METHODS:
+                if not self._only_moves(call):
+                    return True
+            elif method not in FOLLOWING_METHODS:
+                return True  # `rec.forward(obs, h)`, `self.net(x)`, `x.mm(w)`, `x.half()`
+            return follows(call.func.value) or from_inputs()
+        name = dotted_name(call.func)
+        if name in SETTLING_BUILTINS | PASSING_BUILTINS and not self.facts.imports.is_bound(name):
+            return name in PASSING_BUILTINS and from_inputs()
+        return True  # `model(x)`, `criterion(out, y)`, a helper of the script or a library
+
+    def _written_paths(self, statements: Sequence[cst.BaseStatement]) -> Set[str]:
+        """Objects whose attributes the calls of `statements` may set to what autocast
+        computes: a callee and what it holds (`model(x)` may keep `model.cache`,
+        `self.net(x)` `self.net.*`, `trainer.step()` `trainer.*`), and every object of the
+        file that a function running with them stores into (a forward hook's
+        `activations[name] = out`, see _stored_while_running)."""
+        paths = self._stored_while_running(statements)
         for statement in statements:
-            for node in find_all(statement, cst.Assign, cst.AnnAssign, cst.AugAssign):
-                targets = binding_targets(node)
-                plain = len(targets) == 1 and isinstance(targets[0], cst.Name)
-                for target in targets:
-                    for name in target_name_nodes(target):
-                        values.setdefault(name.value, []).append(node.value if plain else None)
-        return [
-            name
-            for name, bound in values.items()
-            if not all(value is not None and self._is_wide(value) for value in bound)
-        ]
+            for call in find_all(statement, cst.Call):
+                qualified = self.facts.qualified_name(call.func) or ""
+                if qualified.startswith("torch."):
+                    continue
+                method = method_name(call)
+                if method is not None and method in FOLLOWING_METHODS | MOVING_METHODS:
+                    continue
+                callee = dotted_name(call.func)
+                if callee is None or (
+                    callee in PASSING_BUILTINS | SETTLING_BUILTINS
+                    and not self.facts.imports.is_bound(callee)
+                ):
+                    continue
+                paths.add(callee)
+                receiver = callee.rpartition(".")[0]
+                if receiver and (receiver != "self" or self._is_own_method(call, method)):
+                    paths.add(receiver)  # `trainer.step()` may set any attribute of `trainer`
+        return paths
+
+    def _is_own_method(self, call: cst.Call, method: str) -> bool:
+        """`self.method(...)` calls a method of the class it is in (not a submodule such as
+        `self.net(x)`, which may set only its own attributes)."""
+        site = self.facts.call_site_of.get(call)
+        info = self.facts.classes.get(site.site.class_name) if site is not None else None
+        if info is None:
+            return True
+        return any(
+            isinstance(s, cst.FunctionDef) and s.name.value == method for s in info.node.body.body
+        )
+
+    def _stored_while_running(self, statements: Sequence[cst.BaseStatement]) -> Set[str]:
+        """Names (other than `self`) that code running during `statements` may store into:
+        the functions they call by name, every `forward` of the file, and the hooks the file
+        registers (`register_forward_hook(get_activation("fc"))`, a lambda, a `partial`),
+        with `outputs[name] = out`, `cache.x = out` or `features.append(out)`."""
+        functions, hooks = self._functions_and_hooks()
+        running = list(hooks) + functions.get("forward", [])
+        for statement in statements:
+            for call in find_all(statement, cst.Call):
+                running.extend(functions.get(callee_name(call) or "", ()))
+        names: Set[Optional[str]] = set()
+        for code in running:
+            for node in find_all(code, cst.Assign, cst.AugAssign, cst.Call):
+                if isinstance(node, cst.Call):
+                    if method_name(node) in STORING_METHODS:
+                        names.add(_root_name(node.func.value))
+                    continue
+                for target in binding_targets(node):
+                    if isinstance(target, (cst.Attribute, cst.Subscript)):
+                        names.add(_root_name(target))
+        return {name for name in names if name not in (None, "self", "cls")}
+
+    def _functions_and_hooks(self):
+        """Every function of the file by name (nested ones too), and the code of the hooks
+        it registers: lambdas, and the functions named in the registration's arguments."""
+        memo = self.facts.memo("autocast_functions_and_hooks")
+        if "found" not in memo:
+            functions: Dict[str, List[cst.FunctionDef]] = {}
+            for function in find_all(self.facts.module, cst.FunctionDef):
+                functions.setdefault(function.name.value, []).append(function)
+            hooks: List[cst.CSTNode] = []
+            for call in find_all(self.facts.module, cst.Call):
+                if "hook" not in (method_name(call) or ""):
+                    continue
+                for arg in call.args:
+                    hooks.extend(find_all(arg.value, cst.Lambda))
+                    for name in find_all(arg.value, cst.Name):
+                        hooks.extend(functions.get(name.value, ()))
+            memo["found"] = (functions, hooks)
+        return memo["found"]
 
     def _is_wide(self, value: cst.BaseExpression) -> bool:
         """`value` is a 32-bit tensor or no float tensor at all, even under autocast (a list
@@ -374,7 +591,8 @@ class AutocastEscapes:
 
     def _rebound_between(self, index: _ScopeIndex, name: str, start: int, read) -> bool:
         """A binding of `name` after `start` that surely runs before `read`: a plain
-        statement of an enclosing block, or an enclosing `for` target."""
+        statement of an enclosing block (or of a `with` body there), or an enclosing `for`
+        target."""
         position = index.order[read]
         ancestors = set()
         node = read
@@ -390,7 +608,12 @@ class AutocastEscapes:
                 continue  # `logits = logits[:, -1] / t`: the read runs before this binding
             statement = index.parents.get(region)
             if isinstance(region, (cst.Assign, cst.AnnAssign)) and statement is not None:
-                if index.suite_of(statement) in ancestors:
+                suite = index.suite_of(statement)
+                # A `with` body runs whenever its statement does (`with torch.no_grad():
+                # homo_x = ...` before the read): its bindings are as sure as the `with`.
+                while suite not in ancestors and isinstance(index.parents.get(suite), cst.With):
+                    suite = index.suite_of(index.parents[suite])
+                if suite in ancestors:
                     return True
         return False
 
@@ -500,3 +723,62 @@ class AutocastEscapes:
             if self._name_escapes[key]:
                 return True
         return False
+
+
+def _bound_values(statement: cst.CSTNode) -> List[Tuple[str, Optional[cst.BaseExpression]]]:
+    """(name, the value it gets) for each name `statement` binds: elementwise for `a, b =
+    x, y`, the whole value for each name of `out, h = rnn(x, h)`, the iterable for a `for`
+    target; None where the value is unknown (`with ... as name`)."""
+    pairs: List[Tuple[str, Optional[cst.BaseExpression]]] = []
+    for node in find_all(statement, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.For):
+        if isinstance(node, cst.For):
+            value = node.iter
+        else:
+            value = node.value
+            if value is None:  # `x: Tensor`, an annotation alone
+                continue
+        for target in binding_targets(node):
+            pairs.extend(_paired(target, value))
+    for node in find_all(statement, cst.NamedExpr):
+        pairs.extend(_paired(node.target, node.value))
+    for node in find_all(statement, cst.WithItem):
+        if node.asname is not None:
+            pairs.extend((name.value, None) for name in target_name_nodes(node.asname.name))
+    return pairs
+
+
+def _paired(target: cst.BaseExpression, value: cst.BaseExpression):
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        targets, values = target.elements, value.elements
+        if len(targets) == len(values) and not any(
+            isinstance(e, cst.StarredElement) for e in (*targets, *values)
+        ):
+            return [p for t, v in zip(targets, values) for p in _paired(t.value, v.value)]
+    return [(name.value, value) for name in target_name_nodes(target)]
+
+
+def _root_name(node: cst.BaseExpression) -> Optional[str]:
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _object_path(node: cst.BaseExpression) -> Optional[str]:
+    """`batch.x` for `batch.x["paper"].batch_size`: the longest dotted object it reads from."""
+    while node is not None:
+        path = dotted_name(node)
+        if path is not None:
+            return path
+        node = (
+            getattr(node, "value", None)
+            if isinstance(node, (cst.Attribute, cst.Subscript))
+            else None
+        )
+    return None
+
+
+def _stored_by(read: cst.BaseExpression, written: Set[str]) -> bool:
+    """`read` (`model.cache`, `outputs["conv"]`) may find what a call stored in one of the
+    `written` objects (`batch["paper"].batch_size` finds none after `model(x)`)."""
+    path = _object_path(read)
+    return path is not None and any(path == p or path.startswith(p + ".") for p in written)

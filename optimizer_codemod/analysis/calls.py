@@ -9,6 +9,11 @@ import libcst as cst
 
 _NO_VALUE = object()
 
+# Methods that return the module they are called on (placed, cast or switched mode).
+MODULE_RETURNING_METHODS = frozenset(
+    {"to", "cuda", "cpu", "float", "train", "eval", "requires_grad_"}
+)
+
 
 def keyword(call: cst.Call, name: str) -> Optional[cst.Arg]:
     for arg in call.args:
@@ -268,4 +273,14 @@ def is_prepare(node: cst.BaseExpression) -> bool:
         isinstance(node, cst.Call)
         and isinstance(node.func, cst.Attribute)
         and node.func.attr.value == "prepare"
+    )
+
+
+def is_minus_one(node: cst.BaseExpression) -> bool:
+    """`-1` as written: a size left to be inferred (`x.view(n, -1)`, PyG's `Linear(-1, 64)`)."""
+    return (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+        and node.expression.value == "1"
     )

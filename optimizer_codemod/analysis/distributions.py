@@ -14,21 +14,38 @@ tests/test_distribution_validation.py checks it). An explicit `validate_args=Tru
 
 - `default_validated(facts)`: the calls that build one relying on the default (no
   `validate_args` by keyword or position, no `*args`/`**kwargs`), in a file that does not turn
-  validation off already (by hand, or by compiling anything); what compiling would change;
+  validation off already (by hand, or by compiling anything); what compiling would change.
+  A class of the file derived from one of torch's (`class FixedCategorical(Categorical)`, the
+  a2c-ppo-acktr-gail shape) builds one too;
+- `unchecked_by_compiling(facts)`: what compiling the script would stop checking, its own
+  distributions or those of the modules of the run it imports (the project index's
+  `checked_distributions` setting), in words; None when nothing. A distribution built in a
+  function or class that only its own definition names (DiT's unused
+  `continuous_gaussian_log_likelihood`; for the project index, named nowhere else in the
+  run) is never built: it does not count;
 - `validated_distributions(facts)`: those of them built in a loop of the file or in a function
   of the file that a loop calls (directly or through one more function), from at least one
   argument that may be on a device. Functions are matched by name (`f(...)`, `self.f(...)`,
-  `agent.f(...)`) when the file defines that name once.
+  `agent.f(...)`) when the file defines that name once. A derived class counts only when it
+  takes torch's constructor as it is (one base, no `__init__` of its own): another signature
+  may not take `validate_args`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, has_double_star, has_star_args
+from optimizer_codemod.analysis.calls import (
+    argument,
+    excerpt,
+    has_double_star,
+    has_star_args,
+    keyword,
+)
 from optimizer_codemod.analysis.syncs import called_in_a_loop, off_device
 from optimizer_codemod.analysis.values import local_function
 
@@ -81,6 +98,14 @@ _TURNED_OFF = "torch.distributions.Distribution.set_default_validate_args"
 
 
 @dataclass(frozen=True)
+class DerivedDistribution:
+    """A class of the file derived, directly or through another, from a torch distribution."""
+
+    kind: str  # torch's class it derives from: "Categorical"
+    same_constructor: bool  # one base in the chain, none with an `__init__` of its own
+
+
+@dataclass(frozen=True)
 class ValidatedDistribution:
     call: "CallSite"
     kind: str  # the class: "Categorical"
@@ -92,6 +117,33 @@ def default_validated(facts: "ScriptFacts") -> List[Tuple["CallSite", str]]:
     if "all" not in memo:
         memo["all"] = [] if _validation_off(facts) else _default_validated(facts)
     return memo["all"]
+
+
+def unchecked_by_compiling(facts: "ScriptFacts") -> Optional[str]:
+    """`Categorical(logits=x)` (shortened), or "the distributions `core.py` builds": what a
+    compile in this script would stop checking; None when nothing would."""
+    text = None
+    for call, _ in default_validated(facts):
+        owner = building_definition(call)
+        if owner is not None:
+            text = facts.module.code if text is None else text
+            if len(re.findall(rf"\b{owner}\b", text)) < 2:
+                continue  # only its definition names it: nothing runs it
+        return f"`{excerpt(call.node, 40)}`"
+    project = facts.project
+    if project is None or not project.imported.checked_distributions or _validation_off(facts):
+        return None
+    return f"the distributions {project.decided_by('checked_distributions')} builds"
+
+
+def building_definition(call: "CallSite") -> Optional[str]:
+    """The class (for a method) or function of the file in which `call` is made; None at the
+    top level or in a lambda: code that runs when the module does, or cannot be told apart."""
+    site = call.site
+    if site.class_name is not None:
+        return site.class_name
+    function = site.function
+    return function.name.value if isinstance(function, cst.FunctionDef) else None
 
 
 def validated_distributions(facts: "ScriptFacts") -> List[ValidatedDistribution]:
@@ -108,25 +160,84 @@ def _validation_off(facts: "ScriptFacts") -> bool:
     return any(call.qualname is None for call in facts.method_calls("compile"))
 
 
-def distribution_class(call: "CallSite") -> Optional[str]:
-    """`Categorical` for `torch.distributions.Categorical(...)` or
-    `torch.distributions.categorical.Categorical(...)`; None for anything else."""
-    qualname = call.qualname or ""
-    if not qualname.startswith("torch.distributions."):
+def distribution_class(facts: "ScriptFacts", call: "CallSite") -> Optional[str]:
+    """`Categorical` for `torch.distributions.Categorical(...)`,
+    `torch.distributions.categorical.Categorical(...)`, or `FixedCategorical(...)` of a class
+    of the file derived from it; None for anything else."""
+    if call.qualname is None:
+        name = call.node.func
+        derived = (
+            derived_distributions(facts).get(name.value) if isinstance(name, cst.Name) else None
+        )
+        return derived.kind if derived is not None else None
+    return _torch_class(call.qualname)
+
+
+def _torch_class(qualname: Optional[str]) -> Optional[str]:
+    if not (qualname or "").startswith("torch.distributions."):
         return None
     kind = qualname.rsplit(".", 1)[-1]
     return kind if kind in DISTRIBUTIONS else None
 
 
+def derived_distributions(facts: "ScriptFacts") -> Dict[str, DerivedDistribution]:
+    """The classes the file defines once at its top level that derive from a torch
+    distribution, by name. A base is defined before the class that names it, so one pass in
+    the order of the file sees every chain."""
+    memo = facts.memo("derived_distributions")
+    if "all" not in memo:
+        found: Dict[str, DerivedDistribution] = {}
+        definitions = facts.top_level_definitions
+        for statement in facts.module.body:
+            if not isinstance(statement, cst.ClassDef) or statement.name.value not in definitions:
+                continue
+            bases = facts.classes[statement.name.value].bases
+            for base in bases:
+                kind = _torch_class(base)
+                inherited = found.get(base or "")
+                if kind is None and inherited is None:
+                    continue
+                found[statement.name.value] = DerivedDistribution(
+                    kind or inherited.kind,
+                    len(bases) == 1
+                    and (inherited is None or inherited.same_constructor)
+                    and not _defines_init(statement),
+                )
+                break
+        memo["all"] = found
+    return memo["all"]
+
+
+def _defines_init(node: cst.ClassDef) -> bool:
+    return any(
+        isinstance(s, cst.FunctionDef) and s.name.value == "__init__" for s in node.body.body
+    )
+
+
 def _default_validated(facts: "ScriptFacts") -> List[Tuple["CallSite", str]]:
     found = []
     for call in facts.records.calls:
-        kind = distribution_class(call)
+        kind = distribution_class(facts, call)
         if kind is None or has_double_star(call.node) or has_star_args(call.node):
             continue  # `*args`, `**kwargs` may hold validate_args
-        if argument(call.node, "validate_args", DISTRIBUTIONS[kind]) is None:
+        # An `__init__` of a derived class may take other arguments: only the keyword tells.
+        chosen = (
+            argument(call.node, "validate_args", DISTRIBUTIONS[kind])
+            if _same_constructor(facts, call)
+            else keyword(call.node, "validate_args")
+        )
+        if chosen is None:
             found.append((call, kind))  # not chosen by keyword or position (`Normal(m, s, False)`)
     return found
+
+
+def _same_constructor(facts: "ScriptFacts", call: "CallSite") -> bool:
+    """The call runs torch's own constructor: of torch's class, or of a class derived from it
+    that keeps it."""
+    if call.qualname is not None:
+        return True
+    derived = derived_distributions(facts).get(getattr(call.node.func, "value", ""))
+    return derived is not None and derived.same_constructor
 
 
 def _validated(facts: "ScriptFacts") -> List[ValidatedDistribution]:
@@ -134,6 +245,8 @@ def _validated(facts: "ScriptFacts") -> List[ValidatedDistribution]:
     looping = _functions_called_in_loops(facts) if built else set()
     found = []
     for call, kind in built:
+        if not _same_constructor(facts, call):
+            continue  # it may not take `validate_args`
         if all(_on_host(facts, arg.value, call.site.function) for arg in call.node.args):
             continue  # checks of host tensors wait for nothing
         if call.site.loops:

@@ -73,6 +73,12 @@ class StrandedBlock:
     # What in the block says it is written for after training (`is_final_validation=True`,
     # "# Final inference", `commit_message="End of training"`).
     final_marker: Optional[cst.CSTNode] = None
+    # The loop is nested in another loop whose iterations the block already belongs to
+    # (pytorch_geometric's distributed_sampling_xpu.py: `for batch in train_loader:` inside
+    # `for epoch in range(1, 21):`, then `print(f"Epoch: {epoch:02d}, Loss: {loss:.4f}")`).
+    # The enclosing loop's header, and why the block is that loop's.
+    enclosing_header: Optional[str] = None
+    enclosing_evidence: Optional[str] = None
 
 
 def epoch_loops(facts: "ScriptFacts") -> List[Loop]:
@@ -245,9 +251,94 @@ def _stranded_after(facts: "ScriptFacts", loop: Loop) -> Optional[StrandedBlock]
     last = _last_iteration_test(facts, loop, block)
     final = _final_marker(block)
     summary = _summarises_what_body_reports(facts, node.body, block)
+    enclosing = _enclosing_loop_owning(facts, loop, block)
+    header, evidence = enclosing if enclosing is not None else (None, None)
     return StrandedBlock(
-        loop, block, variable, problem, repeated, repeats_call, summary, last, final
+        loop,
+        block,
+        variable,
+        problem,
+        repeated,
+        repeats_call,
+        summary,
+        last,
+        final,
+        enclosing_header=header,
+        enclosing_evidence=evidence,
     )
+
+
+def _enclosing_loop_owning(
+    facts: "ScriptFacts", loop: Loop, block: Sequence[cst.BaseStatement]
+) -> Optional[Tuple[str, str]]:
+    """When `loop` sits in another loop of the same function whose iterations `block`
+    belongs to, that loop's header and the evidence: the block reads that loop's variable
+    (or a name computed from it outside `loop`), that loop's variable names epochs and this
+    one's does not, or this loop iterates batches (a DataLoader, `train_loader`, `for batch
+    in ...`), which makes it the step loop of the loop around it. After `loop`, in that
+    loop's body, the block already runs once per outer iteration: it is not stranded."""
+    enclosing = [outer for outer in loop.ancestors if outer.function is loop.function]
+    if not enclosing:
+        return None
+    inner_names = set(loop.targets) | {a.target for a in facts.assignments_in(loop)}
+    read: Set[str] = set()
+    bound: Set[str] = set()
+    for statement in block:
+        reads, binds = _reads_and_binds(statement)
+        read |= reads - binds - bound
+        bound |= binds
+    for outer in enclosing:
+        outer_names = _epoch_names(facts, outer, skip=loop) - inner_names
+        if read & outer_names:
+            name = sorted(read & outer_names)[0]
+            if name in _loop_variables(facts, outer):
+                return _header(outer), f"the block reads `{name}`, the outer loop's variable"
+            return (
+                _header(outer),
+                f"the block reads `{name}`, which the outer loop computes from its variable",
+            )
+    if not _names_epochs(loop.targets):
+        for outer in enclosing:
+            if _names_epochs(outer.targets):
+                names = ", ".join(outer.targets)
+                return _header(outer), f"the outer loop's `{names}` names it the epoch loop"
+    batches = _batches_iterated(facts, loop)
+    if batches is not None:
+        return (
+            _header(enclosing[0]),
+            f"the inner loop, over batches (`{batches}`), is the outer loop's step loop",
+        )
+    return None
+
+
+def _names_epochs(names: Sequence[str]) -> bool:
+    return any("epoch" in name.lower() for name in names)
+
+
+def _batches_iterated(facts: "ScriptFacts", loop: Loop) -> Optional[str]:
+    """What `loop` iterates when it goes over batches: a DataLoader, an iterable named like
+    one (`train_loader`, `batches`), or with a variable named like one (`batch`,
+    `batch_idx`)."""
+    if not isinstance(loop.node, cst.For):
+        return None
+    iterated = facts.iterated_name(loop.iter)
+    if facts.loader_of(loop) is not None or _names_batches(iterated or ""):
+        return iterated or excerpt(loop.node.iter)
+    if any(_names_batches(target) for target in loop.targets):
+        return excerpt(loop.node.target)
+    return None
+
+
+def _names_batches(name: str) -> bool:
+    words = name.rsplit(".", 1)[-1].lower().split("_")
+    return any("batch" in word or "loader" in word for word in words)
+
+
+def _header(loop: Loop) -> str:
+    node = loop.node
+    if isinstance(node, cst.For):
+        return f"for {excerpt(node.target)} in {excerpt(node.iter)}"
+    return f"while {excerpt(node.test)}"
 
 
 def _epoch_end_problem(
@@ -498,11 +589,16 @@ def _bare_code(module: cst.Module, statement: cst.BaseStatement) -> str:
     return module.code_for_node(statement.with_changes(leading_lines=())).strip()
 
 
-def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
-    """The loop's variables and the names its body computes from them (`step = epoch * n`);
-    throwaway names (`_`, `__`, `_unused`) are never evidence."""
-    names = {name for name in loop.targets if not is_throwaway(name)}
-    inside = [a for a in facts.assignments_in(loop) if not a.augmented and "." not in a.target]
+def _epoch_names(facts: "ScriptFacts", loop: Loop, skip: Optional[Loop] = None) -> Set[str]:
+    """The loop's variables and the names its body computes from them (`step = epoch * n`),
+    except in the nested loop `skip`; throwaway names (`_`, `__`, `_unused`) are never
+    evidence."""
+    names = _loop_variables(facts, loop)
+    inside = [
+        a
+        for a in facts.assignments_in(loop)
+        if not a.augmented and "." not in a.target and (skip is None or skip not in a.site.loops)
+    ]
     changed = True
     while changed:
         changed = False
@@ -513,6 +609,17 @@ def _epoch_names(facts: "ScriptFacts", loop: Loop) -> Set[str]:
                 names.add(assignment.target)
                 changed = True
     return names
+
+
+def _loop_variables(facts: "ScriptFacts", loop: Loop) -> Set[str]:
+    """A `for` loop's targets; a `while` loop's counters, the names its test reads and its
+    body binds (`while epoch < epochs:` with `epoch += 1`). Throwaway names are left out."""
+    if isinstance(loop.node, cst.While):
+        tested = _reads_and_binds(loop.node.test)[0]
+        names = {a.target for a in facts.assignments_in(loop) if a.target in tested}
+    else:
+        names = set(loop.targets)
+    return {name for name in names if not is_throwaway(name)}
 
 
 def is_throwaway(name: str) -> bool:

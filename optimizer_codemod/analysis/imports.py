@@ -118,6 +118,14 @@ class ImportTable:
             return None
         return next(iter(targets))
 
+    def possible_targets(self, name: str) -> Set[str]:
+        """Everything the imports of the file may bind `name` to (`odeint`, imported from
+        `torchdiffeq` as itself or as `odeint_adjoint` under a flag); empty when some other
+        statement binds it too."""
+        if name in self._other_bindings:
+            return set()
+        return set(self._targets.get(name, ()))
+
     def qualified_name(self, node: cst.BaseExpression) -> Optional[str]:
         """The canonical dotted name an expression refers to, when imports say so."""
         dotted = dotted_name(node)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional, Se
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import code_of, excerpt, method_name
+from optimizer_codemod.analysis.calls import code_of, excerpt, is_minus_one, method_name
 from optimizer_codemod.analysis.devices import HOST_METHODS
 from optimizer_codemod.analysis.epochs import calls_training_function, statement_bodies
 from optimizer_codemod.analysis.imports import dotted_name
@@ -31,6 +31,7 @@ from optimizer_codemod.analysis.values import (
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
     from optimizer_codemod.analysis.collect import CallSite
+    from optimizer_codemod.analysis.training import TrainedModel
 
 MAX_DEPTH = 4
 # Methods of long-lived objects that take values without keeping tensors: loggers and
@@ -439,13 +440,11 @@ def _followed_by_training(facts, function, order, depth, seen) -> int:
     return found
 
 
-def kept_for_training_after_calls(facts: "ScriptFacts", function: cst.FunctionDef) -> Optional[str]:
-    """Why a forward run by `function` (decorated with `no_grad`) under `inference_mode`
-    might keep a tensor that a training step after one of its calls meets; None when it may
-    not: training_may_follow for its calls in this file. (A model it gets from a caller in
-    another module is not followed at all: escapes.block_escape declines first.)"""
-    follows = _followed_by_training(facts, function, sys.maxsize, 0, set())
-    return forward_may_keep_for_training(facts, follows)
+def training_may_follow_calls(facts: "ScriptFacts", function: cst.FunctionDef) -> int:
+    """What training may follow a call of `function` in this file (training_may_follow, for
+    a function decorated with `no_grad`). A model it gets from a caller in another module is
+    not followed at all: escapes.block_escape declines first."""
+    return _followed_by_training(facts, function, sys.maxsize, 0, set())
 
 
 def _callers(facts: "ScriptFacts", function: cst.FunctionDef) -> List["CallSite"]:
@@ -517,6 +516,101 @@ def forward_may_keep_for_training(facts: "ScriptFacts", follows: int) -> Optiona
             'backward" (snowflakedb/ArcticTraining#265, modelscope/ms-swift#3237)'
         )
     return trained_classes_keep_nothing(facts, seen_only=follows == TRAINING_AGAIN)
+
+
+# torch's modules that create their parameters from the first input they see hold
+# `UninitializedParameter`s until then: `nn.LazyLinear`, `nn.LazyConv2d`, ..., and a module
+# of one's own deriving from `LazyModuleMixin`.
+_UNINITIALIZED = frozenset({"UninitializedParameter", "UninitializedBuffer", "LazyModuleMixin"})
+# Keywords whose `-1` is an axis or an index, not a size left to the first input.
+_NOT_SIZES = frozenset(
+    "dim dims axis axes start_dim end_dim ignore_index padding_idx fill_value".split()
+)
+_INDEX_SUFFIXES = ("_index", "_idx", "_id")
+
+
+def is_lazy_torch_module(qualname: str) -> bool:
+    """`torch.nn.LazyLinear`, `torch.nn.modules.lazy.LazyModuleMixin`,
+    `torch.nn.parameter.UninitializedParameter`: parameters made on the first forward."""
+    parts = qualname.split(".")
+    return parts[0] == "torch" and (parts[-1].startswith("Lazy") or parts[-1] in _UNINITIALIZED)
+
+
+def parameters_made_on_first_forward(facts: "ScriptFacts") -> Optional[str]:
+    """What may make a model the file trains create parameters on its first forward, shown;
+    None when nothing does that the analysis sees. Its classes of this file and the calls
+    that build it (training.model_layer_calls) are read for torch's lazy modules (a class
+    deriving from `LazyModuleMixin`, a call of `nn.LazyLinear`, `UninitializedParameter`,
+    `.materialize(...)`) and for a class of another library, or of this file, given `-1`
+    as a size (PyG's `Linear(-1, 64)`, `SAGEConv((-1, -1), 64)`, `HAN(in_channels=-1)`:
+    the size is taken from the first input, and the parameters made then); its classes
+    from other modules of the run, for torch's lazy modules among their layers."""
+    from optimizer_codemod.analysis.training import imported_layer, trained_models
+
+    memo = facts.memo("parameters_made_on_first_forward")
+    if None not in memo:
+        memo[None] = None
+        for model in trained_models(facts):
+            found = _lazy_layer(facts, model)
+            if found is None:
+                elsewhere = imported_layer(facts, model, is_lazy_torch_module)
+                if elsewhere is not None:
+                    found = f"`{elsewhere[0]}` in {elsewhere[1].module} is a lazy module"
+            if found is not None:
+                memo[None] = found
+                break
+    return memo[None]
+
+
+def _lazy_layer(facts: "ScriptFacts", model: "TrainedModel") -> Optional[str]:
+    from optimizer_codemod.analysis.training import model_classes, model_layer_calls
+
+    for name in sorted(model_classes(facts, model)):
+        base = next((b for b in facts.classes[name].bases if b and is_lazy_torch_module(b)), None)
+        if base is not None:
+            return f"`{name}` derives from `{base}`"
+    for call in model_layer_calls(facts, model):
+        if is_lazy_torch_module(call.qualname or ""):
+            return f"`{excerpt(call.node, 50)}` is a lazy module"
+        if call.method == "materialize":
+            return f"`{excerpt(call.node, 50)}` materializes a parameter"
+        if _builds_a_class(facts, call) and _size_left_to_the_input(call.node):
+            return (
+                f"`{excerpt(call.node, 50)}` leaves a size as `-1`, which lazy layers such as "
+                "PyG's take from the first input"
+            )
+    return None
+
+
+def _builds_a_class(facts: "ScriptFacts", call: "CallSite") -> bool:
+    """`call` builds a class of this file, or one of a library outside LIBRARY_ROOTS (whose
+    own classes take no `-1` for a size): a name starting with a capital (`SAGEConv`,
+    `Linear` of `torch_geometric.nn`), not a function such as `scatter`."""
+    func = call.node.func
+    if isinstance(func, cst.Name) and func.value in facts.classes:
+        return True
+    qualname = call.qualname
+    if qualname is None or qualname.partition(".")[0] in LIBRARY_ROOTS:
+        return False
+    return qualname.rsplit(".", 1)[-1][:1].isupper()
+
+
+def _size_left_to_the_input(call: cst.Call) -> bool:
+    """An argument of `call` is `-1`, or a tuple or list holding one (`(-1, -1)` for a
+    bipartite layer's two input sizes), other than an axis or index keyword (`dim=-1`)."""
+    for arg in call.args:
+        keyword = arg.keyword.value if arg.keyword is not None else ""
+        if keyword in _NOT_SIZES or keyword.endswith(_INDEX_SUFFIXES):
+            continue
+        value = arg.value
+        values = (
+            [element.value for element in value.elements]
+            if isinstance(value, (cst.Tuple, cst.List))
+            else [value]
+        )
+        if any(is_minus_one(v) for v in values):
+            return True
+    return False
 
 
 _EXIT, _RETURN = "exit", "return"

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import keyword, literal, method_name
+from optimizer_codemod.analysis.calls import (
+    MODULE_RETURNING_METHODS,
+    keyword,
+    literal,
+    method_name,
+)
 from optimizer_codemod.analysis.nodes import parameters_of
 from optimizer_codemod.analysis.walk import children, type_test
 
@@ -572,7 +577,10 @@ def _is_read(name: cst.Name, parent: cst.CSTNode) -> bool:
 
 def builds_torch_loss(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
     """`nn.CrossEntropyLoss()`: a call of one of torch's loss modules, which hold no
-    parameters and only read their inputs."""
+    parameters and only read their inputs; also placed or switched
+    (`CrossEntropyLoss().to(opt.device)`: 3D-ResNets' main.py)."""
+    while isinstance(value, cst.Call) and method_name(value) in MODULE_RETURNING_METHODS:
+        value = value.func.value
     if not isinstance(value, cst.Call):
         return False
     qualified = facts.qualified_name(value.func) or ""

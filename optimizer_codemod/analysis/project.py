@@ -77,6 +77,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import callee_name, excerpt
 from optimizer_codemod.analysis.devices import mentions_accelerator
+from optimizer_codemod.analysis.distributions import building_definition, default_validated
 from optimizer_codemod.analysis.handoffs import (
     LoopingFunction,
     callee_key,
@@ -179,6 +180,9 @@ class Settings:
     sparse_tensors: bool = False
     deepspeed: bool = False  # hands a model to DeepSpeed (devices.hands_models_to_deepspeed)
     sharded_grad_scaler: bool = False  # builds FSDP's ShardedGradScaler (OPT501)
+    # Builds `torch.distributions` objects that check their arguments by default: a compile
+    # anywhere in the process turns those checks off (distributions.default_validated).
+    checked_distributions: bool = False
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -1221,10 +1225,37 @@ def _returned_loaders(owner: _Module, name: str) -> List[Tuple[int, str, bool, T
     return owner.returned_loaders[name]
 
 
-def _own_settings(module: _Module) -> Settings:
+def _own_settings(module: _Module, building: Set[str]) -> Settings:
     if module.settings is None:
-        module.settings = _settings(module.facts)
+        module.settings = replace(
+            _settings(module.facts), checked_distributions=module.path in building
+        )
     return module.settings
+
+
+def _building_distributions(files: Dict[str, _Module]) -> Set[str]:
+    """The parsed modules in which some code that may run builds a distribution checking its
+    arguments by default: at their top level, or in a function or class that a file of the
+    run names besides its definition (one word search over the run's text, for the names of
+    every module at once)."""
+    owners: Dict[str, Set[Optional[str]]] = {}
+    for path, module in files.items():
+        if module.facts is not None and b"distributions" in module.src:
+            found = {building_definition(call) for call, _ in default_validated(module.facts)}
+            if found:
+                owners[path] = found
+    names = sorted({name for found in owners.values() for name in found if name is not None})
+    named: Dict[str, int] = {}
+    if names:
+        word = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in names) + rb")\b")
+        for module in files.values():
+            for match in word.findall(module.src):
+                named[match.decode()] = named.get(match.decode(), 0) + 1
+    return {
+        path
+        for path, found in owners.items()
+        if any(name is None or named.get(name, 0) > 1 for name in found)
+    }
 
 
 def _imported_settings_of_all(
@@ -1237,6 +1268,7 @@ def _imported_settings_of_all(
     component imports. Walking each module's imports on its own was quadratic in a package
     whose files import one another (diffusers: 1,400 files, 2.8 million merges)."""
     fields = tuple(Settings.__dataclass_fields__)
+    building = _building_distributions(files)
     edges = {
         path: sorted(p for p in _imports_of(module) if p in files and p != path)
         for path, module in files.items()
@@ -1255,7 +1287,7 @@ def _imported_settings_of_all(
                 module = files[path]
                 if module.facts is None:
                     continue
-                for slot, value in zip(best, _values(_own_settings(module))):
+                for slot, value in zip(best, _values(_own_settings(module, building))):
                     if value:
                         slot.append(module.label)
                         slot.sort()

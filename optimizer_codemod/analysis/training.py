@@ -26,6 +26,7 @@ from typing import (
 import libcst as cst
 
 from optimizer_codemod.analysis.calls import (
+    MODULE_RETURNING_METHODS,
     callee_name,
     code_of,
     excerpt,
@@ -88,10 +89,6 @@ MODEL_FACTORIES = ("torchvision.models.", "timm.create_model", "timm.models.")
 # Modules of those builders, whose namespace a script may look an architecture up in by name.
 FACTORY_MODULES = tuple(prefix for prefix in MODEL_FACTORIES if prefix.endswith("."))
 PRETRAINED_METHOD = "from_pretrained"
-# Methods that return the module they are called on (placed, cast or switched mode).
-MODULE_RETURNING_METHODS = frozenset(
-    {"to", "cuda", "cpu", "float", "train", "eval", "requires_grad_"}
-)
 PLACEMENT_METHODS = frozenset({"to", "cuda"})
 # Functions that change the module they are handed in place and return that same object:
 # `nn.SyncBatchNorm.convert_sync_batchnorm(model)` swaps its BatchNorm children for
