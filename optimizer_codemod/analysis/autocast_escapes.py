@@ -324,15 +324,27 @@ class AutocastEscapes:
             pairs = [pair for s in everywhere.values() for pair in _bound_values(s)]
             written = self._written_paths(list(everywhere.values()))
             narrow = memo[key] = set()
-            changed = True
-            while changed:
-                changed = False
-                for name, value in pairs:
-                    if name not in narrow and (
-                        value is None or self._may_be_narrow(value, narrow, written)
-                    ):
-                        narrow.add(name)
-                        changed = True
+            # A worklist, not rounds over every pair until none changes (quadratic in a
+            # long step): a value is looked at again only when a name it reads turns narrow.
+            readers: Dict[str, List[int]] = {}
+            for position, (_, value) in enumerate(pairs):
+                for read in find_all(value, cst.Name) if value is not None else ():
+                    readers.setdefault(read.value, []).append(position)
+            turned: List[str] = []
+
+            def settle(position: int) -> None:
+                name, value = pairs[position]
+                if name not in narrow and (
+                    value is None or self._may_be_narrow(value, narrow, written)
+                ):
+                    narrow.add(name)
+                    turned.append(name)
+
+            for position in range(len(pairs)):
+                settle(position)
+            while turned:
+                for position in readers.get(turned.pop(), ()):
+                    settle(position)
         return narrow & {name for s in statements for name, _ in _bound_values(s)}
 
     def _may_be_narrow(self, value: cst.BaseExpression, narrow: Set[str], written) -> bool:
