@@ -19,7 +19,11 @@ from optimizer_codemod.analysis.precision import (
 )
 from optimizer_codemod.analysis.project import AUTOGRAD_FUNCTION, AUTOGRAD_FUNCTION_BASES
 from optimizer_codemod.analysis.script import BACKWARD_CALL
-from optimizer_codemod.analysis.solvers import functions_reaching_solvers, solver_calls
+from optimizer_codemod.analysis.solvers import (
+    functions_reaching_solvers,
+    solver_calls,
+    solver_in_model_code,
+)
 from optimizer_codemod.analysis.training import (
     TrainedModel,
     TrainingStep,
@@ -37,7 +41,6 @@ from optimizer_codemod.analysis.training import (
     model_built,
     model_constructed,
     model_device,
-    model_layer_calls,
     model_placement,
     model_recurrent_layers,
     placement_devices,
@@ -512,24 +515,20 @@ class Float32TrainingWithoutAutocast(Rule):
                         f"this {what} calls `{excerpt(call.func)}`, which runs the solver "
                         f"`{excerpt(via.node)}`"
                     )
-        if not models:
-            return None
         for model in models:
-            for call in model_layer_calls(facts, model):
-                if id(call.node) in solving:
-                    return (
-                        f"`{model.name}` runs the solver `{excerpt(call.node)}` in "
-                        f"`{_defined_in(call)}`"
-                    )
-        for call in facts.records.calls:
-            if call.site.class_name is None:
+            found = solver_in_model_code(facts, model)
+            if found is None:
                 continue
-            via = call if id(call.node) in solving else reaching.get(callee_name(call.node) or "")
-            if via is not None:
+            call, via, surely = found
+            if surely:
                 return (
-                    f"`{_defined_in(call)}` of this file runs the solver `{excerpt(via.node)}`, "
-                    "and the model this step trains may be built from its class"
+                    f"`{model.name}` runs the solver `{excerpt(call.node)}` in "
+                    f"`{_defined_in(call)}`"
                 )
+            return (
+                f"`{_defined_in(call)}` of this file runs the solver `{excerpt(via.node)}`, "
+                "and the model this step trains may be built from its class"
+            )
         return None
 
     def _declines_torch_sparse(self, anchor: cst.CSTNode) -> bool:

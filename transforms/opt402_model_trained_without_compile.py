@@ -7,7 +7,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import code_of, excerpt
 from optimizer_codemod.analysis.devices import deepspeed_engine
 from optimizer_codemod.analysis.distributions import unchecked_by_compiling
-from optimizer_codemod.analysis.solvers import is_solver, solver_calls
+from optimizer_codemod.analysis.solvers import is_solver, solver_in_model_code
 from optimizer_codemod.analysis.entry_points import (
     models_trained_elsewhere,
     placed_device,
@@ -28,7 +28,6 @@ from optimizer_codemod.analysis.training import (
     imported_layer,
     model_classes,
     model_code_call,
-    model_layer_calls,
     device_type_code,
     model_built,
     model_device,
@@ -502,18 +501,11 @@ def _why_model_code_would_fail(facts, model) -> "str | None":
 
 
 def _solver_in_model_code(facts, model) -> "str | None":
-    """The solver call (analysis/solvers.py) among the model's layer calls in this file, or in
-    a method of any class of the file (the layer lists a model is assembled from are not all
-    followed: torchdiffeq's odenet_mnist.py builds `nn.Sequential(*feature_layers)` from
-    `[ODEBlock(...)] if is_odenet else [...]`), or in its classes of other modules; as
-    `` `odeint(...)` ``, None when none."""
-    solving = solver_calls(facts)
-    ids = {id(call) for call in solving}
-    own = next((c for c in model_layer_calls(facts, model) if id(c) in ids), None)
-    if own is None:
-        own = next((c for c in solving if c.site.class_name is not None), None)
-    if own is not None:
-        return f"`{excerpt(own.node, 40)}`"
+    """The solver call (analysis/solvers.py) the model's code makes, in this file or in its
+    classes of other modules, as `` `odeint(...)` ``; None when none."""
+    found = solver_in_model_code(facts, model)
+    if found is not None:
+        return f"`{excerpt(found[1].node, 40)}`"
     return model_code_call(facts, model, is_solver)
 
 

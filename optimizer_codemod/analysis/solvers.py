@@ -13,12 +13,13 @@ torchdiffeq's `rk_common.py` calls `unique(return_counts=True)`, which Inductor 
   once (`from torchdiffeq import odeint`) or under a flag (`odeint_adjoint as odeint` in one
   branch, `odeint` in the other);
 - `functions_reaching_solvers(facts)`: the functions and methods of the file that run one,
-  themselves or through others of the file.
+  themselves or through others of the file;
+- `solver_in_model_code(facts, model)`: where a trained model's code runs one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import libcst as cst
 
@@ -27,6 +28,7 @@ from optimizer_codemod.analysis.calls import callee_name
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.collect import CallSite
     from optimizer_codemod.analysis.script import ScriptFacts
+    from optimizer_codemod.analysis.training import TrainedModel
 
 SOLVER_PACKAGES = ("torchdiffeq", "torchsde")
 
@@ -80,3 +82,30 @@ def functions_reaching_solvers(facts: "ScriptFacts") -> Dict[str, "CallSite"]:
                     pending.append(caller)
     memo["all"] = reaching
     return reaching
+
+
+def solver_in_model_code(
+    facts: "ScriptFacts", model: "TrainedModel"
+) -> Optional[Tuple["CallSite", "CallSite", bool]]:
+    """(a call in `model`'s code, the solver call it makes or reaches, whether the call is
+    surely the model's): among the model's layer calls in this file
+    (training.model_layer_calls), else (not surely) in a method of any class of the file,
+    itself or through functions of the file (the layer lists a model is assembled from are
+    not all followed: torchdiffeq's odenet_mnist.py builds `nn.Sequential(*feature_layers)`
+    from `[ODEBlock(...)] if is_odenet else [...]`); None when none."""
+    from optimizer_codemod.analysis.training import model_layer_calls
+
+    solving = {id(call.node) for call in solver_calls(facts)}
+    if not solving:
+        return None
+    for call in model_layer_calls(facts, model):
+        if id(call.node) in solving:
+            return call, call, True
+    reaching = functions_reaching_solvers(facts)
+    for call in facts.records.calls:
+        if call.site.class_name is None:
+            continue
+        via = call if id(call.node) in solving else reaching.get(callee_name(call.node) or "")
+        if via is not None:
+            return call, via, False
+    return None
