@@ -818,6 +818,30 @@ def test_a_chaotic_gan_rewritten_with_fused_adam_passes_over_160_iterations(
     assert report.comparison.max_relative > 0.1
     # ...while one step from the same state differs in the last bits only.
     assert report.local.passed and max(s.update for s in report.local.steps) < 1e-5
+    # Judged against how far the original drifts under bfloat16: chaos, which rounding starts.
+    assert report.trajectory.rounding_envelope is not None and report.trajectory.passed
+    assert report.exit_code == 0
+
+
+def test_noise_of_the_rewrites_own_size_explains_the_chaotic_gan_too(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from dataclasses import replace
+
+    from optimizer_codemod.verify import equivalence
+
+    # Without the bfloat16 reference (as for a level that allows no rounding), the perturbed
+    # runs alone must explain the chaos.
+    without_rounding = replace(TOLERANCES[Safety.NUMERICS], rounding_factor=None)
+    monkeypatch.setattr(equivalence, "tolerance_for", lambda level: without_rounding)
+    gan = Path(__file__).resolve().parent.parent / "benchmarks" / "verify_cases" / "gan.py"
+    script = tmp_path / "gan.py"
+    script.write_bytes(gan.read_bytes())
+    fused = gan.read_text().replace("betas=(0.0, 0.99))", "betas=(0.0, 0.99), fused=True)")
+    report = verify_pair(script, fused, level=Safety.NUMERICS, steps=160, repeats=1, warmup=2)
+    sys.stdout.write(report.render())
+    assert report.error is None, report.error
+    assert report.comparison.max_relative > 0.1 and report.rounding_trajectory is None
     assert report.trajectory.perturbed_runs == 2 and report.exit_code == 0
 
 
@@ -858,3 +882,25 @@ def test_the_trajectory_is_judged_against_what_chaos_alone_does() -> None:
     assert judge_trajectory(numerics, reference, [drifting], [[1.0, 1.0, 1.2, 1.0]]).envelope[
         -1
     ] == pytest.approx(0.2)
+
+
+def test_a_numerics_trajectory_may_drift_as_far_as_bfloat16_rounding_takes_the_original() -> None:
+    from optimizer_codemod.verify.judgment import ROUNDING_FACTOR, judge_trajectory
+
+    numerics = TOLERANCES[Safety.NUMERICS]
+    reference = [1.0, 1.0, 1.0, 1.0]
+    rewrite = [1.0, 1.01, 1.05, 1.1]  # autocast's bias: beyond the 2e-2 floor from step 3
+    # The original under bfloat16 autocast drifts alike: rounding, not a bug.
+    rounded = [1.0, 1.005, 1.02, 0.99]
+    judged = judge_trajectory(numerics, reference, [rewrite], rounding=rounded)
+    assert judged.passed and judged.rounding_envelope == pytest.approx([0.0, 0.005, 0.02, 0.02])
+    assert judged.threshold(3) == pytest.approx(ROUNDING_FACTOR * 0.02)
+    # A rewrite drifting far more than rounding does is still caught.
+    runaway = [1.0, 1.01, 1.3, 1.6]
+    assert judge_trajectory(numerics, reference, [runaway], rounding=rounded).first_beyond == 2
+    # The safe level has no rounding to allow: its floor holds.
+    safe = TOLERANCES[Safety.SAFE]
+    assert judge_trajectory(safe, reference, [rewrite], rounding=rounded).first_beyond == 1
+    # A reference that stopped early (its own crash) sets no envelope.
+    short = judge_trajectory(numerics, reference, [rewrite], rounding=[1.0, 1.0])
+    assert short.rounding_envelope is None and not short.passed

@@ -16,6 +16,9 @@ moves the loss of a GPT by 1e-5. The judgment therefore separates:
   perturbed after every step by noise as large as the candidate's own measured update error
   (`checks.Perturbation`). The envelope is the running maximum of their distance from the
   original, since two chaotic runs that happen to meet again have not stopped being apart.
+  For `numerics` fixes, also `ROUNDING_FACTOR` times how far the original drifts when run
+  under bfloat16 autocast: autocast's rounding is a bias repeated every step, which noise of
+  the same size does not reproduce.
 
 The figures behind each threshold are in docs/verify.md ("How the judgment works").
 """
@@ -362,12 +365,17 @@ class TrajectoryJudgment:
     comparison: Comparison  # the candidate run farthest from the original
     envelope: Optional[List[float]] = None  # relative, running max over perturbed runs
     perturbed_runs: int = 0
+    # Relative, running max: how far the original drifts under bfloat16 autocast everywhere.
+    rounding_envelope: Optional[List[float]] = None
 
     def threshold(self, position: int) -> float:
-        floor = self.tolerance.rtol
-        if self.envelope is None or position >= len(self.envelope):
-            return floor
-        return max(floor, ENVELOPE_FACTOR * self.envelope[position])
+        limit = self.tolerance.rtol
+        if self.envelope is not None and position < len(self.envelope):
+            limit = max(limit, ENVELOPE_FACTOR * self.envelope[position])
+        factor = self.tolerance.rounding_factor
+        if factor and self.rounding_envelope is not None and position < len(self.rounding_envelope):
+            limit = max(limit, factor * self.rounding_envelope[position])
+        return limit
 
     @property
     def margin(self) -> float:
@@ -394,6 +402,7 @@ def judge_trajectory(
     reference: Sequence[float],
     candidates: Sequence[Sequence[float]],
     perturbed: Sequence[Sequence[float]] = (),
+    rounding: Optional[Sequence[float]] = None,
 ) -> TrajectoryJudgment:
     comparisons = [compare_losses(reference, losses, tolerance) for losses in candidates]
     mismatched = [c for c in comparisons if not c.lengths_match]
@@ -406,10 +415,19 @@ def judge_trajectory(
             for second in perturbed[i + 1 :]:
                 spreads.append(_distances_scaled_by(reference, first, second, tolerance))
         pointwise = [max(values) for values in zip(*spreads)] if spreads else []
-        envelope, running = [], 0.0
-        for value in pointwise:
-            running = max(running, value if math.isfinite(value) else 0.0)
-            envelope.append(running)
-        judgment.envelope = envelope
+        judgment.envelope = _running_max(pointwise)
         judgment.perturbed_runs = len(perturbed)
+    if rounding is not None:
+        drift = compare_losses(reference, rounding, tolerance)
+        if drift.lengths_match:
+            judgment.rounding_envelope = _running_max(drift.differences)
     return judgment
+
+
+def _running_max(values: Sequence[float]) -> List[float]:
+    """Two chaotic runs that happen to meet again have not stopped being apart."""
+    envelope, running = [], 0.0
+    for value in values:
+        running = max(running, value if math.isfinite(value) else 0.0)
+        envelope.append(running)
+    return envelope
