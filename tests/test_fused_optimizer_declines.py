@@ -71,3 +71,55 @@ def test_without_the_scaler_module_the_optimizer_is_fused(tmp_path: Path) -> Non
     (tmp_path / "train.py").write_text(TRAIN)
     (finding,) = opt501(tmp_path, ["arch.py", "train.py"])
     assert finding.startswith("fixed"), finding
+
+
+# Reading round 8 (transformer-xl): the embedding that may be sparse is built in the model's
+# module; fused SGD raises "`_fused_sgd` does not support sparse gradients" at the first step.
+SPARSE_MODEL = textwrap.dedent("""\
+    import torch.nn as nn
+
+
+    class MemTransformerLM(nn.Module):
+        def __init__(self, n_token, sample_softmax=-1):
+            super().__init__()
+            self.word_emb = nn.Embedding(n_token, 8, sparse=sample_softmax > 0)
+            self.out = nn.Linear(8, n_token)
+    """)
+
+SPARSE_TRAIN = textwrap.dedent("""\
+    import torch
+    from mem_transformer import MemTransformerLM
+
+
+    def main(sample_softmax):
+        model = MemTransformerLM(100, sample_softmax).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            model.out(model.word_emb(x.cuda())).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    if __name__ == "__main__":
+        main(2)
+    """)
+
+
+def test_an_embedding_of_an_imported_module_that_may_be_sparse_keeps_the_optimizer_unfused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mem_transformer.py").write_text(SPARSE_MODEL)
+    (tmp_path / "train.py").write_text(SPARSE_TRAIN)
+    (finding,) = opt501(tmp_path, ["mem_transformer.py", "train.py"])
+    assert finding.startswith("declined"), finding
+    assert "mem_transformer.py may make sparse gradients" in finding, finding
+
+
+def test_an_embedding_of_an_imported_module_that_is_never_sparse_lets_the_optimizer_fuse(
+    tmp_path: Path,
+) -> None:
+    dense = SPARSE_MODEL.replace("sparse=sample_softmax > 0", "sparse=False")
+    (tmp_path / "mem_transformer.py").write_text(dense)
+    (tmp_path / "train.py").write_text(SPARSE_TRAIN)
+    (finding,) = opt501(tmp_path, ["mem_transformer.py", "train.py"])
+    assert finding.startswith("fixed"), finding

@@ -23,6 +23,7 @@ from optimizer_codemod.analysis.devices import (
     xla_device_source,
 )
 from optimizer_codemod.analysis.checkpoints import restores_optimizer_state
+from optimizer_codemod.analysis.gradients import sparse_gradients
 from optimizer_codemod.analysis.precision import fp16_loss_scaling, sixteen_bit_conversion
 from optimizer_codemod.analysis.training import lightning_module_optimizer
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
@@ -78,7 +79,9 @@ class OptimizerWithoutFusedKernel(Rule):
         options arrive through `*args`/`**kwargs` (they may already carry `fused`), when
         `foreach` is given (`foreach=False` too: torch accepts it beside `fused=True`, but it
         is the author choosing the for-loop implementation, as DomainBed's Adam does) or
-        `differentiable` is set, or when the script uses sparse gradients. Needs
+        `differentiable` is set, or when the script, or a module of the run it imports, builds
+        a layer with `sparse=` not literally False (transformer-xl's `nn.Embedding(...,
+        sparse=sample_softmax>0)`: fused SGD raises on sparse gradients). Needs
         `target-torch` 2.4 (2.13 for Adagrad), the first release with CPU and CUDA kernels.
         An optimizer built in the fallback branch of a feature check (nanoGPT's `else` of
         `if "fused" in inspect.signature(...).parameters`, a `use_fused` flag, an old-torch
@@ -195,9 +198,10 @@ class OptimizerWithoutFusedKernel(Rule):
                     "set `fused`; add `fused=True` where they are built",
                 )
                 continue
-            if self.facts.uses_sparse_gradients:
+            sparse = sparse_gradients(self.facts)
+            if sparse is not None:
                 self.decline(
-                    call, "the script uses sparse gradients, which fused kernels do not take"
+                    call, f"{sparse} may make sparse gradients, which fused kernels do not take"
                 )
                 continue
             reason = _why_fused_would_fail(self.facts, label, site)

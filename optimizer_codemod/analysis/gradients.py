@@ -144,6 +144,19 @@ NEW_VALUE_METHODS = FRESH_METHODS | frozenset(
 )
 
 
+def sparse_gradients(facts: "ScriptFacts") -> Optional[str]:
+    """Who may make sparse gradients: "the script" when it builds a layer with `sparse=` not
+    literally False, or the module of the run it imports that does (transformer-xl's
+    mem_transformer.py: `nn.Embedding(n_token, d_embed, sparse=sample_softmax>0)`); None
+    when neither does."""
+    if facts.uses_sparse_gradients:
+        return "the script"
+    project = facts.project
+    if project is not None and project.imported.sparse_gradients:
+        return project.decided_by("sparse_gradients") or "a module this script imports"
+    return None
+
+
 def bucket_view_hazards(facts: "ScriptFacts") -> List[cst.CSTNode]:
     """The statements whose use of a `.grad` would break once gradients are views into DDP's
     buckets (`gradient_as_bucket_view=True`), in source order: `p.grad.detach_()` (raises on

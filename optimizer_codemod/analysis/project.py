@@ -183,6 +183,9 @@ class Settings:
     # Builds `torch.distributions` objects that check their arguments by default: a compile
     # anywhere in the process turns those checks off (distributions.default_validated).
     checked_distributions: bool = False
+    # Builds layers with `sparse=` (an `nn.Embedding` whose gradients may be sparse), which
+    # fused optimizer kernels refuse (OPT501).
+    sparse_gradients: bool = False
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -1115,6 +1118,7 @@ def _settings(facts) -> Settings:
         differentiates_twice=bool(double_backward_calls(facts)),
         deepspeed=hands_models_to_deepspeed(facts),
         sharded_grad_scaler=names_sharded_grad_scaler(facts),
+        sparse_gradients=facts.uses_sparse_gradients,
         **compile_hazards(facts),
     )
 
