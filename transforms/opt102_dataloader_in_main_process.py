@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Set
 
 import libcst as cst
 
@@ -16,6 +17,7 @@ from optimizer_codemod.analysis.loaders import (
     dataset_mutated,
     in_memory_dataset_class,
     ITERATED_WITHIN_ITS_LOOP,
+    iterated_once,
     iterated_within_its_own_loop,
     module_name,
     opens_handles_when_built,
@@ -87,7 +89,10 @@ class DataloaderInMainProcess(Rule):
         so random augmentations differ from a run without workers, and side effects of
         `__getitem__` (caching into the dataset, logging) happen in other processes; the
         `persistent_workers=True` it adds also moves the main process's random stream from
-        the second epoch on (see OPT103). Never in a script that runs JAX, Flax or TensorFlow,
+        the second epoch on (see OPT103). A loader iterated one time (the iterable of a `for`
+        or comprehension itself, or a name read once, by its one loop, where the loader is
+        built, with nothing repeating that loop) gets `num_workers` alone: persistent workers
+        would outlive every use. Never in a script that runs JAX, Flax or TensorFlow,
         whose threads a forked worker would inherit (a deadlock risk JAX warns of at every
         fork). Applied
         only in a file with an `if __name__ == "__main__":` guard that keeps the loader or every
@@ -202,6 +207,7 @@ class DataloaderInMainProcess(Rule):
                     )
             return
         fixable = []
+        once: Set[int] = set()  # loaders iterated one time: persistent workers outlive it
         for site in facts.dataloader_constructions():
             call = site.node
             # Chosen on some path counts (`{"num_workers": 1} if use_accel else {}`), as for
@@ -312,6 +318,8 @@ class DataloaderInMainProcess(Rule):
                 )
                 continue
             fixable.append(call)
+            if iterated_once(facts, site):
+                once.add(id(call))
         os_name = module_name(facts, "os")
         if os_name is None or facts.imports.is_bound("min"):
             for call in fixable:
@@ -321,7 +329,12 @@ class DataloaderInMainProcess(Rule):
         imports = () if facts.imports.name_for_module("os") else (ImportSpec("os"),)
         plain, groups = by_options_dict(facts, fixable)
         for call in plain:
-            self.report(call, Fix((Replace(call, _with_workers(call, count)),), imports))
+            persistent = id(call) not in once
+            self.report(
+                call,
+                Fix((Replace(call, _with_workers(call, count, persistent)),), imports),
+                fix_title=None if persistent else ONE_PASS_TITLE,
+            )
         for found, calls in groups:
             if fixes_every_loader(found, calls) and not any(
                 option(call, name) for call in calls for name in OPTIONS_SET
@@ -357,8 +370,15 @@ class DataloaderInMainProcess(Rule):
 OPTIONS_SET = ("num_workers", "persistent_workers")
 
 
-def _with_workers(call: cst.Call, count: cst.BaseExpression) -> cst.Call:
-    """`call` with `num_workers=count` (replacing a 0) and `persistent_workers=True`."""
+# Workers of a loader iterated one time start once whatever `persistent_workers` says.
+ONE_PASS_TITLE = (
+    "Add `num_workers=min(4, os.cpu_count() or 1)` (iterated one time: workers start once)"
+)
+
+
+def _with_workers(call: cst.Call, count: cst.BaseExpression, persistent: bool = True) -> cst.Call:
+    """`call` with `num_workers=count` (replacing a 0) and, unless told otherwise,
+    `persistent_workers=True`."""
     workers = option(call, "num_workers")
     if workers is None:
         fixed = with_keyword(call, "num_workers", count)
@@ -366,6 +386,6 @@ def _with_workers(call: cst.Call, count: cst.BaseExpression) -> cst.Call:
         fixed = call.with_changes(
             args=[a.with_changes(value=count) if a is workers else a for a in call.args]
         )
-    if option(call, "persistent_workers") is None:
+    if persistent and option(call, "persistent_workers") is None:
         fixed = with_keyword(fixed, "persistent_workers", cst.Name("True"))
     return fixed

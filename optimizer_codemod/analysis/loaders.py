@@ -68,6 +68,7 @@ from optimizer_codemod.analysis.values import (
     value_sources,
 )
 from optimizer_codemod.analysis.walk import parents
+from optimizer_codemod.analysis.scopes import name_uses
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -1110,6 +1111,30 @@ def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
         ):
             return True
     return False
+
+
+def iterated_once(facts: "ScriptFacts", site: CallSite) -> bool:
+    """Each loader this construction builds is iterated one time: it is itself the iterable
+    of a for loop or comprehension (`torch.cat([d[0] for d in DataLoader(data)])`), or the one
+    name it is bound to is read once, by the one loop over it, in the function that builds it,
+    and nothing repeats that loop without building the loader again. Persistent workers would
+    then outlive every use."""
+    parent = facts.parents.get(site.node)
+    if isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is site.node:
+        return True
+    loops = loops_over(facts, site)
+    if len(loops) != 1 or loops[0].function is not site.site.function:
+        return False
+    names = loader_names(facts, site)
+    if len(names) != 1 or not next(iter(names)).isidentifier():
+        return False
+    scope = site.site.function or facts.module
+    reads = [use for use in name_uses(scope, next(iter(names)), facts) if not use.store]
+    return (
+        len(reads) == 1
+        and not iterated_repeatedly(facts, site)
+        and repetition_unknown(facts, site) is None
+    )
 
 
 def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
