@@ -1555,3 +1555,44 @@ def test_a_placed_loss_module_handed_to_another_modules_loop_is_no_model(tmp_pat
     reasons = messages_by_code(main, Status.DECLINED)["OPT402"]
     assert any("`model` is bound again after it is placed" in r for r in reasons), reasons
     assert not any("criterion" in r for r in reasons), reasons
+
+
+# StyleTTS2's meldataset.py (reading round 8): a collate class pads by hand, through names
+# bound to each item's extent, and a builder function of the module hands out the loader.
+HAND_PADDING_DATA = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+class Collater:
+    def __call__(self, batch):
+        max_mel_length = max([b.shape[1] for b in batch])
+        mels = torch.zeros((len(batch), 80, max_mel_length)).float()
+        for bid, mel in enumerate(batch):
+            mel_size = mel.size(1)
+            mels[bid, :, :mel_size] = mel
+        return mels
+
+
+def build_dataloader(dataset, batch_size):
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=Collater())
+"""
+
+
+def test_a_convnet_fed_batches_padded_by_a_collate_class_elsewhere_gets_no_cudnn_benchmark(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "meldataset.py").write_text(HAND_PADDING_DATA)
+    train = PADDING_TRAIN.replace("import {module}", "from meldataset import build_dataloader")
+    train = train.replace("{call}", "build_dataloader").replace(
+        "torch.nn.Linear(4, 2)", "torch.nn.Conv1d(80, 2, 1)"
+    )
+    (tmp_path / "train.py").write_text(train)
+    together = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path)])
+    assert "input shapes vary between batches" in together.stdout, together.stdout
+    assert "cudnn.benchmark = True" not in together.stdout
+    # A collate that pads to a fixed length keeps one shape: the setting is added.
+    fixed = HAND_PADDING_DATA.replace("max([b.shape[1] for b in batch])", "1000")
+    (tmp_path / "meldataset.py").write_text(fixed)
+    together = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path)])
+    assert "cudnn.benchmark = True" in together.stdout, together.stdout

@@ -137,7 +137,8 @@ class ModelTrainedWithoutCompile(Rule):
         after the statement that places it. Nothing is done when the script already compiles
         anything (`torch.compile`, `.compile()`, TorchScript), or for a model built inside a
         loop or never placed on a device, or when the file takes one training step (its
-        `.backward()` runs in no loop, nor in a function called from one, as in a demo):
+        `.backward()` runs in no loop that repeats, nor in a function called from one, as in
+        a demo; `for _ in range(1):` runs once):
         compiling costs seconds that one step never earns back. Nor when the file
         differentiates a gradient again (`torch.autograd.grad(..., create_graph=True)` for a gradient penalty,
         `backward(create_graph=True)`, `torch.autograd.functional.hessian`), or calls a

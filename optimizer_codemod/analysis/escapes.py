@@ -461,13 +461,47 @@ def _may_run(facts: "ScriptFacts", loop: "Loop", model: Optional[str]) -> bool:
     """The loop's body mentions the model put in eval mode (`model(x)`, `evaluate(model)`)
     or calls a function of this file, which may run it: a loop that only logs Python numbers
     after `model.eval()` (cleanrl's episodic returns) evaluates nothing."""
-    for node in find_all(loop.node.body, cst.Name, cst.Attribute, cst.Call):
+    return _mentions_or_may_run(facts, loop.node.body, model, set())
+
+
+# How deep `_mentions_or_may_run` follows the file's functions calling one another.
+_RUN_DEPTH = 3
+
+
+def _mentions_or_may_run(
+    facts: "ScriptFacts", body: cst.CSTNode, model: Optional[str], seen: Set[str]
+) -> bool:
+    """`body` names the model, or calls a function of this file that may run it: one whose
+    own body does, a method or a class (not followed), or one followed too deep. votenet's
+    `log_string(...)`, which writes to a log file, runs no model."""
+    for node in find_all(body, cst.Name, cst.Attribute, cst.Call):
         if isinstance(node, cst.Call):
-            if callee_name(node) in facts.records.functions:
+            name = callee_name(node)
+            if name in facts.records.functions and _function_may_run(facts, name, model, seen):
                 return True
         elif model is not None and dotted_name(node) == model:
             return True
     return False
+
+
+def _function_may_run(
+    facts: "ScriptFacts", name: str, model: Optional[str], seen: Set[str]
+) -> bool:
+    if name in seen:
+        return False  # a cycle: the first visit on this path reads the whole body
+    definition = facts.top_level_definitions.get(name)
+    if model is None or len(seen) >= _RUN_DEPTH or not isinstance(definition, cst.FunctionDef):
+        return True
+    if facts.records.definition_counts.get(name, 0) != 1 or "." in model:
+        return True  # defined twice, or a model reached through an attribute: not followed
+    # One answer per function and model, whatever the path: each body is read once. (A
+    # cycle cut short may answer False for a function that reaches the model only through
+    # it: the loop is then not taken for an evaluation, and left as it is.)
+    memo = facts.memo("function_may_run")
+    key = (name, model)
+    if key not in memo:
+        memo[key] = _mentions_or_may_run(facts, definition.body, model, seen | {name})
+    return memo[key]
 
 
 # What callers do with a returned value -----------------------------------------------------------

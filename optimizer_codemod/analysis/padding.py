@@ -21,7 +21,8 @@ max_len)`. Both show, in one function (or at module level):
 Neither alone is padding: `x[:, :n]` slices, `buf[: len(x)] = x` into a buffer allocated once
 with a fixed size (a ring buffer) or padding to a constant `MAX_LEN` keep one shape, so they
 are left out; so is a bound read from elsewhere (`padded[i, : lengths[i]] = seq`), which the
-analysis cannot tie to the item.
+analysis cannot tie to the item. A name the scope binds once to the item's extent
+(`mel_size = mel.size(1)`, then `mels[bid, :, :mel_size] = mel`) is that extent.
 """
 
 from __future__ import annotations
@@ -147,18 +148,34 @@ def _first_copy_into_own_extent(
         scopes = [
             s for s in facts.module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))
         ]
+    extents = _extent_names(facts, function)
     for scope in scopes:
         for node in find_all(scope, cst.Assign, cst.Call):
             if isinstance(node, cst.Assign):
                 if len(node.targets) == 1 and _into_own_extent(
-                    node.targets[0].target, _item(node.value)
+                    node.targets[0].target, _item(node.value), extents
                 ):
                     return node
             elif method_name(node) == "copy_" and len(node.args) == 1:
                 assert isinstance(node.func, cst.Attribute)
-                if _into_own_extent(node.func.value, _item(node.args[0].value)):
+                if _into_own_extent(node.func.value, _item(node.args[0].value), extents):
                     return node
     return None
+
+
+def _extent_names(facts: "ScriptFacts", function: Optional[cst.FunctionDef]) -> Dict[str, str]:
+    """Names the scope binds once, to an item's extent: `mel_size = mel.size(1)` (StyleTTS2's
+    collate, then `mels[bid, :, :mel_size] = mel`), by name to the item's name."""
+    assignments = facts.in_function("assignments", function)
+    counts: Dict[str, int] = {}
+    for assignment in assignments:
+        counts[assignment.target] = counts.get(assignment.target, 0) + 1
+    extents = {}
+    for assignment in assignments:
+        item = _extent_of(assignment.value) if counts[assignment.target] == 1 else None
+        if item is not None and not assignment.unpacked:
+            extents[assignment.target] = item
+    return extents
 
 
 def _item(value: cst.BaseExpression) -> Optional[str]:
@@ -169,7 +186,9 @@ def _item(value: cst.BaseExpression) -> Optional[str]:
     return dotted_name(value)
 
 
-def _into_own_extent(target: cst.BaseExpression, item: Optional[str]) -> bool:
+def _into_own_extent(
+    target: cst.BaseExpression, item: Optional[str], extents: Dict[str, str]
+) -> bool:
     """`target` is a slice of a tensor bounded by `item`'s own extent on at least one axis,
     from the start (`[i, : len(item)]`, `[: item.shape[0], : item.shape[1]]`), and indexes
     the other axes whole or at one position."""
@@ -184,7 +203,9 @@ def _into_own_extent(target: cst.BaseExpression, item: Optional[str]) -> bool:
             return False
         if part.upper is None:
             continue
-        if _extent_of(part.upper) != item:
+        bound = part.upper
+        named = extents.get(bound.value) if isinstance(bound, cst.Name) else None
+        if (_extent_of(bound) or named) != item:
             return False
         bounded = True
     return bounded

@@ -697,8 +697,10 @@ def wrapper_assignments(facts: "ScriptFacts", model: str) -> List["Assignment"]:
 
 
 def wrapped_model(facts: "ScriptFacts", value: Optional[cst.BaseExpression]) -> Optional[str]:
-    """`model` for `DistributedDataParallel(model, ...)` and for a wrapper built around the
-    model's placement, `DDP(model.to(device), ...)`; None for anything else."""
+    """`model` for `DistributedDataParallel(model, ...)`, for a wrapper built around the
+    model's placement, `DDP(model.to(device), ...)`, and for a wrapper placed once built,
+    `DDP(model, device_ids=[rank]).to(device)` (HiFi-GAN); None for anything else."""
+    value = _placed_once_built(value)
     if not isinstance(value, cst.Call):
         return None
     if facts.qualified_name(value.func) not in DATA_PARALLEL_WRAPPERS:
@@ -716,6 +718,19 @@ def wrapped_model(facts: "ScriptFacts", value: Optional[cst.BaseExpression]) -> 
     return dotted_name(inner)
 
 
+def _placed_once_built(value: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """The call a placement is applied to, `DDP(model, ...)` in `DDP(model, ...).to(device)`;
+    `value` itself when it is no placement of a call's result."""
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in PLACEMENT_METHODS
+        and isinstance(value.func.value, cst.Call)
+    ):
+        value = value.func.value
+    return value
+
+
 def places_while_wrapping(facts: "ScriptFacts", statement: cst.BaseStatement, model: str) -> bool:
     """`model = DDP(model.to(device), ...)`: the statement that places the model also wraps
     it, so what must happen between the two (compiling, a memory format) goes before it."""
@@ -725,10 +740,10 @@ def places_while_wrapping(facts: "ScriptFacts", statement: cst.BaseStatement, mo
     if not isinstance(assign, cst.Assign):
         return False
     value = assign.value
-    return (
-        wrapped_model(facts, value) == model
-        and isinstance(value, cst.Call)
-        and isinstance(positional(value)[0].value, cst.Call)
+    # `DDP(model, ...).to(device)` wraps a model placed before (or placed by that `.to`,
+    # after which compiling the inner module still comes first): not a placement inside.
+    return wrapped_model(facts, value) == model and isinstance(
+        positional(_placed_once_built(value))[0].value, cst.Call
     )
 
 
@@ -982,7 +997,7 @@ def one_training_step(facts: "ScriptFacts") -> Optional[str]:
     if once is None:
         return None
     return (
-        f"the file takes one training step (`{excerpt(once.node)}` runs in no loop, nor in a "
+        f"the file takes one training step (`{excerpt(once.node)}` runs in no loop that repeats, nor in a "
         "function called from one)"
     )
 
@@ -1061,7 +1076,9 @@ def runs_once(facts: "ScriptFacts", call: "CallSite") -> bool:
 
 def _runs_once(facts: "ScriptFacts", call: "CallSite", depth: int) -> bool:
     statement = call.site.statement
-    if call.site.loops or not isinstance(statement, cst.SimpleStatementLine):
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    if any(not _single_pass(facts, loop) for loop in call.site.loops):
         return False
     small = statement.body[0]
     if not isinstance(small, (cst.Expr, cst.Assign)) or small.value is not call.node:
@@ -1079,6 +1096,26 @@ def _runs_once(facts: "ScriptFacts", call: "CallSite", depth: int) -> bool:
     if not callers or name_mentions(facts).get(name, 0) != len(callers) + 1:
         return False
     return all(_runs_once(facts, caller, depth + 1) for caller in callers)
+
+
+def _single_pass(facts: "ScriptFacts", loop: "Loop") -> bool:
+    """`for _ in range(1):` (votenet's pointnet2_modules.py self-test): a loop over a literal
+    range of at most one number, which runs its body once or not at all."""
+    iterated = loop.iter
+    if not isinstance(loop.node, cst.For) or not isinstance(iterated, cst.Call):
+        return False
+    if not is_name(iterated.func, "range") or not 1 <= len(iterated.args) <= 2:
+        return False
+    if facts.imports.is_bound("range") or facts.assignments_to("range"):
+        return False
+    bounds = [literal(arg.value, None) for arg in iterated.args]
+    if any(
+        type(bound) is not int or arg.keyword or arg.star
+        for bound, arg in zip(bounds, iterated.args)
+    ):
+        return False
+    start, stop = (0, bounds[0]) if len(bounds) == 1 else bounds
+    return stop - start <= 1
 
 
 def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, str]]:
