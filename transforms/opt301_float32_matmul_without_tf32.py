@@ -75,7 +75,8 @@ class Float32MatmulWithoutTF32(Rule):
         that. Never applied when the script already sets a float32 precision or a TF32 flag
         (`set_float32_matmul_precision`, `allow_tf32`, `fp32_precision`, `backends.flags`),
         when it does not train (no backward call), or when it already computes in another
-        precision (autocast, GradScaler, `.half()`/`.bfloat16()`, a 16-bit dtype,
+        precision (autocast, GradScaler, `.half()`/`.bfloat16()`, a 16-bit dtype, also among a
+        dict's values or a conditional's branches,
         `mixed_precision=`, a 16/64-bit default dtype, NVIDIA Apex's `amp.initialize`, an
         autocast aliased or wrapped in `functools.partial`), or when its model computes in float64
         (`model.double()`, `model.to(torch.float64)`, layers built with

@@ -142,7 +142,8 @@ class Float32TrainingWithoutAutocast(Rule):
         `numerics`: matrix products round to bfloat16 (8 bits of mantissa); PyTorch's autocast
         keeps precision-sensitive operations in float32, and bfloat16 has float32's range so
         no loss scaling is needed. Backward stays outside the autocast region. Not applied
-        when the script already chose a precision (autocast, `.half()`, 16-bit dtypes, NVIDIA
+        when the script already chose a precision (autocast, `.half()`, 16-bit dtypes, among a
+        dict's values too, as in `dtype_map[args.dtype]`, NVIDIA
         Apex's `amp.initialize`; an autocast named without being called, as timm's
         `amp_autocast = torch.cuda.amp.autocast if args.amp else suppress` or dinov2's
         `partial(torch.cuda.amp.autocast, ...)`, counts too; other

@@ -332,11 +332,26 @@ def reduced_precision_use(
         if mixed is not None and literal(mixed.value, "unknown") not in (None, "no", False):
             return call.node
     for assignment in facts.records.assignments:
-        if facts.qualified_name(assignment.value) in LOW_PRECISION_DTYPES:
+        if any(
+            facts.qualified_name(choice) in LOW_PRECISION_DTYPES
+            for choice in _dtype_choices(assignment.value)
+        ):
             return assignment.statement_node
     if entered:
         return facts.module
     return autocast_reference(facts)
+
+
+def _dtype_choices(value: cst.BaseExpression) -> List[cst.BaseExpression]:
+    """What an assigned value may bind: itself, both branches of a conditional, and the values
+    of a dict literal, to which a lookup chooses (pyg's relbench_gretriever.py: `dtype_map =
+    {"bf16": torch.bfloat16, ...}`, then `dtype_map[args.dtype]`). A comparison with a dtype
+    chooses nothing."""
+    if isinstance(value, cst.IfExp):
+        return [*_dtype_choices(value.body), *_dtype_choices(value.orelse)]
+    if isinstance(value, cst.Dict):
+        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+    return [value]
 
 
 def autocast_reference(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
