@@ -1591,6 +1591,9 @@ def test_a_convnet_fed_batches_padded_by_a_collate_class_elsewhere_gets_no_cudnn
     together = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path)])
     assert "input shapes vary between batches" in together.stdout, together.stdout
     assert "cudnn.benchmark = True" not in together.stdout
+    # The project index names the builder and the padding, for every rule that asks.
+    allocator = run_cli(["apply", "--check", "--select", "OPT410", str(tmp_path)])
+    assert "`build_dataloader` from meldataset.py makes batches change shape" in allocator.stdout
     # A collate that pads to a fixed length keeps one shape: the setting is added.
     fixed = HAND_PADDING_DATA.replace("max([b.shape[1] for b in batch])", "1000")
     (tmp_path / "meldataset.py").write_text(fixed)

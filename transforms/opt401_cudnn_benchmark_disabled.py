@@ -162,10 +162,7 @@ class CudnnBenchmarkDisabled(Rule):
             return
         first = anchor.node
         varying = shape_variation(facts)
-        # Batches padded by a module of the run the script imports (StyleTTS2's meldataset.py
-        # collate, built there by `build_dataloader`) vary as surely, whoever loops over them.
-        padded_elsewhere = project is not None and project.imported.variable_shapes
-        if varying is not None or padded_elsewhere:
+        if varying is not None or (imported is not None and imported.variable_shapes):
             self.report(
                 first,
                 message="Convolutional training without `cudnn.benchmark`, but input shapes "

@@ -1126,10 +1126,13 @@ def iterated_once(facts: "ScriptFacts", site: CallSite) -> bool:
     if len(loops) != 1 or loops[0].function is not site.site.function:
         return False
     names = loader_names(facts, site)
-    if len(names) != 1 or not next(iter(names)).isidentifier():
+    if len(names) != 1:
         return False
+    (name,) = names
+    if not name.isidentifier():
+        return False  # `self.loader`: read wherever the object goes
     scope = site.site.function or facts.module
-    reads = [use for use in name_uses(scope, next(iter(names)), facts) if not use.store]
+    reads = [use for use in name_uses(scope, name, facts) if not use.store]
     return (
         len(reads) == 1
         and not iterated_repeatedly(facts, site)

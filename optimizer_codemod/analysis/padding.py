@@ -41,8 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 # A regular expression every hand padding matches (a slice bounded by an item's own extent),
-# for the triggers of rules that ask: `[: len(`, `[i, :x.shape[`, `[0:x.size(`.
-SLICE_TO_OWN_EXTENT = r"\[[^\]\n]*:\s*(?:len\s*\(|\w+\s*\.\s*(?:shape\s*\[|size\s*\())"
+# for the triggers of rules that ask: `[: len(`, `[i, :x.shape[`, `[0:x.size(`, and a slice
+# that ends at a name, which may be bound to the extent (`[bid, :, :mel_size]`).
+SLICE_TO_OWN_EXTENT = r"\[[^\]\n]*:\s*(?:len\s*\(|\w+\s*\.\s*(?:shape\s*\[|size\s*\()|\w+\s*\])"
 ALLOCATIONS = frozenset(
     f"{module}.{kind}"
     for module in ("torch", "numpy")

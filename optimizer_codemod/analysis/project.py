@@ -1508,7 +1508,9 @@ def _find_shape_varying_functions(facts) -> Dict[str, Tuple[str, str]]:
         call = padded.allocation
         if call.site.function is not None:
             varying.setdefault(id(call.node), (call.qualname or "", excerpt(padded.copy)))
-    return _functions_reaching(facts, varying)
+    # A collate class of the file pads in its `__call__` (StyleTTS2's `Collater`): the
+    # function that builds it (`build_dataloader`) hands out batches that vary.
+    return _functions_reaching(facts, varying, through_classes=True)
 
 
 def _second_derivative_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
@@ -1529,10 +1531,16 @@ def _second_derivative_functions(module: _Module) -> Dict[str, Tuple[str, str]]:
     return module.twice
 
 
-def _functions_reaching(facts, wanted: Dict[int, Tuple[str, str]]) -> Dict[str, Tuple[str, str]]:
+def _functions_reaching(
+    facts, wanted: Dict[int, Tuple[str, str]], through_classes: bool = False
+) -> Dict[str, Tuple[str, str]]:
     """{top-level function: the first of the `wanted` calls (by node id) in it, its nested
-    functions, or the top-level functions of the file it calls, transitively}."""
-    top = [s for s in facts.module.body if isinstance(s, cst.FunctionDef)]
+    functions, or the top-level functions of the file it calls, transitively}. With
+    `through_classes`, top-level classes count as functions (a wanted call in one of their
+    methods), and building one as calling it: for wanted calls that run whenever the object
+    is used, as a collate object's are."""
+    kinds = (cst.FunctionDef, cst.ClassDef) if through_classes else cst.FunctionDef
+    top = [s for s in facts.module.body if isinstance(s, kinds)]
     names = {s.name.value for s in top}
     found: Dict[str, Tuple[str, str]] = {}
     callers: Dict[str, List[str]] = {}

@@ -997,8 +997,8 @@ def one_training_step(facts: "ScriptFacts") -> Optional[str]:
     if once is None:
         return None
     return (
-        f"the file takes one training step (`{excerpt(once.node)}` runs in no loop that repeats, nor in a "
-        "function called from one)"
+        f"the file takes one training step (`{excerpt(once.node)}` runs in no loop that "
+        "repeats, nor in a function called from one)"
     )
 
 
