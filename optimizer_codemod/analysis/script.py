@@ -475,22 +475,40 @@ class ScriptFacts:
             direct = self.call_site_of.get(loop.iter)
             if direct is not None and direct.qualname == DATALOADER:
                 return direct
-        return self.loader_named(name) if name else None
+        return self.loader_named(name, loop.function) if name else None
 
-    def loader_named(self, name: str, depth: int = 0) -> Optional[CallSite]:
+    def loader_named(
+        self, name: str, scope: Optional[cst.CSTNode] = None, depth: int = 0
+    ) -> Optional[CallSite]:
+        """The DataLoader construction `name` is bound to, read in `scope` (a function, or a
+        node inside one, or None: anywhere). A plain name the function assigns itself is
+        local to it, so DGCNN's `test_loader` of `train()` is not its `test()`'s; elsewhere
+        (attributes, parameters, globals) every assignment of the file counts."""
         if depth > 3:
             return None
+        function = self.enclosing_function(scope)
         memo = self.memo("loader_named")
-        key = (name, depth)
+        key = (name, id(function), depth)
         if key not in memo:
-            memo[key] = self._loader_named(name, depth)
+            memo[key] = self._loader_named(name, function, depth)
         return memo[key]
 
-    def _loader_named(self, name: str, depth: int) -> Optional[CallSite]:
+    def enclosing_function(self, node: Optional[cst.CSTNode]) -> Optional[cst.FunctionDef]:
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.parents.get(node)
+        return node
+
+    def _bindings_read_in(self, name: str, function: Optional[cst.FunctionDef]):
+        local = self.assignments_in_scope(name, function) if function is not None else ()
+        return local if local and "." not in name else self.assignments_to(name)
+
+    def _loader_named(
+        self, name: str, function: Optional[cst.FunctionDef], depth: int
+    ) -> Optional[CallSite]:
         from optimizer_codemod.analysis.loaders import returned_loader_at
 
         found = None
-        for assignment in self.assignments_to(name):
+        for assignment in self._bindings_read_in(name, function):
             site = self.call_site_of.get(assignment.value)
             # A helper of this file that builds the loader, called once: `loader =
             # get_loader(...)`, or unpacked from its tuple (`train_dl, val_dl, tokenizer =
@@ -511,7 +529,8 @@ class ScriptFacts:
                 )
                 other = self._iterated_name(assignment.value) if wrapped else None
                 other = other or dotted_name(assignment.value)
-                candidate = self.loader_named(other, depth + 1) if other else None
+                where = assignment.site.function
+                candidate = self.loader_named(other, where, depth + 1) if other else None
             if candidate is None or (found is not None and found is not candidate):
                 return None
             found = candidate

@@ -578,7 +578,7 @@ def _only_loaders_passed(facts: "ScriptFacts", loop: Loop) -> bool:
     for value in values:
         site = facts.call_site_of.get(value) if isinstance(value, cst.Call) else None
         if site is None or site.qualname != DATALOADER:
-            site = facts.loader_named(dotted_name(value) or "")
+            site = facts.loader_named(dotted_name(value) or "", value)
         if site is None:
             return False
     return True
@@ -594,7 +594,7 @@ def passed_loader(
     site = facts.call_site_of.get(node)
     if site is None or site.qualname != DATALOADER:
         name = dotted_name(node)
-        site = facts.loader_named(name) if name is not None else None
+        site = facts.loader_named(name, node) if name is not None else None
     if site is None:
         built_elsewhere = imported_loader_named(facts, dotted_name(node))
         if built_elsewhere is not None:
