@@ -866,13 +866,16 @@ class _Planner:
 
     def _ending_bracket(self, line: int, candidates) -> Optional[Tuple[cst.CSTNode, _Layout]]:
         """The bracket that ends `line` (a whole statement, or one element of a bracket laid
-        out one element per line), split at its brackets as black's right-hand split does."""
+        out one element per line), split at its brackets as black's right-hand split does.
+        A bracket opened on `line` and closed further down counts too: the author's aligned
+        continuation lines (`DataLoader(ds, batch_size=b,\n                 num_workers=2)`)
+        whose first line an edit pushed past the limit are laid out as black lays them out."""
         indent = self._indent(line)
         for node in sorted(candidates, key=lambda n: self.positions[n].start.column):
             where = self.positions[node]
-            if where.end.line != line or not _can_explode(node):
+            if where.end.line < line or not _can_explode(node):
                 continue
-            rest = _code_part(self.lines[line - 1][where.end.column :]).strip()
+            rest = _code_part(self.lines[where.end.line - 1][where.end.column :]).strip()
             holder = self._holder(node)
             if holder is None:
                 continue

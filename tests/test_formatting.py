@@ -292,6 +292,33 @@ def test_a_hugged_call_that_no_longer_fits_goes_one_argument_per_line() -> None:
     ) in new
 
 
+def test_continuation_lines_whose_first_line_grew_too_long_go_one_argument_per_line() -> None:
+    # TabSurvey's loaders: OPT104 rewrites the arguments of a call laid out with aligned
+    # continuation lines, OPT101/OPT103 add keywords after it; the first line grew to 160
+    # columns and stayed so until a bracket closed further down counted as splittable.
+    old = (
+        "def fit(self, X):\n"
+        "    loader = DataLoader(dataset=X, batch_size=self.args.batch_size, shuffle=True,\n"
+        "                        num_workers=2)\n"
+    )
+    new = (
+        "def fit(self, X):\n"
+        "    loader = DataLoader(dataset=X, batch_size=None, sampler=BatchSampler(RandomSampler(X),"
+        " self.args.batch_size, drop_last=False), num_workers=2,\n"
+        "                        pin_memory=torch.cuda.is_available())\n"
+    )
+    assert wrap_long_calls(old, new) == (
+        "def fit(self, X):\n"
+        "    loader = DataLoader(\n"
+        "        dataset=X,\n"
+        "        batch_size=None,\n"
+        "        sampler=BatchSampler(RandomSampler(X), self.args.batch_size, drop_last=False),\n"
+        "        num_workers=2,\n"
+        "        pin_memory=torch.cuda.is_available(),\n"
+        "    )\n"
+    )
+
+
 def test_untouched_calls_on_an_edited_line_are_not_exploded() -> None:
     from optimizer_codemod import rewrite
 
