@@ -204,6 +204,18 @@ def test_a_dataset_that_opens_a_handle_when_built_gets_no_workers(tmp_path: Path
     assert any("opens a file handle" in m for m in found["OPT102"]), found
 
 
+def test_a_dataset_keeping_its_own_generator_gets_no_workers(tmp_path: Path) -> None:
+    # LoRA's FT_Dataset (data_utils.py) draws padding items from `self.rng`: each worker
+    # would draw the same numbers from its copy of one state.
+    datasets = DATASETS.replace("import torch\n", "import random\n\nimport torch\n").replace(
+        "self.images = torch.randn(count, 8)",
+        "self.images = torch.randn(count, 8)\n        self.rng = random.Random(911)",
+    )
+    found = outcomes(project(tmp_path, datasets, IN_MAIN_PROCESS), ["datasets.py", "train.py"])
+    assert any("its own random generator (`random.Random(911)`)" in m for m in found["OPT102"])
+    assert not any(m.startswith(Status.UNSAFE.value) for m in found["OPT102"]), found
+
+
 def test_a_function_returning_a_dataset_of_a_third_module(tmp_path: Path) -> None:
     # pytorch/examples super_resolution: main.py -> data.get_training_set -> dataset.py.
     (tmp_path / "data.py").write_text(

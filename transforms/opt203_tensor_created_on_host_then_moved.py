@@ -11,6 +11,7 @@ from optimizer_codemod.analysis.transfers import (
     host_creations_moved,
     legacy_type_conversions,
 )
+from optimizer_codemod.analysis.timing import timed_by
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -94,8 +95,12 @@ class TensorCreatedOnHostThenMoved(Rule):
         statements that run once at module level, and a `_like` factory whose source is
         already on the target (`torch.zeros_like(x).to(x.device)`, or `x` bound in the same
         scope by `.to(device)` or `device=device`): it is made there, and the edit would
-        change nothing. `.to(device, non_blocking=True)` loses the keyword, which has no copy left to
-        apply to.
+        change nothing. Nor a move whose time the script measures (a clock read in a loop
+        around it, or a `with` around it whose context manager is a function of the file
+        that reads one: peft's dora-caching.py times forwards with `with timeit(logs):`):
+        the blocking copy waits for the work queued before it, and without it the timer
+        counts only launches. `.to(device, non_blocking=True)` loses the keyword, which has
+        no copy left to apply to.
 
     Expected gain:
         On a CUDA device, one host allocation and fill and one blocking host-to-device copy
@@ -184,6 +189,15 @@ class TensorCreatedOnHostThenMoved(Rule):
                     "the tensor is thrown away (`_ = ...` or a bare expression): the statement is "
                     "there for its host-to-device copy (a warm-up of the copy kernels), which "
                     "creating the tensor on the device would drop",
+                )
+                continue
+            timed = timed_by(self.facts, creation.move.node)
+            if timed is not None:
+                self.decline(
+                    creation.move.node,
+                    f"its time is measured ({timed}), and the blocking copy is what waits "
+                    "for the work queued before it: made on the device, the timer would "
+                    "count only the launches of that work",
                 )
                 continue
             random = creation.kind == "random"

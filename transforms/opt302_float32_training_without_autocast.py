@@ -27,6 +27,7 @@ from optimizer_codemod.analysis.solvers import (
 from optimizer_codemod.analysis.training import (
     TrainedModel,
     TrainingStep,
+    data_parallel_wrapping,
     device_type_code,
     device_type_code_in,
     enclosing_block,
@@ -173,7 +174,11 @@ class Float32TrainingWithoutAutocast(Rule):
         CUDA autocast casts cuDNN RNNs to float16 whatever dtype it was asked for (ATen
         `aten/src/ATen/cudnn/AutocastRNN.cpp`, `_cudnn_rnn_cast_reflatten` casts to `kHalf`),
         so the layer would train in float16 with no GradScaler; with `precision = "fp16"` the
-        rule wraps it and adds the scaler, as for any model.
+        rule wraps it and adds the scaler, as for any model. So is, for the same reason, a
+        model of which `nn.DataParallel` wraps the whole or a part (TabSurvey's SAINT wraps
+        `self.model.transformer`): on several GPUs it runs each replica in a thread under
+        `torch.amp.autocast(device_type, enabled=...)`, which carries whether autocast is on
+        but not its dtype, so the replicas run in the device's default float16.
         A training step that runs a differential-equation solver (torchdiffeq's `odeint`,
         torchsde's `sdeint`, analysis/solvers.py; in the step, in a function or method of the
         file it calls, or in a method of the model's classes or of any class of the file) is
@@ -361,6 +366,7 @@ class Float32TrainingWithoutAutocast(Rule):
         dtype = DTYPES[self.context.precision]
         if dtype == "bfloat16" and (
             any(self._declines_recurrent(model, anchor) for model in models)
+            or any(self._declines_data_parallel(model, anchor) for model in models)
             or self._declines_torch_sparse(anchor)
         ):
             return
@@ -567,6 +573,21 @@ class Float32TrainingWithoutAutocast(Rule):
             "CUDA autocast runs it in float16 whatever dtype is asked for, so bfloat16 "
             "autocast would train it in float16 without a GradScaler (set precision to "
             "fp16, which adds one)",
+        )
+        return True
+
+    def _declines_data_parallel(self, model: TrainedModel, anchor: cst.CSTNode) -> bool:
+        wrapping = data_parallel_wrapping(self.facts, model)
+        if wrapping is None:
+            return False
+        self.decline(
+            anchor,
+            f"`{model.name}` (or a part of it) is wrapped in `nn.DataParallel` "
+            f"(`{excerpt(wrapping.node)}`): on several GPUs it runs the replicas in threads, "
+            "which it puts under autocast with the device's default dtype (it passes on only "
+            "whether autocast is on: torch/nn/parallel/parallel_apply.py), so bfloat16 "
+            "autocast would train them in float16 without a GradScaler (set precision to fp16, "
+            "which adds one)",
         )
         return True
 

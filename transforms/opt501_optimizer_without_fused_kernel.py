@@ -24,8 +24,12 @@ from optimizer_codemod.analysis.devices import (
 )
 from optimizer_codemod.analysis.checkpoints import restores_optimizer_state
 from optimizer_codemod.analysis.gradients import sparse_gradients
-from optimizer_codemod.analysis.precision import fp16_loss_scaling, sixteen_bit_conversion
-from optimizer_codemod.analysis.training import lightning_module_optimizer
+from optimizer_codemod.analysis.precision import (
+    fp16_chosen_at_launch,
+    fp16_loss_scaling,
+    sixteen_bit_conversion,
+)
+from optimizer_codemod.analysis.training import lightning_module_optimizer, one_training_step
 from optimizer_codemod.rule import Example, Fix, Replace, Rule, Safety
 from optimizer_codemod.torch_version import TorchVersion
 
@@ -79,7 +83,8 @@ class OptimizerWithoutFusedKernel(Rule):
         options arrive through `*args`/`**kwargs` (they may already carry `fused`), when
         `foreach` is given (`foreach=False` too: torch accepts it beside `fused=True`, but it
         is the author choosing the for-loop implementation, as DomainBed's Adam does) or
-        `differentiable` is set, or when the script, or a module of the run it imports, builds
+        `differentiable` is set, when the file takes one training step (a module's usage
+        demo: one step saves nothing), or when the script, or a module of the run it imports, builds
         a layer with `sparse=` not literally False (transformer-xl's `nn.Embedding(...,
         sparse=sample_softmax>0)`: fused SGD raises on sparse gradients). Needs
         `target-torch` 2.4 (2.13 for Adagrad), the first release with CPU and CUDA kernels.
@@ -121,7 +126,9 @@ class OptimizerWithoutFusedKernel(Rule):
         resume, loading saved optimizer state (`optimizer.load_state_dict`, a helper named for
         loading, resuming or restoring that is handed the optimizer, Accelerate's
         `load_state`), under fp16 loss scaling (a GradScaler, Accelerate's
-        `mixed_precision="fp16"`) is left alone: a state saved before the fix loads
+        `mixed_precision="fp16"`, or an `Accelerator` whose mixed precision the file leaves
+        to the launch or the command line, as peft's examples do) is left alone: a state
+        saved before the fix loads
         `fused=None` back, and GradScaler's next step raises (vits resumes from its latest
         checkpoint). Without loss scaling such a resume only turns the fused kernel off again.
         An optimizer a LightningModule's `configure_optimizers` builds is left alone: under
@@ -208,6 +215,14 @@ class OptimizerWithoutFusedKernel(Rule):
             if reason is not None:
                 self.decline(call, reason)
                 continue
+            once = one_training_step(self.facts)
+            if once is not None:
+                self.decline(
+                    call,
+                    f"{once}: the fused kernel saves launches on every step, and one step "
+                    "gains nothing measurable for the numerics it changes",
+                )
+                continue
             fixed = with_keyword(call, "fused", cst.Name("True"))
             if xla_device_source(self.facts) == "accelerate":
                 self.report(
@@ -284,12 +299,19 @@ def _why_fused_would_fail(facts, label: str, site) -> "str | None":
             "they allow it"
         )
     scaling = fp16_loss_scaling(facts)
-    restored = restores_optimizer_state(facts, call) if scaling is not None else None
+    launched = fp16_chosen_at_launch(facts) if scaling is None else None
+    restored = restores_optimizer_state(facts, call) if scaling or launched else None
     if restored is not None:
+        how = (
+            f"(`{excerpt(scaling)}`)"
+            if scaling is not None
+            else f"(`{excerpt(launched)}` does not fix `mixed_precision`: a flag or the launch "
+            "may choose fp16)"
+        )
         return (
             f"the script may resume (`{excerpt(restored)}`): a state saved before this change "
             "loads `fused=None` back into the optimizer, and under fp16 loss scaling "
-            f"(`{excerpt(scaling)}`) its first step then raises (torch 2.13: AssertionError "
+            f"{how} its first step then raises (torch 2.13: AssertionError "
             "in the unfused step); add `fused=True` by hand once no such checkpoint is "
             "resumed"
         )

@@ -48,6 +48,7 @@ from optimizer_codemod.analysis.devices import (
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.batch_sources import batch_source, drawn_iterator
 from optimizer_codemod.analysis.batched_items import BatchedItems, batched_items
+from optimizer_codemod.analysis.bounded_loops import iterations_at_most
 from optimizer_codemod.analysis.calls import is_prepare
 from optimizer_codemod.analysis.precision import loops_elsewhere
 from optimizer_codemod.analysis.script import DATALOADER
@@ -515,10 +516,12 @@ def own_random_generator(facts: "ScriptFacts", class_name: str) -> Optional[str]
 
     PyTorch seeds `random`, NumPy's global generator and torch's in each worker, not an
     object the dataset holds: every worker starts from a copy of the same state and draws
-    the same numbers, so random picks repeat across the workers' items."""
+    the same numbers, so random picks repeat across the workers' items. A class imported
+    from another module of the run is answered from the project index's summary."""
     info = facts.classes.get(class_name)
     if info is None:
-        return None
+        imported = imported_dataset(facts, class_name)
+        return imported.random_generator if imported is not None else None
     for assignment in facts.records.assignments:
         if not assignment.target.startswith("self."):
             continue
@@ -1028,7 +1031,7 @@ def _parameter_loaders(
         elif _names_a_parameter(bound.value, caller.site.function):
             loaders += _parameter_loaders(facts, caller.site.function, spelled, seen)
         elif spelled:
-            named = facts.loader_named(spelled)
+            named = facts.loader_named(spelled, caller.node)
             if named is not None:
                 loaders.append(named)
     return loaders
@@ -1086,7 +1089,7 @@ def _is_loader(facts: "ScriptFacts", node: cst.BaseExpression, site: CallSite) -
     if node is site.node:
         return True
     name = dotted_name(node)
-    return name is not None and facts.loader_named(name) is site
+    return name is not None and facts.loader_named(name, node) is site
 
 
 def iterated_repeatedly(facts: "ScriptFacts", site: CallSite) -> bool:
@@ -1138,6 +1141,15 @@ def iterated_once(facts: "ScriptFacts", site: CallSite) -> bool:
         and not iterated_repeatedly(facts, site)
         and repetition_unknown(facts, site) is None
     )
+
+
+def batches_read_at_most(facts: "ScriptFacts", site: CallSite) -> Optional[int]:
+    """How many batches the one loop over a loader iterated once reads at most, when that
+    loop leaves on a count of its own (`if ii == 1: break`: bounded_loops.py)."""
+    loops = loops_over(facts, site)
+    if len(loops) != 1 or not iterated_once(facts, site):
+        return None
+    return iterations_at_most(loops[0])
 
 
 def _called_in_loop(facts, function, site, built_in, depth, seen) -> bool:
@@ -1295,7 +1307,7 @@ def _loader_value(facts, node, local) -> Tuple[Optional[CallSite], Tuple[Loop, .
     name = dotted_name(node)
     if name is None:
         return None, ()
-    named = facts.loader_named(name)
+    named = facts.loader_named(name, node)
     if named is not None:
         return named, ()
     found, loops = None, []

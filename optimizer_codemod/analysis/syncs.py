@@ -32,6 +32,7 @@ from optimizer_codemod.analysis.calls import (
 )
 from optimizer_codemod.analysis.collect import CallSite, Loop, target_names
 from optimizer_codemod.analysis.epochs import step_loop_of
+from optimizer_codemod.analysis.timing import CLOCKS
 from optimizer_codemod.analysis.devices import (
     OFF_DEVICE_METHODS,
     DeviceKind,
@@ -78,20 +79,6 @@ HOST_SYNC_FUNCTIONS = {
 }
 # Builtins that read a tensor's value on the host: `float(x)`, `f"{x}"` (through `format`).
 READING_BUILTINS = frozenset({"float", "int", "bool", "str", "repr", "format", "round"})
-# Functions that read the time: a device sync before them makes a step's timing honest.
-CLOCKS = frozenset(
-    {
-        "time.time",
-        "time.perf_counter",
-        "time.monotonic",
-        "time.process_time",
-        "time.time_ns",
-        "time.perf_counter_ns",
-        "time.monotonic_ns",
-        "timeit.default_timer",
-        "datetime.datetime.now",
-    }
-)
 
 # Work that runs off the default stream: a `synchronize()` may be what waits for it.
 OTHER_STREAMS = (
@@ -396,7 +383,7 @@ class HostSyncs:
             }
             removed.update((c.node, HOST_FILL) for c in copies if c.node in fills)
         remaining = tuple(s for s in self.sites(loop) + copies if s.node not in removed)
-        return SyncPlan(removed, remaining + self._helper_sites(loop))
+        return SyncPlan(removed, remaining + self._helper_sites(loop) + self._int8_sites(loop))
 
     def blocking_copies(self, loop: Loop) -> Tuple[StepSync, ...]:
         """Host data made on every step of `loop` and copied to a CUDA tensor type with a
@@ -444,6 +431,29 @@ class HostSyncs:
             for call in (sync.in_loop, *sync.also_in)
             if call is not None and any(outer.node is loop.node for outer in call.site.loops)
         )
+
+    def _int8_sites(self, loop: Loop) -> Tuple[StepSync, ...]:
+        """`load_in_8bit=True` (peft's fine_tune_blip2_int8.py): bitsandbytes' 8-bit layers
+        split off the outlier features of their input above `llm_int8_threshold` (6.0 unless
+        set to 0), a data-dependent shape that waits for the device in every forward, so a
+        model quantized so syncs on every step of any training loop of the file."""
+        return tuple(
+            StepSync(option, "quantized", None, loop.node, False, loop)
+            for option in self._int8_options
+        )
+
+    @cached_property
+    def _int8_options(self) -> Tuple[cst.Arg, ...]:
+        found = []
+        for call in self.facts.call_site_of.values():
+            option = keyword(call.node, "load_in_8bit")
+            if option is None or literal(option.value, None) is False:
+                continue
+            threshold = keyword(call.node, "llm_int8_threshold")
+            if threshold is not None and literal(threshold.value, None) == 0:
+                continue
+            found.append(option)
+        return tuple(found)
 
 
 def _blocking_free(call: cst.Call) -> bool:
@@ -998,7 +1008,9 @@ def loss_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
         # `.item()` it replaces; a micro-step loop's total read once per optimizer step, in
         # the loop around it (imagen's trainer), syncs once per step instead of once per
         # micro-batch, and the micro-batches' kernels queue without waiting for each other.
-        per_step = every_iteration(loop)
+        # A read under `if local_rank == 0:` runs on every step of that process (yolov4's
+        # progress bar shows the running mean so).
+        per_step = every_iteration_of_some_process(loop)
         items = loss_items(facts, loop)
         for item in items:
             small = _small_statement(item)
@@ -1187,7 +1199,7 @@ def metric_item_accumulations(facts: "ScriptFacts") -> List[Accumulation]:
                     loop,
                     name,
                     items,
-                    every_iteration(loop),
+                    every_iteration_of_some_process(loop),
                     "a metric",
                     counts=kinds == {"int"},
                 )

@@ -42,7 +42,8 @@ from optimizer_codemod.analysis.imports import dotted_name, runs_on_the_host
 from optimizer_codemod.analysis.epochs import body_holding
 from optimizer_codemod.analysis.guards import always_exits
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
-from optimizer_codemod.analysis.walk import ancestors
+from optimizer_codemod.analysis.walk import ancestors, children
+from optimizer_codemod.analysis.bounded_loops import literal_iterations
 from optimizer_codemod.analysis.parameter_groups import gathered_module
 from optimizer_codemod.analysis.parameter_loops import (
     PARAMETER_METHODS,
@@ -1058,13 +1059,28 @@ def _initialises_in_place(facts: "ScriptFacts", function: str, depth: int) -> bo
 
 
 def data_parallel_wrapping(facts: "ScriptFacts", model: TrainedModel) -> Optional["CallSite"]:
-    """`nn.DataParallel(model)` (`torch.nn.DataParallel(model).cuda()`, CutMix's): the
-    construction that wraps the model, None when none does."""
+    """`nn.DataParallel(model)` (`torch.nn.DataParallel(model).cuda()`, CutMix's), also of
+    an attribute (`self.model_self = nn.DataParallel(self.model_self, ...)` under `if
+    args.data_parallel:`, TabSurvey's VIME): the construction that wraps the model, None
+    when none does."""
     for call in facts.calls_to(*DATA_PARALLEL):
         args = positional(call.node)
-        if args and root_name(args[0].value) == model.name:
+        if args and _names_model(args[0].value, model.name):
             return call
     return None
+
+
+def _names_model(node: cst.BaseExpression, name: str) -> bool:
+    """`node` is the model `name` or a part of it: `model`, `model.cuda()`, `model[0]`,
+    `self.net.module` for `self.net`."""
+    if "." not in name:
+        return root_name(node) == name
+    while isinstance(node, (cst.Call, cst.Subscript)) or (
+        isinstance(node, cst.Attribute) and dotted_name(node) is None
+    ):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    spelled = dotted_name(node) or ""
+    return spelled == name or spelled.startswith(name + ".")
 
 
 def runs_once(facts: "ScriptFacts", call: "CallSite") -> bool:
@@ -1100,22 +1116,10 @@ def _runs_once(facts: "ScriptFacts", call: "CallSite", depth: int) -> bool:
 
 def _single_pass(facts: "ScriptFacts", loop: "Loop") -> bool:
     """`for _ in range(1):` (votenet's pointnet2_modules.py self-test): a loop over a literal
-    range of at most one number, which runs its body once or not at all."""
-    iterated = loop.iter
-    if not isinstance(loop.node, cst.For) or not isinstance(iterated, cst.Call):
-        return False
-    if not is_name(iterated.func, "range") or not 1 <= len(iterated.args) <= 2:
-        return False
-    if facts.imports.is_bound("range") or facts.assignments_to("range"):
-        return False
-    bounds = [literal(arg.value, None) for arg in iterated.args]
-    if any(
-        type(bound) is not int or arg.keyword or arg.star
-        for bound, arg in zip(bounds, iterated.args)
-    ):
-        return False
-    start, stop = (0, bounds[0]) if len(bounds) == 1 else bounds
-    return stop - start <= 1
+    range of at most one number (bounded_loops.literal_iterations), which runs its body once
+    or not at all."""
+    iterations = literal_iterations(facts, loop)
+    return iterations is not None and iterations <= 1
 
 
 def why_no_trained_model(facts: "ScriptFacts") -> Optional[Tuple[cst.CSTNode, str]]:
@@ -1839,7 +1843,12 @@ def torch_own_module(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]
     a library's), holds modules passed by name or unpacked (`nn.Sequential(*layers)`: a list
     filled by `append` is not followed), or the analysis cannot see its construction."""
     found: Optional[str] = None
-    for expression in _model_expressions(facts, model):
+    expressions = _model_expressions(facts, model)
+    incidental = _size_and_device_names(facts, expressions)
+    for expression in expressions:
+        assignment = facts.assignment_of(expression)
+        if assignment is not None and assignment.target in incidental:
+            continue  # `num_classes = dataset.features["labels"].num_classes`: no module
         if any(_may_build_other_modules(facts, call) for call in find_all(expression, cst.Call)):
             return None
         call = _constructor_call(facts, expression)
@@ -1859,6 +1868,72 @@ def torch_own_module(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]
 
 
 _CONTAINERS = frozenset({"torch.nn.Sequential", "torch.nn.ModuleList", "torch.nn.ModuleDict"})
+# torch.nn classes that take a module as an argument: a name handed to them may be one.
+_TAKING_MODULES = _CONTAINERS | frozenset(
+    {
+        "torch.nn.TransformerEncoder",
+        "torch.nn.TransformerDecoder",
+        "torch.nn.Transformer",
+        "torch.nn.DataParallel",
+    }
+)
+
+
+def _size_and_device_names(
+    facts: "ScriptFacts", expressions: Sequence[cst.BaseExpression]
+) -> Set[str]:
+    """Names the model's construction reads only as arguments of torch's layers that take
+    no module (`LazyLinear(num_classes)`) or of placements (`.to(device)`), and the names
+    only their values are computed from (peft's pvera example: `num_classes` from the
+    dataset `load_dataset(...)` returns): sizes and devices, which add no module."""
+    targets = {}
+    for expression in expressions:
+        assignment = facts.assignment_of(expression)
+        targets[id(expression)] = assignment.target if assignment is not None else None
+    incidental: Set[str] = set()
+    while True:
+        modules: Set[str] = set()
+        arguments: Set[str] = set(incidental)
+        for expression in expressions:
+            if targets[id(expression)] in incidental:
+                arguments.update(_names_in(expression))
+            else:
+                _sort_names(facts, expression, False, modules, arguments)
+        grown = arguments - modules
+        if grown <= incidental:
+            return incidental
+        incidental |= grown
+
+
+def _names_in(node: cst.CSTNode) -> Set[str]:
+    found: Set[str] = set()
+    _sort_names(None, node, True, found, found)
+    return found
+
+
+def _sort_names(facts, node: cst.CSTNode, inert: bool, modules: Set[str], arguments: Set[str]):
+    """Each name read in `node` into `arguments` when it is inside an argument of a layer
+    taking no module or of a placement (`inert`), else into `modules`."""
+    name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+    if name:
+        (arguments if inert else modules).update((name, name.split(".")[0]))
+        return
+    if isinstance(node, cst.Call):
+        qualname = (facts.qualified_name(node.func) if facts is not None else None) or ""
+        method = isinstance(node.func, cst.Attribute)
+        placement = method and node.func.attr.value in _VALUE_METHODS
+        leaf = qualname.startswith("torch.nn.") and qualname.count(".") == 2
+        takes_none = placement or (leaf and qualname not in _TAKING_MODULES)
+        receiver = node.func.value if method and not qualname else node.func
+        _sort_names(facts, receiver, inert, modules, arguments)
+        for arg in node.args:
+            _sort_names(facts, arg.value, inert or takes_none, modules, arguments)
+        return
+    if isinstance(node, cst.Attribute):  # `load(...).features`: `features` names nothing
+        _sort_names(facts, node.value, inert, modules, arguments)
+        return
+    for child in children(node):
+        _sort_names(facts, child, inert, modules, arguments)
 
 
 def _constructor_call(facts: "ScriptFacts", expression: cst.BaseExpression) -> Optional[cst.Call]:
