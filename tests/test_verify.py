@@ -334,6 +334,13 @@ def test_probe_stops_a_script_with_persistent_workers_and_leaves_no_process(
         assert not _alive(pid), f"DataLoader worker {pid} outlived the probe"
 
 
+def _alive_after(pid: int, grace: float) -> bool:
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _alive(pid)
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
@@ -432,7 +439,9 @@ def test_a_timeout_under_torchrun_ends_every_rank(tmp_path: Path) -> None:
     pids = [int(p.name.split("-")[1]) for p in marks.iterdir()]
     assert pids, "no rank started within the timeout"
     for pid in pids:
-        assert not _alive(pid), f"rank process {pid} outlived the timeout"
+        # SIGKILL takes effect when the process is next scheduled: on a loaded machine that
+        # can be a moment after `run_probe` returns, so a rank gets a short grace to die.
+        assert not _alive_after(pid, grace=5.0), f"rank process {pid} outlived the timeout"
 
 
 def test_kill_run_ends_workers_in_sessions_of_their_own(tmp_path: Path) -> None:

