@@ -14,6 +14,7 @@ import libcst as cst
 from optimizer_codemod.analysis.calls import literal
 from optimizer_codemod.analysis.collect import Loop
 from optimizer_codemod.analysis.nodes import is_name
+from optimizer_codemod.analysis.values import parameter_names
 
 if TYPE_CHECKING:
     from optimizer_codemod.analysis.script import ScriptFacts
@@ -48,20 +49,13 @@ def _literal_int(facts: "ScriptFacts", node: cst.BaseExpression, function) -> Op
         return value
     if not isinstance(node, cst.Name):
         return None
-    if function is not None and any(
-        param.name.value == node.value for param in _parameters(function)
-    ):
+    if node.value in parameter_names(function):
         return None  # `def train(epochs=3)`: the callers choose
     bound = facts.assignments_to(node.value)
     if len(bound) != 1 or bound[0].unpacked or bound[0].augmented:
         return None
     value = literal(bound[0].value, None)
     return value if type(value) is int else None
-
-
-def _parameters(function: cst.FunctionDef):
-    params = function.params
-    return (*params.posonly_params, *params.params, *params.kwonly_params)
 
 
 def iterations_at_most(loop: Loop) -> Optional[int]:

@@ -367,16 +367,9 @@ def _attributes_read_elsewhere(
         if isinstance(receiver, cst.Name) and facts.imports.target_of(receiver.value):
             continue  # an imported name's attribute (`models.__dict__`)
         if isinstance(receiver, cst.Name):
-            scope = _enclosing_function(parents, attribute)
+            scope = facts.enclosing_function(attribute)
             other = scope is not function or receiver.value != meter
             if other and _built_from(facts, receiver.value, scope) == owner:
                 continue
         return f"`{excerpt(attribute, 40)}` may read the meter's value as a float"
     return None
-
-
-def _enclosing_function(parents, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
-    current = parents.get(node)
-    while current is not None and not isinstance(current, cst.FunctionDef):
-        current = parents.get(current)
-    return current
