@@ -145,6 +145,11 @@ def _say_settings(settings: Settings, start_paths: Sequence[str]) -> None:
         )
     for value in settings.inline:
         click.echo(f"settings: --config {value!r}", err=True)
+    if settings.target_torch_from:
+        click.echo(
+            f"settings: target-torch {settings.target_torch}, {settings.target_torch_from}",
+            err=True,
+        )
 
 
 @main.command()

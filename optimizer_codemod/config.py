@@ -19,6 +19,7 @@ from optimizer_codemod.engine import (
     TARGET_DEVICES,
     RewriteOptions,
 )
+from optimizer_codemod.declared_torch import DeclaredTorch, declared_torch, nearest_pyproject
 from optimizer_codemod.errors import ConfigError
 from optimizer_codemod.registry import all_rules, is_known_prefix, matches_prefix, select_rules
 from optimizer_codemod.torch_version import DEFAULT_TARGET, TorchVersion
@@ -74,6 +75,9 @@ class Settings:
     extend_safe_fixes: Tuple[str, ...] = ()
     extend_unsafe_fixes: Tuple[str, ...] = ()
     target_torch: TorchVersion = DEFAULT_TARGET
+    # Where `target_torch` came from when the project's own torch requirement set it (for
+    # `--verbose`); None when it is the default or set by the user.
+    target_torch_from: Optional[str] = None
     precision: str = DEFAULT_PRECISION
     target_device: str = DEFAULT_TARGET_DEVICE
     exclude: Tuple[str, ...] = ()
@@ -143,7 +147,10 @@ class Settings:
         )
 
     def with_overrides(self, **overrides: Any) -> "Settings":
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "target_torch" in given:
+            given["target_torch_from"] = None
+        return replace(self, **given)
 
 
 @lru_cache(maxsize=256)
@@ -195,27 +202,27 @@ def find_config(start: str) -> Optional[Path]:
     for folder in (directory, *directory.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
-            try:
-                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
-                raise ConfigError(f"cannot read the configuration: {exc}", str(candidate)) from None
+            data = _read_toml(candidate)
             if isinstance(data.get("tool"), dict) and "optcodemod" in data["tool"]:
                 return candidate
     return None
 
 
-def load_settings(config_path: Optional[Path], explicit: bool = False) -> Settings:
+def load_settings(
+    config_path: Optional[Path], explicit: bool = False, start: Optional[str] = None
+) -> Settings:
     """Settings from `config_path` (None: the defaults, rooted at the working directory).
 
     `explicit`: the user named the file (`--config`), so a file without our table is a
     mistake (a typo in the path, the wrong pyproject.toml), not a request for the defaults.
+    Without a `target-torch`, the torch the project requires sets it (declared_torch.py):
+    from `config_path`, or else from the nearest pyproject.toml at or above `start`.
     """
     if config_path is None:
-        return Settings(root=os.getcwd())
-    try:
-        data = tomllib.loads(config_path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise ConfigError(f"cannot read the configuration: {exc}", str(config_path)) from None
+        project = nearest_pyproject(Path(start).resolve()) if start is not None else None
+        declared = declared_torch(project, _read_toml(project)) if project else None
+        return _with_declared_torch(Settings(root=os.getcwd()), declared)
+    data = _read_toml(config_path)
     tool = data.get("tool", {})
     if not isinstance(tool, dict):
         raise ConfigError("[tool] must be a table", str(config_path))
@@ -228,7 +235,23 @@ def load_settings(config_path: Optional[Path], explicit: bool = False) -> Settin
     if not isinstance(table, dict):
         raise ConfigError(f"[{TABLE}] must be a table", str(config_path))
     values = parse_table(table, str(config_path))
-    return Settings(root=str(config_path.parent), source=str(config_path), **values)
+    settings = Settings(root=str(config_path.parent), source=str(config_path), **values)
+    if "target_torch" in values:
+        return settings
+    return _with_declared_torch(settings, declared_torch(config_path, data))
+
+
+def _read_toml(path: Path) -> Dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"cannot read the configuration: {exc}", str(path)) from None
+
+
+def _with_declared_torch(settings: Settings, declared: Optional[DeclaredTorch]) -> Settings:
+    if declared is None:
+        return settings
+    return replace(settings, target_torch=declared.floor, target_torch_from=declared.describe())
 
 
 def parse_inline(setting: str) -> Dict[str, Any]:
@@ -264,9 +287,13 @@ def resolve_settings(config: Sequence[str], start: str) -> Settings:
     if files:
         settings = load_settings(Path(files[0]), explicit=True)
     else:
-        settings = load_settings(find_config(start))
+        settings = load_settings(find_config(start), start=start)
     inline = tuple(value for value in config if value not in files)
-    return replace(settings, **overrides, inline=inline) if inline else settings
+    if not inline:
+        return settings
+    return replace(settings, **overrides, inline=inline).with_overrides(
+        target_torch=overrides.get("target_torch")
+    )
 
 
 def _looks_like_file(value: str) -> bool:
