@@ -700,15 +700,28 @@ def test_the_kept_engine_loop_says_why_at_each_site(tmp_path: Path) -> None:
     outcomes = apply(folder, why_not=True)
     assert (folder / "main.py").read_text() == before
     declined = messages_by_code(outcomes["main.py"], Status.DECLINED)
-    for code in ("OPT301", "OPT401"):
+    for code in ("OPT301", "OPT401", "OPT402"):
         [reason] = declined[code]
         assert "`torch.backends.cudnn.deterministic = True`), even if only in some runs" in reason
-    [reason] = declined["OPT402"]
-    assert "; scaler.py may differentiate a gradient again" in reason
     [report] = messages_by_code(outcomes["main.py"], Status.REPORTED)["OPT605"]
     assert "but scaler.py, which this script imports" in report
     done = run_driver(folder, "main.py", SEED="0")
     assert done.returncode == 0, done.stderr
+
+
+def test_no_compile_where_an_imported_module_differentiates_a_gradient_again(
+    tmp_path: Path,
+) -> None:
+    folder = copy("engine_loop", tmp_path)
+    _kept_engine_loop(folder)
+    main = folder / "main.py"
+    main.write_text(
+        main.read_text().replace("        torch.backends.cudnn.deterministic = True\n", "")
+    )
+    outcomes = apply(folder, write=False, why_not=True)
+    assert "OPT402" not in fixed(outcomes["main.py"])
+    [reason] = messages_by_code(outcomes["main.py"], Status.DECLINED)["OPT402"]
+    assert "; scaler.py may differentiate a gradient again" in reason
 
 
 def test_no_compile_for_a_loop_of_a_module_that_hands_models_to_deepspeed(

@@ -14,7 +14,11 @@ from optimizer_codemod.analysis.entry_points import (
     rebound_after_placement,
 )
 from optimizer_codemod.analysis.gradients import SECOND_DERIVATIVE_CALLS, double_backward_calls
-from optimizer_codemod.analysis.precision import imported_second_derivative_call
+from optimizer_codemod.analysis.precision import (
+    determinism_request,
+    imported_decider,
+    imported_second_derivative_call,
+)
 from optimizer_codemod.analysis.script import BACKWARD_CALL
 from optimizer_codemod.analysis.training import (
     data_parallel_wrapping,
@@ -188,6 +192,15 @@ class ModelTrainedWithoutCompile(Rule):
         2-core x86_64 CPU used for our measurements compilation took about 20 s and made a
         bfloat16-autocast GPT step 5.9 times slower (85 ms eager, 501 ms compiled). For
         the same reason the rule does not run with `target-device = "cpu"`. Not applied when
+        the script, or a module of the run it imports, asks for reproducible numerics
+        (`cudnn.deterministic = ...`, `use_deterministic_algorithms`, unless the value is a
+        literal False), which OPT301, OPT302 and OPT401 respect too: Inductor chooses among
+        kernel configurations by timing them on the device, a choice its configuration says
+        may affect numerics (torch 2.13 `_inductor/config.py`, `deterministic`), and it keeps
+        to one only under `use_deterministic_algorithms` or `TORCHINDUCTOR_DETERMINISTIC=1`,
+        so two seeded runs of the compiled model may differ where the eager ones agree
+        (cleanrl's scripts, `cudnn.deterministic = args.torch_deterministic`, reading round
+        10). Not applied when
         the model is built or placed in the fallback branch of a feature check (`else` of
         `if hasattr(torch, "compile")`, an old-torch version branch; analysis/guards.py).
         Nor where compiling would not pay (DESIGN §6): a model with an `nn.RNN`, `nn.LSTM`
@@ -288,7 +301,8 @@ class ModelTrainedWithoutCompile(Rule):
             )
             return
         reason = (
-            self._why_compile_would_not_pay(model)
+            _why_numerics_must_reproduce(facts)
+            or self._why_compile_would_not_pay(model)
             or _why_compile_would_fail(facts, twice)
             or _why_model_code_would_fail(facts, model)
         )
@@ -328,8 +342,10 @@ class ModelTrainedWithoutCompile(Rule):
         pay (the project index's settings)."""
         facts = self.facts
         device = placed_device(facts, handed)
-        reason = _why_not_compiled_elsewhere(facts, handed) or _why_compile_would_fail(
-            facts, double_backward_calls(facts)
+        reason = (
+            _why_numerics_must_reproduce(facts)
+            or _why_not_compiled_elsewhere(facts, handed)
+            or _why_compile_would_fail(facts, double_backward_calls(facts))
         )
         if reason is None and device is None:
             reason = (
@@ -423,6 +439,27 @@ class ModelTrainedWithoutCompile(Rule):
                 "Tensors and graph-breaks around them, so little is compiled"
             )
         return None
+
+
+def _why_numerics_must_reproduce(facts) -> "str | None":
+    """The script, or a module of the run it imports, asks for reproducible numerics, which
+    OPT301, OPT302 and OPT401 respect too: Inductor picks among kernel configurations by
+    timing them on the device, and its own configuration says that choice may change
+    numerics (torch 2.13 `_inductor/config.py`, `deterministic`); it keeps to one only under
+    `use_deterministic_algorithms` or TORCHINDUCTOR_DETERMINISTIC, so two seeded runs of a
+    compiled model may differ where the eager ones agree."""
+    requested = determinism_request(facts)
+    if requested is not None:
+        shown = f"the script asks for reproducible numerics (`{excerpt(requested)}`)"
+    else:
+        decider = imported_decider(facts, "determinism")
+        if not decider:
+            return None
+        shown = f"{decider}, already asks for reproducible numerics"
+    return (
+        f"{shown}, even if only in some runs: Inductor picks its kernels' configurations by "
+        "timing them on the device, which may change the numerics from run to run"
+    )
 
 
 def _compile_on_cuda(facts, name: str, device: cst.BaseExpression) -> cst.BaseStatement:
