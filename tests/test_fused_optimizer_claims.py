@@ -174,3 +174,30 @@ def test_a_state_saved_unfused_makes_a_fused_step_under_a_grad_scaler_raise() ->
                 print(restore, "raises", optimizer.param_groups[0]["fused"])
         """)
     assert out.split("\n")[:2] == ["False steps", "True raises None"]
+
+
+def test_fused_steps_over_gradients_with_other_strides_than_their_parameters_go_wrong() -> None:
+    """continual-learning's OWM stores slices of one projected matrix as `.grad`: the
+    for-loop and foreach steps read them as strided tensors, the fused CPU kernels as if
+    they had their parameters' strides."""
+    out = _run("""
+        def train(cls, **options):
+            torch.manual_seed(0)
+            linear = nn.Linear(4, 3)
+            optimizer = cls(linear.parameters(), lr=0.1, **options)
+            for _ in range(3):
+                optimizer.zero_grad()
+                linear(torch.randn(5, 4)).sum().backward()
+                g = torch.cat((linear.weight.grad, linear.bias.grad[:, None]), -1) * 2
+                linear.weight.grad = g[:, :-1]
+                linear.bias.grad = g[:, -1]
+                optimizer.step()
+            return torch.cat([linear.weight.detach().flatten(), linear.bias.detach()])
+        for cls in (torch.optim.Adam, torch.optim.SGD):
+            loop = train(cls, foreach=False)
+            foreach = train(cls, foreach=True)
+            fused = train(cls, fused=True)
+            print(cls.__name__, (loop - foreach).abs().max().item() < 1e-6,
+                  (foreach - fused).abs().max().item() > 0.05)
+        """)
+    assert out.split("\n")[:2] == ["Adam True True", "SGD True True"]

@@ -123,3 +123,61 @@ def test_an_embedding_of_an_imported_module_that_is_never_sparse_lets_the_optimi
     (tmp_path / "train.py").write_text(SPARSE_TRAIN)
     (finding,) = opt501(tmp_path, ["mem_transformer.py", "train.py"])
     assert finding.startswith("fixed"), finding
+
+
+# continual-learning's OWM (reading round 10): the classifier projects its gradients and
+# stores slices of one matrix as the layers' `.grad`.
+PROJECTED_MODEL = textwrap.dedent("""\
+    import torch
+    import torch.nn as nn
+
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 3)
+
+        def project_gradients(self, projection):
+            linear = self.linear
+            g = torch.cat((linear.weight.grad, linear.bias.grad[:, None]), -1) @ projection
+            linear.weight.grad = g[..., :-1].detach()
+            linear.bias.grad = g[..., -1].detach()
+    """)
+
+PROJECTED_TRAIN = textwrap.dedent("""\
+    import torch
+    from classifier import Classifier
+
+
+    def main():
+        model = Classifier().cuda()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        projection = torch.eye(5).cuda()
+        for x in loader:
+            model.linear(x.cuda()).sum().backward()
+            model.project_gradients(projection)
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    if __name__ == "__main__":
+        main()
+    """)
+
+
+def test_gradients_an_imported_module_stores_keep_the_optimizer_unfused(tmp_path: Path) -> None:
+    (tmp_path / "classifier.py").write_text(PROJECTED_MODEL)
+    (tmp_path / "train.py").write_text(PROJECTED_TRAIN)
+    (finding,) = opt501(tmp_path, ["classifier.py", "train.py"])
+    assert finding.startswith("declined"), finding
+    assert "classifier.py sets a `.grad` to a tensor of its own" in finding, finding
+
+
+def test_gradients_reset_to_none_elsewhere_let_the_optimizer_fuse(tmp_path: Path) -> None:
+    reset = PROJECTED_MODEL.replace("g[..., :-1].detach()", "None").replace(
+        "g[..., -1].detach()", "None"
+    )
+    (tmp_path / "classifier.py").write_text(reset)
+    (tmp_path / "train.py").write_text(PROJECTED_TRAIN)
+    (finding,) = opt501(tmp_path, ["classifier.py", "train.py"])
+    assert finding.startswith("fixed"), finding

@@ -23,7 +23,7 @@ from optimizer_codemod.analysis.devices import (
     xla_device_source,
 )
 from optimizer_codemod.analysis.checkpoints import restores_optimizer_state
-from optimizer_codemod.analysis.gradients import sparse_gradients
+from optimizer_codemod.analysis.gradients import sparse_gradients, stored_gradients
 from optimizer_codemod.analysis.precision import (
     fp16_chosen_at_launch,
     fp16_loss_scaling,
@@ -86,7 +86,10 @@ class OptimizerWithoutFusedKernel(Rule):
         `differentiable` is set, when the file takes one training step (a module's usage
         demo: one step saves nothing), or when the script, or a module of the run it imports, builds
         a layer with `sparse=` not literally False (transformer-xl's `nn.Embedding(...,
-        sparse=sample_softmax>0)`: fused SGD raises on sparse gradients). Needs
+        sparse=sample_softmax>0)`: fused SGD raises on sparse gradients), or sets a `.grad` to
+        a tensor of its own (continual-learning's OWM stores slices of one projected matrix:
+        the fused kernels assume each gradient has its parameter's strides, and torch 2.13's
+        fused Adam and SGD for the CPU then apply wrong updates without an error). Needs
         `target-torch` 2.4 (2.13 for Adagrad), the first release with CPU and CUDA kernels.
         An optimizer built in the fallback branch of a feature check (nanoGPT's `else` of
         `if "fused" in inspect.signature(...).parameters`, a `use_fused` flag, an old-torch
@@ -209,6 +212,16 @@ class OptimizerWithoutFusedKernel(Rule):
             if sparse is not None:
                 self.decline(
                     call, f"{sparse} may make sparse gradients, which fused kernels do not take"
+                )
+                continue
+            stored = stored_gradients(self.facts)
+            if stored is not None:
+                self.decline(
+                    call,
+                    f"{stored} sets a `.grad` to a tensor of its own, which may not have its "
+                    "parameter's strides (a slice of a larger matrix): the fused kernels "
+                    "assume they match, and on the CPU torch 2.13's fused step then applies "
+                    "wrong updates silently",
                 )
                 continue
             reason = _why_fused_would_fail(self.facts, label, site)

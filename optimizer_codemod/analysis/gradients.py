@@ -8,8 +8,15 @@ from typing import TYPE_CHECKING, List, Optional, Set
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import argument, is_literal, literal, method_name, positional
-from optimizer_codemod.analysis.collect import CallSite, Site
+from optimizer_codemod.analysis.calls import (
+    argument,
+    excerpt,
+    is_literal,
+    literal,
+    method_name,
+    positional,
+)
+from optimizer_codemod.analysis.collect import Assignment, CallSite, Site
 from optimizer_codemod.analysis.devices import HOST_ATTRIBUTES
 from optimizer_codemod.analysis.inplace import FRESH_METHODS
 from optimizer_codemod.analysis.nodes import find_all, is_name, root_name
@@ -176,11 +183,38 @@ def bucket_view_hazards(facts: "ScriptFacts") -> List[cst.CSTNode]:
         if isinstance(node, cst.Attribute) and _bucket_safe_use(facts, table, node):
             continue
         found.append((read.site.order, read.site.statement or node))
-    for a in facts.records.assignments:
-        if a.target.rsplit(".", 1)[-1] == "grad" and "." in a.target and not a.augmented:
-            if not is_name(a.value, "None"):
-                found.append((a.site.order, a.site.statement or a.statement_node))
+    found += [(a.site.order, a.site.statement or a.statement_node) for a in gradient_stores(facts)]
     return [node for _, node in sorted(found, key=lambda item: item[0])]
+
+
+def gradient_stores(facts: "ScriptFacts") -> List["Assignment"]:
+    """The assignments that set a `.grad` to a tensor (`p.grad = g`, `p.grad = None` left
+    out), in visit order."""
+    memo = facts.memo("gradient_stores")
+    if None not in memo:
+        memo[None] = [
+            a
+            for a in facts.records.assignments
+            if a.target.rsplit(".", 1)[-1] == "grad"
+            and "." in a.target
+            and not a.augmented
+            and not is_name(a.value, "None")
+        ]
+    return memo[None]
+
+
+def stored_gradients(facts: "ScriptFacts") -> Optional[str]:
+    """Who sets a `.grad` to a tensor of its own: the statement of the script, as written,
+    or the module of the run it imports that does (continual-learning's OWM projects the
+    gradients and stores strided views of one matrix: `linear.weight.grad =
+    scaled_g[..., 0:-1].detach()`); None when neither does."""
+    stores = gradient_stores(facts)
+    if stores:
+        return f"the script (`{excerpt(stores[0].statement_node)}`)"
+    project = facts.project
+    if project is not None and project.imported.stores_gradients:
+        return project.decided_by("stores_gradients") or "a module this script imports"
+    return None
 
 
 def _bucket_safe_use(facts: "ScriptFacts", table, node: cst.CSTNode, depth: int = 0) -> bool:

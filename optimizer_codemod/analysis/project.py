@@ -186,6 +186,9 @@ class Settings:
     # Builds layers with `sparse=` (an `nn.Embedding` whose gradients may be sparse), which
     # fused optimizer kernels refuse (OPT501).
     sparse_gradients: bool = False
+    # Sets a `.grad` to a tensor of its own, whose strides may not be its parameter's, which
+    # fused optimizer kernels assume (OPT501).
+    stores_gradients: bool = False
 
     def __or__(self, other: "Settings") -> "Settings":
         return Settings(*(a or b for a, b in zip(_values(self), _values(other))))
@@ -1112,7 +1115,11 @@ def _settings(facts) -> Settings:
         hands_models_to_deepspeed,
         names_sharded_grad_scaler,
     )
-    from optimizer_codemod.analysis.gradients import bucket_view_hazards, double_backward_calls
+    from optimizer_codemod.analysis.gradients import (
+        bucket_view_hazards,
+        double_backward_calls,
+        gradient_stores,
+    )
     from optimizer_codemod.analysis.training import compile_hazards
 
     return Settings(
@@ -1128,6 +1135,7 @@ def _settings(facts) -> Settings:
         deepspeed=hands_models_to_deepspeed(facts),
         sharded_grad_scaler=names_sharded_grad_scaler(facts),
         sparse_gradients=facts.uses_sparse_gradients,
+        stores_gradients=bool(gradient_stores(facts)),
         **compile_hazards(facts),
     )
 
