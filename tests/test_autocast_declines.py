@@ -1,15 +1,19 @@
 """OPT302 declines, with their reasons, where bfloat16 autocast would slow a script down or
-crash it: a differential-equation solver in the training step (torchdiffeq's examples), and
-torch_sparse's `SparseTensor`, whose CUDA matrix product has no bfloat16 kernel (PyG's)."""
+crash it: a differential-equation solver in the training step (torchdiffeq's examples),
+torch_sparse's `SparseTensor` and `DynamicEdgeConv`'s neighbour search, whose CUDA kernels
+have no bfloat16 version, and the cosine of a learned phase (PyG's)."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
+import libcst as cst
 import pytest
 
 from optimizer_codemod import rewrite
+from optimizer_codemod.analysis.phases import phase_of_a_product
+from optimizer_codemod.analysis.script import ScriptFacts
 from optimizer_codemod.diagnostics import Status
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "OPT302"
@@ -145,7 +149,7 @@ def test_torch_sparse_is_declined_under_bfloat16_for_cuda() -> None:
 )
 def test_any_name_of_torch_sparse_is_declined(imported: str) -> None:
     source = SPARSE.replace("T.Compose([T.GCNNorm(), T.ToSparseTensor()])", "T.GCNNorm()")
-    assert source != SPARSE and _only(source)[1].status is Status.FIXED
+    assert source != SPARSE and "torch_sparse" not in _only(source)[1].message
     source = source.replace("import torch\n", f"import torch\n{imported}\n", 1)
     result, finding = _only(source)
     assert finding.status is Status.DECLINED and imported.split()[1] in finding.message
@@ -157,3 +161,118 @@ def test_torch_sparse_gets_autocast_where_its_kernel_has_the_dtype(options) -> N
     # CPU path) has BFloat16.
     result, finding = _only(SPARSE, **options)
     assert finding.status is Status.FIXED and "torch.autocast(" in result.source
+
+
+FEATURE_KNN = (FIXTURES / "keep_knn_of_learned_features.py").read_text(encoding="utf-8")
+
+
+def test_a_neighbour_search_of_learned_features_is_declined_under_bfloat16_for_cuda() -> None:
+    result, finding = _only(FEATURE_KNN)
+    assert result.source == FEATURE_KNN and finding.status is Status.DECLINED
+    assert "`DynamicEdgeConv`" in finding.message and "BFloat16" in finding.message
+
+
+def test_point_convolutions_without_dynamic_edges_are_declined_for_their_sums_only() -> None:
+    source = FEATURE_KNN.replace("DynamicEdgeConv", "EdgeConv")
+    assert source != FEATURE_KNN
+    result, finding = _only(source)
+    assert finding.status is Status.DECLINED and "DynamicEdgeConv" not in finding.message
+    assert "stop at 256" in finding.message
+
+
+@pytest.mark.parametrize("options", [{"precision": "fp16"}, {"target_device": "cpu"}])
+def test_dynamic_edges_get_autocast_where_the_knn_kernel_has_the_dtype(options) -> None:
+    result, finding = _only(FEATURE_KNN, **options)
+    assert finding.status is Status.FIXED and "torch.autocast(" in result.source
+
+
+TIME_ENCODING = (FIXTURES / "keep_cosine_of_a_learned_time_encoding.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("options", [{}, {"precision": "fp16"}, {"target_device": "cpu"}])
+def test_a_cosine_of_a_learned_phase_is_declined_in_any_precision(options) -> None:
+    result, finding = _only(TIME_ENCODING, **options)
+    assert result.source == TIME_ENCODING and finding.status is Status.DECLINED
+    assert "`self.lin(elapsed.view(-1, 1)).cos()`" in finding.message
+
+
+@pytest.mark.parametrize(
+    "phase",
+    [
+        "torch.cos(elapsed.view(-1, 1) @ self.lin.weight.t())",
+        "torch.sin(torch.einsum('i,j->ij', elapsed, self.lin.weight.view(-1)))",
+    ],
+)
+def test_any_product_under_a_sine_or_cosine_is_declined(phase: str) -> None:
+    source = TIME_ENCODING.replace("self.lin(elapsed.view(-1, 1)).cos()", phase)
+    assert source != TIME_ENCODING
+    assert _only(source)[1].status is Status.DECLINED
+
+
+def test_a_cosine_of_a_learned_phase_with_autocast_turned_off_is_not_one() -> None:
+    turned_off = TIME_ENCODING.replace(
+        "        return self.lin(elapsed.view(-1, 1)).cos()\n",
+        '        with torch.autocast("cuda", enabled=False):\n'
+        "            return self.lin(elapsed.view(-1, 1).float()).cos()\n",
+    )
+    assert turned_off != TIME_ENCODING
+    assert phase_of_a_product(ScriptFacts.of(cst.parse_module(TIME_ENCODING))) is not None
+    assert phase_of_a_product(ScriptFacts.of(cst.parse_module(turned_off))) is None
+
+
+def test_a_sinusoidal_encoding_of_positions_gets_autocast() -> None:
+    source = TIME_ENCODING.replace(
+        "self.lin(elapsed.view(-1, 1)).cos()", "torch.cos(elapsed.view(-1, 1) * 1e-4)"
+    )
+    result, finding = _only(source)
+    assert finding.status is Status.FIXED and "torch.bfloat16" in result.source
+
+
+def test_pyg_tgn_is_declined() -> None:
+    source = "from torch_geometric.nn import TGNMemory\n" + TIME_ENCODING.replace(
+        "self.lin(elapsed.view(-1, 1)).cos()", "elapsed.view(-1, 1)"
+    )
+    result, finding = _only(source)
+    assert finding.status is Status.DECLINED and "PyG's TGN" in finding.message
+
+
+PYG_LAYERS = (FIXTURES / "keep_pyg_message_passing.py").read_text(encoding="utf-8")
+
+
+def test_pyg_layers_are_declined_under_bfloat16_for_cuda() -> None:
+    result, finding = _only(PYG_LAYERS)
+    assert result.source == PYG_LAYERS and finding.status is Status.DECLINED
+    assert "`from torch_geometric.nn import SAGEConv`" in finding.message
+    assert "stop at 256" in finding.message
+
+
+@pytest.mark.parametrize(
+    "imported",
+    ["import torch_geometric.nn as gnn", "from torch_scatter import scatter_mean"],
+)
+def test_any_name_of_pyg_layers_is_declined(imported: str) -> None:
+    source = PYG_LAYERS.replace("from torch_geometric.nn import SAGEConv", imported)
+    assert _only(source)[1].status is Status.DECLINED
+
+
+def test_pyg_data_alone_is_not_declined() -> None:
+    source = PYG_LAYERS.replace("from torch_geometric.nn import SAGEConv\n", "").replace(
+        "SAGEConv(", "torch.nn.Linear("
+    )
+    assert _only(source)[1].status is Status.FIXED
+
+
+@pytest.mark.parametrize("options", [{"precision": "fp16"}, {"target_device": "cpu"}])
+def test_pyg_layers_get_autocast_where_counts_stay_exact(options) -> None:
+    result, finding = _only(PYG_LAYERS, **options)
+    assert finding.status is Status.FIXED and "torch.autocast(" in result.source
+
+
+def test_bfloat16_adds_one_at_a_time_stop_counting_at_256() -> None:
+    torch = pytest.importorskip("torch")
+    index = torch.zeros(1000, dtype=torch.long)
+    ones = torch.ones(1000, dtype=torch.bfloat16)
+    one_at_a_time = torch.zeros(1, dtype=torch.bfloat16).index_add_(0, index, ones)
+    assert one_at_a_time.item() == 256.0
+    assert torch.zeros(1, dtype=torch.bfloat16).scatter_add_(0, index, ones).item() == 1000.0
+    assert torch.zeros(1, dtype=torch.float16).index_add_(0, index, ones.half()).item() == 1000.0

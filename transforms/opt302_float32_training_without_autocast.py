@@ -6,7 +6,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name, code_of, excerpt
+from optimizer_codemod.analysis.calls import callee_name, excerpt
+from optimizer_codemod.analysis.graph_libraries import (
+    feature_knn_use,
+    pyg_layer_use,
+    torch_sparse_use,
+)
+from optimizer_codemod.analysis.phases import phase_of_a_product
 from optimizer_codemod.analysis.collect import CallSite
 from optimizer_codemod.analysis.devices import placed_on_the_cpu
 from optimizer_codemod.analysis.gradients import double_backward_calls
@@ -68,9 +74,6 @@ BINARY_CROSS_ENTROPY = ("torch.nn.BCELoss", "torch.nn.functional.binary_cross_en
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # `torch.amp.GradScaler(device_type)` (float16 on any device) is 2.3's.
 GRAD_SCALER_SINCE = TorchVersion(2, 3)
-# What names torch_sparse in a file: the package, its `SparseTensor` (also re-exported by
-# `torch_geometric.typing`) and PyG's transform that builds one.
-TORCH_SPARSE_NAMES = frozenset({"torch_sparse", "SparseTensor", "ToSparseTensor"})
 SOLVER_SLOWDOWN = (
     "an adaptive solver (torchdiffeq's default dopri5) shrinks its steps until its error "
     "estimate fits its tolerance, and bfloat16 rounding in every evaluation makes it take "
@@ -194,7 +197,32 @@ class Float32TrainingWithoutAutocast(Rule):
         dispatches `AT_DISPATCH_ALL_TYPES_AND(at::ScalarType::Half, ...)`, without BFloat16
         (rusty1s/pytorch_sparse `csrc/cuda/spmm_cuda.cu`, read at 91feaa5e; its CPU kernel
         has BFloat16), so the first forward would raise "not implemented for 'BFloat16'".
-        With `precision = "fp16"`, or `target-device = "cpu"`, such a file is wrapped.
+        A file that uses PyG's `DynamicEdgeConv` is left alone for the same reason: it
+        searches the k nearest neighbours of features a layer computed, bfloat16 under
+        autocast, and the CUDA `knn` kernels of pyg-lib and torch_cluster dispatch float
+        types and Half only (pyg-lib `pyg_lib/csrc/ops/cuda/knn_kernel.cu` at cc670773, whose
+        CPU kernel has BFloat16; DGCNN in PyG's examples, reading round 10).
+        With `precision = "fp16"`, or `target-device = "cpu"`, such files are wrapped.
+        So is any file that uses PyG's layers (`torch_geometric.nn`, `torch_scatter`) under
+        bfloat16 for a CUDA target, for their numerics: they sum messages with
+        `scatter_add_` into a tensor of the messages' dtype and count neighbours for a mean
+        the same way (torch_geometric/utils/_scatter.py at 5c6461b2), and on CUDA each
+        atomic add rounds to bfloat16, whose integers stop at 256, so a node with more
+        neighbours, or a graph with more nodes under `global_mean_pool`, would get a wrong
+        count and sum (reading round 10, cluster_gcn_reddit.py: Reddit's nodes have
+        hundreds to thousands of neighbours). Adding 1,000 ones to a bfloat16 zero one add
+        at a time, as `index_add_` does on the CPU, gives 256, where the CPU's `scatter_add_`
+        gives 1,000 (torch 2.13.0+cpu, tests/test_autocast_declines.py); CUDA's atomics add
+        one at a time. float16 counts exactly up to 2,048.
+        A file that takes the sine or cosine of a phase a layer or matrix product computes
+        (PyG's TGN, whose `TimeEncoder` is `self.lin(t).cos()` of time differences in
+        seconds; Fourier features `torch.sin(x @ B)`; SIREN's `torch.sin(w0 *
+        self.linear(x))`; rotary tables from `torch.einsum`), outside a block that turns
+        autocast off, is left alone in any precision: autocast computes the phase in 16
+        bits, inputs included, so a phase in the thousands of radians is rounded by whole
+        periods and the encoding becomes noise (a Linear(1, 256) time encoding's correlation
+        with its float32 self was 0.15 at one hour, 0.01 at one day, torch 2.13.0+cpu,
+        tests/test_autocast_phase_claims.py; tgn.py in PyG's examples, reading round 10).
         A training step in the fallback branch of a feature check (`if not hasattr(torch,
         "autocast")`, an old-torch version branch; analysis/guards.py) is left in float32,
         and so is an evaluation forward there while the rest is wrapped. Values that escape
@@ -364,10 +392,13 @@ class Float32TrainingWithoutAutocast(Rule):
             )
             return
         dtype = DTYPES[self.context.precision]
+        if self._declines_phase_of_a_product(anchor, dtype):
+            return
         if dtype == "bfloat16" and (
             any(self._declines_recurrent(model, anchor) for model in models)
             or any(self._declines_data_parallel(model, anchor) for model in models)
-            or self._declines_torch_sparse(anchor)
+            or self._declines_cuda_kernel_without_bfloat16(anchor)
+            or self._declines_pyg_aggregation(anchor)
         ):
             return
         escapes = facts.autocast_escapes
@@ -538,21 +569,70 @@ class Float32TrainingWithoutAutocast(Rule):
             )
         return None
 
-    def _declines_torch_sparse(self, anchor: cst.CSTNode) -> bool:
-        """A CUDA target and a file that uses torch_sparse: its CUDA matrix product has no
-        bfloat16 kernel (see the docstring)."""
+    def _declines_cuda_kernel_without_bfloat16(self, anchor: cst.CSTNode) -> bool:
+        """A CUDA target and a file that uses torch_sparse or `DynamicEdgeConv`: their CUDA
+        kernels have no bfloat16 version (see the docstring)."""
         if self.context.target_device != "cuda":
             return False
-        use = _torch_sparse_use(self.facts)
+        sparse = torch_sparse_use(self.facts)
+        knn = feature_knn_use(self.facts) if sparse is None else None
+        if sparse is not None:
+            what = (
+                f"the file uses torch_sparse (`{excerpt(sparse)}`): PyG's layers multiply a "
+                "`SparseTensor` through `torch_sparse.matmul`, whose CUDA kernel has no "
+                "bfloat16 version (`spmm_sum` dispatches float types and Half only)"
+            )
+        elif knn is not None:
+            what = (
+                f"the file uses `DynamicEdgeConv` (`{excerpt(knn)}`), which searches the "
+                "nearest neighbours of features a layer computed, bfloat16 under autocast: "
+                "the CUDA `knn` kernels of pyg-lib and torch_cluster have no bfloat16 version"
+            )
+        else:
+            return False
+        self.decline(
+            anchor,
+            f'{what}, so the first forward under bfloat16 autocast would raise "not '
+            "implemented for 'BFloat16'\" on CUDA (set precision to fp16, which these kernels "
+            "support)",
+        )
+        return True
+
+    def _declines_pyg_aggregation(self, anchor: cst.CSTNode) -> bool:
+        """A CUDA target and a file that uses PyG's layers: they sum and count neighbours by
+        atomic adds in the messages' dtype (analysis/graph_libraries.py)."""
+        if self.context.target_device != "cuda":
+            return False
+        use = pyg_layer_use(self.facts)
         if use is None:
             return False
         self.decline(
             anchor,
-            f"the file uses torch_sparse (`{excerpt(use)}`): PyG's layers multiply a "
-            "`SparseTensor` through `torch_sparse.matmul`, whose CUDA kernel has no bfloat16 "
-            "version (`spmm_sum` dispatches float types and Half only), so the first forward "
-            "under bfloat16 autocast would raise \"not implemented for 'BFloat16'\" on CUDA "
-            "(set precision to fp16, which that kernel supports)",
+            f"the file uses PyG's layers (`{excerpt(use)}`), which aggregate messages with "
+            "`scatter_add_` into a tensor of the messages' dtype and count neighbours for a "
+            "mean the same way: on CUDA each atomic add rounds to bfloat16, whose integers "
+            "stop at 256, so a node with more neighbours (or a graph with more nodes under "
+            "`global_mean_pool`) would get a wrong count and sum; wrap the step by hand where "
+            "no node has that many (fp16 counts exactly up to 2,048)",
+        )
+        return True
+
+    def _declines_phase_of_a_product(self, anchor: cst.CSTNode, dtype: str) -> bool:
+        phase = phase_of_a_product(self.facts)
+        if phase is None:
+            return False
+        what = (
+            f"the file takes the sine or cosine of a phase a layer or matrix product computes "
+            f"(`{excerpt(phase)}`: a time or position encoding)"
+            if isinstance(phase, cst.Call)
+            else f"the file uses PyG's TGN (`{excerpt(phase)}`), whose `TimeEncoder` takes "
+            "the cosine of a Linear layer of time differences"
+        )
+        self.decline(
+            anchor,
+            f"{what}: autocast would compute that phase in {dtype}, inputs included, which rounds a phase in the thousands of "
+            "radians by whole periods (a time difference of one day by 512 s in bfloat16), so "
+            "the encoding becomes noise; turn autocast off around it first",
         )
         return True
 
@@ -856,19 +936,6 @@ def _defined_in(call: CallSite) -> str:
     function = call.site.function
     parts = (call.site.class_name, function.name.value if function is not None else None)
     return ".".join(part for part in parts if part is not None)
-
-
-def _torch_sparse_use(facts) -> Optional[cst.CSTNode]:
-    """The first import or call of the file that names torch_sparse (`import torch_sparse`,
-    `from torch_geometric.typing import SparseTensor`, `T.ToSparseTensor()`), or None."""
-    for binding in facts.imports.bindings:
-        if TORCH_SPARSE_NAMES & set(binding.target.split(".")):
-            return binding.statement
-    for call in facts.records.calls:
-        name = code_of(call.node.func).strip()
-        if TORCH_SPARSE_NAMES & set(name.split(".")):
-            return call.node
-    return None
 
 
 def _leaves_the_block(leaving: cst.BaseExpression, where: str) -> str:
