@@ -133,3 +133,35 @@ def test_instance_norm_of_another_class_does_not_decline_this_model() -> None:
     assert "InstanceNorm2d" in source
     result, findings = only_opt407(source)
     assert [f.status for f in findings] == [Status.FIXED]
+
+
+def test_torch_layer_norm_returns_nchw_from_a_channels_last_map() -> None:
+    torch = pytest.importorskip("torch")
+    maps = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    for layer in (torch.nn.LayerNorm([8, 6, 6]), torch.nn.LayerNorm([6, 6])):
+        out = layer(maps)
+        assert out.is_contiguous() and not out.is_contiguous(memory_format=torch.channels_last)
+    # ConvNeXt's: over the channels of an NHWC permute, channels_last once permuted back
+    nhwc = torch.nn.LayerNorm(8)(maps.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize(
+    "norm, declined",
+    [
+        ("nn.LayerNorm([32, 28, 28])", True),
+        ("nn.LayerNorm((32, 28, 28))", True),
+        ("nn.LayerNorm(normalized_shape=[28, 28])", True),
+        ("nn.LayerNorm(32)", False),
+        ("nn.GroupNorm(4, 32)", False),
+    ],
+)
+def test_models_layer_normalising_feature_maps_are_declined(norm: str, declined: bool) -> None:
+    source = NORMALISED.read_text().replace("nn.InstanceNorm2d(32, affine=True)", norm)
+    result, findings = only_opt407(source)
+    assert len(findings) == 1, findings
+    if declined:
+        assert findings[0].status is Status.DECLINED and result.source == source
+        assert f"normalises with `{norm}`, which returns NCHW tensors" in findings[0].message
+    else:
+        assert findings[0].status is Status.FIXED

@@ -92,7 +92,9 @@ class ModelTrainedWithoutCompile(Rule):
     Fix safety:
         `numerics`: generated kernels fuse and reorder floating-point operations. `behavior`
         for a model whose code applies element-wise dropout or draws random numbers per
-        element (`torch.randn_like` for a VAE's noise; the same detection as OPT407):
+        element (`torch.randn_like` for a VAE's noise; the same detection as OPT407), or
+        builds a layer with a dropout option that is not literally zero (PyG's `MLP(...,
+        dropout=0.5)`, `attn_kwargs={"dropout": 0.5}`: the library applies it inside):
         compiled kernels draw their own random numbers (Inductor, unless
         `torch._inductor.config.fallback_random`), so a seeded run drops other elements from
         the first step (tests/test_compile_claims.py runs it). `behavior` too for a file that

@@ -9,12 +9,13 @@ import libcst as cst
 from optimizer_codemod.analysis.layouts import (
     NCHW_RESULTS,
     nchw_layer_mentioned,
+    normalises_feature_maps,
     viewed_in_standard_layout,
 )
 from optimizer_codemod.analysis.devices import per_sample_gradients
 from optimizer_codemod.analysis.gradients import input_gradient_names
 from optimizer_codemod.analysis.entry_points import models_chosen_by_name, models_trained_elsewhere
-from optimizer_codemod.analysis.calls import is_minus_one, keyword, literal
+from optimizer_codemod.analysis.calls import excerpt, is_minus_one, keyword, literal
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import (
@@ -147,8 +148,9 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         per-sample gradients without an error.
 
         `behavior` when the model applies element-wise dropout (`nn.Dropout`, `F.dropout`,
-        `torch.dropout`, alpha dropout; or a torchvision SqueezeNet, DenseNet, DeepLabV3 or
-        FCN, which drop elements of feature maps): a seeded dropout draws its mask in memory
+        `torch.dropout`, alpha dropout; a layer built with a dropout option that is not
+        literally zero; or a torchvision SqueezeNet, DenseNet, DeepLabV3 or FCN, which drop
+        elements of feature maps): a seeded dropout draws its mask in memory
         order, so on a channels_last activation it drops other elements
         (`torch.manual_seed(0); F.dropout(x, 0.5)` and the same on
         `x.contiguous(memory_format=torch.channels_last)` differ, torch 2.13.0+cpu), and the
@@ -186,6 +188,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
         style-transfer encoder 0.82x as fast in channels_last with InstanceNorm2d (111.6 ms
         against 135.5 ms a step) and 1.13x with BatchNorm2d (2-core AMD EPYC, torch
         2.13.0+cpu, 2026-11-30; benchmarks/results/channels-last-instance-norm-cpu.json).
+        The same holds for a layer norm over two or more trailing sizes among its layers
+        (`nn.LayerNorm([32, 20, 20])` after a convolution in cleanrl's pqn_atari_envpool.py,
+        `F.layer_norm(x, (H, W))`), which normalises a contiguous copy too; one over a
+        single size is left to run (ConvNeXt's, over channels permuted to NHWC, returns a
+        tensor that is channels_last again once permuted back).
         `--why-not` explains where it can: at a model whose architecture is chosen at run
         time by name (`models.__dict__[args.arch]()`, timm's `create_model(args.model)`),
         and at the model of a script that hands it to the training loop of another module
@@ -296,6 +303,11 @@ class ConvolutionalModelWithoutChannelsLast(Rule):
             ]
             mentioned = nchw_layer_mentioned(facts, code)
             nchw = f"`{mentioned}`" if mentioned else None
+        if nchw is None:
+            normalised = next(
+                (c for c in model_layer_calls(facts, model) if normalises_feature_maps(c)), None
+            )
+            nchw = f"`{excerpt(normalised.node)}`" if normalised is not None else None
         if nchw is not None and anchor is not None:
             self.decline(
                 anchor,

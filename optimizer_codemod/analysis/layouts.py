@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
 
-from optimizer_codemod.analysis.calls import callee_name, keyword
+from optimizer_codemod.analysis.calls import argument, callee_name, keyword
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 
@@ -124,8 +124,8 @@ def _contiguous_build(facts: "ScriptFacts", value: cst.BaseExpression) -> bool:
         return True
     if qualname != "torch.nn.Sequential" or any(a.star or a.keyword for a in value.args):
         return False
-    for argument in reversed(value.args):
-        inner = argument.value
+    for layer_argument in reversed(value.args):
+        inner = layer_argument.value
         name = facts.qualified_name(inner.func) if isinstance(inner, cst.Call) else None
         if name not in _ELEMENTWISE_LAYERS:
             return _contiguous_build(facts, inner)
@@ -154,3 +154,24 @@ def nchw_layer_mentioned(facts: "ScriptFacts", code: Iterable[cst.CSTNode]) -> O
             if facts.qualified_name(node) in NCHW_RESULTS:
                 return dotted_name(node)
     return None
+
+
+# `layer_norm` normalises a contiguous copy too: a channels_last map comes out NCHW whatever
+# its normalized_shape (torch 2.13.0+cpu). It normalises feature maps where that shape lists
+# two or more sizes (`nn.LayerNorm([C, H, W])`, cleanrl's pqn_atari_envpool.py); one size is
+# also a ConvNeXt block's channels after a permute to NHWC, whose result is channels_last
+# again once permuted back, so it does not count.
+_LAYER_NORMS = {"torch.nn.LayerNorm": 0, "torch.nn.functional.layer_norm": 1}
+
+
+def normalises_feature_maps(call: "CallSite") -> bool:
+    """`call` is a layer norm over two or more trailing sizes, written as a list or tuple."""
+    position = _LAYER_NORMS.get(call.qualname or "")
+    if position is None:
+        return False
+    shape = argument(call.node, "normalized_shape", position)
+    return (
+        shape is not None
+        and isinstance(shape.value, (cst.List, cst.Tuple))
+        and len(shape.value.elements) >= 2
+    )

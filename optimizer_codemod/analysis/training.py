@@ -27,6 +27,7 @@ import libcst as cst
 
 from optimizer_codemod.analysis.calls import (
     MODULE_RETURNING_METHODS,
+    argument,
     callee_name,
     code_of,
     excerpt,
@@ -2347,10 +2348,62 @@ def model_randomness(facts: "ScriptFacts", model: TrainedModel) -> Optional[Tupl
     elsewhere = imported_layer(facts, model, is_elementwise_dropout)
     if elsewhere is not None:
         return "dropout", f"`{elsewhere[0]}` in {elsewhere[1].module}"
+    option = _dropout_option(facts, model)
+    if option is not None:
+        return "dropout", option
     draws = model_random_draws(facts, model)
     if draws:
         return "draws", f"`{code_of(draws[0].node.func)}`"
     return None
+
+
+# Probabilities that mean no dropout, as a layer's option.
+_NO_DROPOUT = (0, 0.0, False, None)
+# torch's layers that apply dropout unless told not to, with the position of `dropout`.
+_DROPOUT_BY_DEFAULT = {
+    "torch.nn.TransformerEncoderLayer": 3,
+    "torch.nn.TransformerDecoderLayer": 3,
+    "torch.nn.Transformer": 5,
+}
+
+
+def _dropout_option(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
+    """A layer of `model` built with a dropout probability that is not literally zero,
+    shown: a library layer that applies dropout inside (PyG's `MLP(..., dropout=0.5)`,
+    `TransformerConv(..., dropout=0.1)`, `GPSConv(..., attn_kwargs={"dropout": 0.5})`,
+    reading round 10), found by the option's name."""
+    for call in model_layer_calls(facts, model):
+        layer = code_of(call.node.func)
+        position = _DROPOUT_BY_DEFAULT.get(call.qualname or "")
+        given = argument(call.node, "dropout", position) if position is not None else None
+        if position is not None and given is None:
+            return f"`{layer}` (its dropout is 0.1 by default)"
+        if given is not None and literal(given.value, "") not in _NO_DROPOUT:
+            return f"`{layer}(..., {excerpt(given, 40).rstrip(',')})`"
+        for arg in call.node.args:
+            if arg.keyword is not None and "dropout" in arg.keyword.value:
+                if literal(arg.value, "") not in _NO_DROPOUT:
+                    return f"`{layer}(..., {excerpt(arg, 40).rstrip(',')})`"
+                continue
+            for options in _dict_values(facts, arg.value):
+                for element in options.elements:
+                    if (
+                        isinstance(element, cst.DictElement)
+                        and "dropout" in str(literal(element.key, ""))
+                        and literal(element.value, "") not in _NO_DROPOUT
+                    ):
+                        return f"`{layer}(..., {excerpt(element, 40).rstrip(',')})`"
+    return None
+
+
+def _dict_values(facts: "ScriptFacts", value: cst.BaseExpression) -> List[cst.Dict]:
+    """`value` when it is a dict literal, or the dict literals a name is bound to
+    (`attn_kwargs = {"dropout": 0.5}` in PyG's graph_gps.py)."""
+    if isinstance(value, cst.Dict):
+        return [value]
+    if isinstance(value, cst.Name):
+        return [a.value for a in facts.assignments_to(value.value) if isinstance(a.value, cst.Dict)]
+    return []
 
 
 def model_recurrent_layers(facts: "ScriptFacts", model: TrainedModel) -> List["CallSite"]:

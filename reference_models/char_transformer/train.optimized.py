@@ -116,8 +116,6 @@ def main():
     model = CharTransformer(
         len(vocab), size["context"], size["width"], size["layers"], size["heads"]
     ).to(device)
-    if device.type == "cuda":
-        model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
 
     step = 0
