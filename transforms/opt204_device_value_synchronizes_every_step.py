@@ -141,8 +141,11 @@ class DeviceValueSynchronizesEveryStep(Rule):
         accumulations, used by no nested function, not read on every step, read at least
         once, not printed with `=`) and when the added expression is exactly one `.item()`
         of a value whose type the analysis knows. A fix must pay: where another sync stays
-        on every step of the loop (`print(loss.item())`), nothing is rewritten and the
-        message names it, unless another fix of the same run takes it off the step too
+        on every step of the loop (`print(loss.item())`, or a device tensor indexed by a
+        boolean mask, `out[data.train_mask]` in PyG's rect.py: the result's size is the
+        number of True elements, which the host must read; a mask is an index that is a
+        comparison or is named for one), nothing is rewritten and the message names it,
+        unless another fix of the same run takes it off the step too
         (OPT202 moves `running += loss.item()` to the device in the same run). Every other
         sync is only reported: printing, branching or logging less often changes what the
         script does, except a line that only prints or logs: it runs every 10th step

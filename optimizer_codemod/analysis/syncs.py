@@ -64,7 +64,9 @@ if TYPE_CHECKING:  # pragma: no cover
 _NESTED = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 _is_nested = type_test(*_NESTED)
 # The nodes HostSyncs._classify looks at.
-_CLASSIFIED = type_test(cst.Call, cst.FormattedString, cst.BinaryOperation, cst.Assert, cst.IfExp)
+_CLASSIFIED = type_test(
+    cst.Call, cst.FormattedString, cst.BinaryOperation, cst.Assert, cst.IfExp, cst.Subscript
+)
 
 
 # Calls that copy a device tensor to the host, so the host waits for the device: methods
@@ -269,6 +271,12 @@ class HostSyncs:
         elif isinstance(node, cst.IfExp):
             for value in self._truth_reads(loop, node.test):
                 add(value, "branch", value, statement)
+        elif isinstance(node, cst.Subscript):
+            mask = _boolean_mask(node)
+            if mask is not None and self.on_device(loop, mask):
+                # Not reported (the mask's dtype is a guess from its name or a comparison),
+                # but a fix that moves another sync off the step gains nothing beside it.
+                add(node, "mask", mask, statement, False)
 
     def _copies_to_host(self, loop: Loop, call: cst.Call) -> bool:
         """`x.to("cpu")` of a device value: a device-to-host copy."""
@@ -1388,3 +1396,22 @@ def host_read(read: cst.Name, converter: str = "float") -> cst.Call:
         lpar=read.lpar,
         rpar=read.rpar,
     )
+
+
+def _boolean_mask(subscript: cst.Subscript) -> Optional[cst.BaseExpression]:
+    """The index of `x[mask]` when it looks boolean: a comparison (`out[y != -1]`), a name
+    or attribute called a mask (PyG's `out[data.train_mask]`), or the inverse of one. A
+    device tensor indexed by a boolean one waits for the device: the result's size is the
+    number of True elements, which the host must read (`nonzero`)."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    index = subscript.slice[0].slice.value
+    inner = index
+    while isinstance(inner, cst.UnaryOperation) and isinstance(inner.operator, cst.BitInvert):
+        inner = inner.expression
+    if isinstance(inner, cst.Comparison):
+        return index
+    name = inner.attr.value if isinstance(inner, cst.Attribute) else None
+    if isinstance(inner, cst.Name):
+        name = inner.value
+    return index if name is not None and "mask" in name.lower() else None
