@@ -197,7 +197,7 @@ def test_fused_steps_over_gradients_with_other_strides_than_their_parameters_go_
             loop = train(cls, foreach=False)
             foreach = train(cls, foreach=True)
             fused = train(cls, fused=True)
-            print(cls.__name__, (loop - foreach).abs().max().item() < 1e-6,
+            print(cls.__name__, (loop - foreach).abs().max().item() < 1e-4,
                   (foreach - fused).abs().max().item() > 0.05)
         """)
     assert out.split("\n")[:2] == ["Adam True True", "SGD True True"]

@@ -622,7 +622,7 @@ class Float32TrainingWithoutAutocast(Rule):
         if phase is None:
             return False
         what = (
-            f"the file takes the sine or cosine of a phase a layer or matrix product computes "
+            "the file takes the sine or cosine of a phase a layer or matrix product computes "
             f"(`{excerpt(phase)}`: a time or position encoding)"
             if isinstance(phase, cst.Call)
             else f"the file uses PyG's TGN (`{excerpt(phase)}`), whose `TimeEncoder` takes "
@@ -630,9 +630,10 @@ class Float32TrainingWithoutAutocast(Rule):
         )
         self.decline(
             anchor,
-            f"{what}: autocast would compute that phase in {dtype}, inputs included, which rounds a phase in the thousands of "
-            "radians by whole periods (a time difference of one day by 512 s in bfloat16), so "
-            "the encoding becomes noise; turn autocast off around it first",
+            f"{what}: autocast would compute that phase in {dtype}, inputs included, which "
+            "rounds a phase in the thousands of radians by whole periods (a time difference "
+            "of one day by 512 s in bfloat16), so the encoding becomes noise; turn autocast "
+            "off around it first",
         )
         return True
 

@@ -18,7 +18,7 @@ at a time on the CPU too, counts 1,000 ones as 256: tests/test_autocast_declines
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, FrozenSet, Optional
+from typing import TYPE_CHECKING, Callable, FrozenSet, Optional
 
 import libcst as cst
 
@@ -34,56 +34,58 @@ TORCH_SPARSE_NAMES = frozenset({"torch_sparse", "SparseTensor", "ToSparseTensor"
 # input positions (PointNet++'s `radius(pos, ...)` reads float32 data): under autocast those
 # features are a Linear's bfloat16 output.
 FEATURE_KNN_NAMES = frozenset({"DynamicEdgeConv"})
+# PyG's temporal graph network, whose memory module encodes time differences in seconds
+# (analysis/phases.py).
+TGN_NAMES = frozenset({"TGNMemory", "TimeEncoder"})
 
 
 def torch_sparse_use(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
     """The first import or call of the file that names torch_sparse (`import torch_sparse`,
     `from torch_geometric.typing import SparseTensor`, `T.ToSparseTensor()`), or None."""
-    return _first_use(facts, TORCH_SPARSE_NAMES)
+    return _first_use(facts, "torch_sparse", _naming(TORCH_SPARSE_NAMES))
 
 
 def feature_knn_use(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
     """The first import or call of the file that names `DynamicEdgeConv`, or None."""
-    return _first_use(facts, FEATURE_KNN_NAMES)
+    return _first_use(facts, "feature_knn", _naming(FEATURE_KNN_NAMES))
 
 
-def _first_use(facts: "ScriptFacts", names: FrozenSet[str]) -> Optional[cst.CSTNode]:
-    memo = facts.memo("graph_library_use")
-    if names not in memo:
-        memo[names] = _first_use_of(facts, names)
-    return memo[names]
-
-
-def _first_use_of(facts: "ScriptFacts", names: FrozenSet[str]) -> Optional[cst.CSTNode]:
-    for binding in facts.imports.bindings:
-        if names & set(binding.target.split(".")):
-            return binding.statement
-    for call in facts.records.calls:
-        if names & set(code_of(call.node.func).strip().split(".")):
-            return call.node
-    return None
+def tgn_use(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
+    """The first import or call of the file that names PyG's TGN, or None."""
+    return _first_use(facts, "tgn", _naming(TGN_NAMES))
 
 
 def pyg_layer_use(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
     """The first import or call of the file that names `torch_geometric.nn` (its layers,
     pooling and models), or `torch_scatter`; None when none."""
-    memo = facts.memo("pyg_layer_use")
-    if None not in memo:
-        memo[None] = _pyg_layer_use(facts)
-    return memo[None]
+    return _first_use(facts, "pyg_layers", _pyg_layers)
 
 
-def _pyg_layer_use(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
-    for binding in facts.imports.bindings:
-        if _pyg_layers(binding.target):
-            return binding.statement
-    for call in facts.records.calls:
-        if _pyg_layers(call.qualname or ""):
-            return call.node
-    return None
+def _naming(names: FrozenSet[str]) -> Callable[[str], bool]:
+    return lambda dotted: bool(names & set(dotted.split(".")))
 
 
-def _pyg_layers(name: str) -> bool:
-    return name.split(".")[0] == "torch_scatter" or (
-        name == "torch_geometric.nn" or name.startswith("torch_geometric.nn.")
+def _pyg_layers(dotted: str) -> bool:
+    return dotted.split(".")[0] == "torch_scatter" or (
+        dotted == "torch_geometric.nn" or dotted.startswith("torch_geometric.nn.")
     )
+
+
+def _first_use(
+    facts: "ScriptFacts", key: str, names: Callable[[str], bool]
+) -> Optional[cst.CSTNode]:
+    """The first import whose target, or else call whose qualified name or code as written,
+    `names` accepts; memoised under `key`."""
+    memo = facts.memo("graph_library_use")
+    if key not in memo:
+        memo[key] = next(
+            (b.statement for b in facts.imports.bindings if names(b.target)), None
+        ) or next(
+            (
+                c.node
+                for c in facts.records.calls
+                if names(c.qualname or "") or names(code_of(c.node.func).strip())
+            ),
+            None,
+        )
+    return memo[key]

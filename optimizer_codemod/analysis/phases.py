@@ -17,21 +17,22 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from optimizer_codemod.analysis.autocast_escapes import LOWERED_OPS
-from optimizer_codemod.analysis.calls import callee_name, keyword, literal
+from optimizer_codemod.analysis.calls import callee_name, is_literal, keyword
+from optimizer_codemod.analysis.graph_libraries import tgn_use
 from optimizer_codemod.analysis.imports import dotted_name
 from optimizer_codemod.analysis.nodes import find_all
 from optimizer_codemod.analysis.precision import AUTOCAST_CALLABLES
+from optimizer_codemod.analysis.walk import ancestors
 
 if TYPE_CHECKING:  # pragma: no cover
     from optimizer_codemod.analysis.script import ScriptFacts
 
 _PERIODIC = frozenset({"sin", "cos"})
-# PyG's temporal graph network, whose memory module encodes time differences in seconds.
-PHASE_ENCODER_NAMES = frozenset({"TGNMemory", "TimeEncoder"})
 
 
 def phase_of_a_product(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
-    """The first import or call of the file that names PyG's TGN, else the first `sin`/`cos`
+    """The first import or call of the file that names PyG's TGN (graph_libraries.tgn_use),
+    else the first `sin`/`cos`
     (torch's function or the tensor method) of a value a matrix product or a module call
     computes, outside a block that turns autocast off; None when none."""
     memo = facts.memo("phase_of_a_product")
@@ -41,9 +42,9 @@ def phase_of_a_product(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
 
 
 def _phase_of_a_product(facts: "ScriptFacts") -> Optional[cst.CSTNode]:
-    for binding in facts.imports.bindings:
-        if PHASE_ENCODER_NAMES & set(binding.target.split(".")):
-            return binding.statement
+    tgn = tgn_use(facts)
+    if tgn is not None:
+        return tgn
     for call in facts.records.calls:
         node = call.node
         if callee_name(node) not in _PERIODIC:
@@ -76,18 +77,19 @@ def _computed_by_a_product(facts: "ScriptFacts", phase: cst.BaseExpression) -> b
 
 def _autocast_turned_off(facts: "ScriptFacts", node: cst.CSTNode) -> bool:
     """`node` runs in a `with torch.autocast(..., enabled=False):` block."""
-    parents = facts.parents
-    current = parents.get(node)
-    while current is not None:
-        if isinstance(current, cst.With):
-            for item in current.items:
-                entered = item.item
-                if (
-                    isinstance(entered, cst.Call)
-                    and facts.qualified_name(entered.func) in AUTOCAST_CALLABLES
-                    and keyword(entered, "enabled") is not None
-                    and literal(keyword(entered, "enabled").value, None) is False
-                ):
-                    return True
-        current = parents.get(current)
-    return False
+    return any(
+        isinstance(ancestor, cst.With)
+        and any(_turns_autocast_off(facts, item.item) for item in ancestor.items)
+        for ancestor in ancestors(facts.parents, node)
+    )
+
+
+def _turns_autocast_off(facts: "ScriptFacts", entered: cst.BaseExpression) -> bool:
+    if not isinstance(entered, cst.Call):
+        return False
+    enabled = keyword(entered, "enabled")
+    return (
+        facts.qualified_name(entered.func) in AUTOCAST_CALLABLES
+        and enabled is not None
+        and is_literal(enabled.value, False)
+    )

@@ -16,11 +16,13 @@ from typing import (
     Callable,
     Dict,
     Iterable,
+    Iterator,
     List,
     Optional,
     Sequence,
     Set,
     Tuple,
+    Union,
 )
 
 import libcst as cst
@@ -2371,29 +2373,39 @@ def _dropout_option(facts: "ScriptFacts", model: TrainedModel) -> Optional[str]:
     """A layer of `model` built with a dropout probability that is not literally zero,
     shown: a library layer that applies dropout inside (PyG's `MLP(..., dropout=0.5)`,
     `TransformerConv(..., dropout=0.1)`, `GPSConv(..., attn_kwargs={"dropout": 0.5})`,
-    reading round 10), found by the option's name."""
+    reading round 10), found by the option's name, or torch's Transformer layers without
+    a `dropout` (0.1 by default)."""
     for call in model_layer_calls(facts, model):
         layer = code_of(call.node.func)
         position = _DROPOUT_BY_DEFAULT.get(call.qualname or "")
         given = argument(call.node, "dropout", position) if position is not None else None
         if position is not None and given is None:
             return f"`{layer}` (its dropout is 0.1 by default)"
-        if given is not None and literal(given.value, "") not in _NO_DROPOUT:
-            return f"`{layer}(..., {excerpt(given, 40).rstrip(',')})`"
-        for arg in call.node.args:
-            if arg.keyword is not None and "dropout" in arg.keyword.value:
-                if literal(arg.value, "") not in _NO_DROPOUT:
-                    return f"`{layer}(..., {excerpt(arg, 40).rstrip(',')})`"
-                continue
-            for options in _dict_values(facts, arg.value):
-                for element in options.elements:
-                    if (
-                        isinstance(element, cst.DictElement)
-                        and "dropout" in str(literal(element.key, ""))
-                        and literal(element.value, "") not in _NO_DROPOUT
-                    ):
-                        return f"`{layer}(..., {excerpt(element, 40).rstrip(',')})`"
+        chosen = next(_dropout_options(facts, call.node, given), None)
+        if chosen is not None:
+            return f"`{layer}(..., {excerpt(chosen, 40).rstrip(',')})`"
     return None
+
+
+def _dropout_options(
+    facts: "ScriptFacts", call: cst.Call, given: Optional[cst.Arg]
+) -> Iterator[Union[cst.Arg, cst.DictElement]]:
+    """The options of `call` that set a dropout probability not literally zero: `given`
+    (the `dropout` argument of a torch layer, maybe positional), keywords named for dropout,
+    and such keys of dict arguments (`attn_kwargs={"dropout": 0.5}`)."""
+    for arg in call.args:
+        named = arg.keyword is not None and "dropout" in arg.keyword.value
+        if arg is given or named:
+            options = [arg]
+        else:
+            options = [
+                element
+                for found in _dict_values(facts, arg.value)
+                for element in found.elements
+                if isinstance(element, cst.DictElement)
+                and "dropout" in str(literal(element.key, ""))
+            ]
+        yield from (o for o in options if literal(o.value, "") not in _NO_DROPOUT)
 
 
 def _dict_values(facts: "ScriptFacts", value: cst.BaseExpression) -> List[cst.Dict]:
